@@ -1,0 +1,20 @@
+import { Command, CommanderError } from "commander";
+import { registerClusterCommands } from "../localcluster/cli.js";
+
+const program = new Command("warmstart")
+  .description("Start GPU model-serving workloads warm on Kubernetes")
+  .showHelpAfterError()
+  .exitOverride();
+
+registerClusterCommands(program);
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  if (err instanceof CommanderError) process.exit(err.exitCode);
+  // Bad input and operational failures end in one line, never a stack trace.
+  const msg = err instanceof Error ? err.message : String(err);
+  process.stderr.write(`warmstart: ${msg}\n`);
+  if (process.env.WARMSTART_DEBUG && err instanceof Error) process.stderr.write(`${err.stack}\n`);
+  process.exit(1);
+}

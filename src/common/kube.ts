@@ -1,0 +1,53 @@
+import * as k8s from "@kubernetes/client-node";
+
+/** Load a KubeConfig from an explicit path, $KUBECONFIG, or the in-cluster service account. */
+export function loadKubeConfig(path?: string): k8s.KubeConfig {
+  const kc = new k8s.KubeConfig();
+  const file = path ?? process.env.KUBECONFIG;
+  if (file) kc.loadFromFile(file);
+  else kc.loadFromDefault();
+  return kc;
+}
+
+/** The reason and status code of a failed API call, whatever shape the error has. */
+export function apiErrorInfo(err: unknown): { code?: number; reason?: string; message: string } {
+  if (err instanceof k8s.ApiException) {
+    const body = parseBody(err.body);
+    return { code: err.code, reason: body?.reason, message: body?.message ?? String(err.message) };
+  }
+  const e = err as { code?: unknown; statusCode?: unknown; body?: unknown; message?: unknown };
+  const code = typeof e?.code === "number" ? e.code : typeof e?.statusCode === "number" ? e.statusCode : undefined;
+  const body = parseBody(e?.body);
+  return { code, reason: body?.reason, message: body?.message ?? String(e?.message ?? err) };
+}
+
+function parseBody(body: unknown): { reason?: string; message?: string } | undefined {
+  if (body && typeof body === "object") return body as { reason?: string; message?: string };
+  if (typeof body !== "string") return undefined;
+  try {
+    return JSON.parse(body) as { reason?: string; message?: string };
+  } catch {
+    return undefined;
+  }
+}
+
+export const isNotFound = (err: unknown): boolean => apiErrorInfo(err).code === 404;
+export const isAlreadyExists = (err: unknown): boolean => {
+  const i = apiErrorInfo(err);
+  return i.code === 409 && (i.reason === "AlreadyExists" || i.reason === undefined);
+};
+export const isConflict = (err: unknown): boolean => {
+  const i = apiErrorInfo(err);
+  return i.code === 409 && i.reason === "Conflict";
+};
+
+/** Wrap an API error with context, keeping the original as `cause`. */
+export function apiError(context: string, err: unknown): Error {
+  const i = apiErrorInfo(err);
+  return new Error(`${context}: ${i.code ?? "?"} ${i.reason ?? ""} ${i.message}`.replace(/\s+/g, " ").trim(), {
+    cause: err,
+  });
+}
+
+/** Names shared by every role. */
+export const SYSTEM_NAMESPACE = process.env.WARMSTART_NAMESPACE ?? "warmstart-system";

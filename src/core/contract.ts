@@ -1,0 +1,38 @@
+/**
+ * The public names of Warmstart (SPEC section 0). Tests, the chart and operators rely on these;
+ * keep them stable.
+ */
+export const GROUP = "warmstart.dev";
+
+export const ANN_HASH = "warmstart.dev/hash"; // annotation: full sha256 hex
+export const LABEL_HASH = "warmstart.dev/hash"; // label: first 16 hex chars
+export const ANN_ROLE = "warmstart.dev/role"; // leader | follower | restore | cold
+export const ANN_REASON = "warmstart.dev/reason"; // why the webhook decided so
+export const ANN_ELECTION_ID = "warmstart.dev/election-id";
+export const LABEL_CAPTURE = "warmstart.dev/capture"; // "true" on the leader
+export const LABEL_GATED = "warmstart.dev/gated"; // "true" on gated followers
+export const LABEL_NAMESPACE = "warmstart.dev/namespace";
+export const SCHEDULING_GATE = "warmstart.dev/cache-ready";
+export const ANN_RESTORE_FROM = "warmstart.dev/restore-from";
+export const SKIP = "warmstart.dev/skip"; // "true": pod annotation or namespace label
+export const ENV_PREWARM = "WARMSTART_PREWARM";
+
+export const CACHE_VOLUME = "warmstart-cache";
+export const INIT_SEED = "warmstart-seed-cache";
+export const INIT_PREWARM = "warmstart-prewarm";
+export const INIT_WAIT_READY = "warmstart-wait-ready";
+
+export const STORAGE_PROFILES_CONFIGMAP = "warmstart-storage-profiles";
+
+export const MODELCACHE = { group: GROUP, version: "v1alpha1", plural: "modelcaches", kind: "ModelCache" } as const;
+
+export type Role = "leader" | "follower" | "restore" | "cold";
+export type CachePhase = "Electing" | "Capturing" | "Promoting" | "Ready" | "Failed";
+
+export const shortHash = (hash: string): string => hash.slice(0, 16);
+export const leaseName = (hash: string): string => `warmstart-capture-${shortHash(hash)}`;
+export const claimName = (hash: string): string => `rox-${shortHash(hash)}`;
+
+/** The file whose presence on a cache volume says the tree is complete (written last). */
+export const READY_MARKER = ".warmstart-ready";
+export const MANIFEST_FILE = ".warmstart-manifest.json";

@@ -1,0 +1,78 @@
+import { Command, Option } from "commander";
+import { down, status, up, type ClusterState } from "./cluster.js";
+
+const progress = (line: string): void => {
+  process.stderr.write(`[cluster] ${line}\n`);
+};
+
+function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unknown> {
+  if (!("kubeconfig" in s)) return { running: false };
+  const st = s as ClusterState;
+  return {
+    running: st.running,
+    kubeconfig: st.kubeconfig,
+    apiServer: st.apiServer,
+    versions: st.versions,
+    startedAt: st.startedAt,
+    nodes: st.nodes,
+    roles: st.roles,
+    processes: st.processes.map((p) => ({ name: p.name, pid: p.pid, log: p.log })),
+  };
+}
+
+export function registerClusterCommands(program: Command): void {
+  const cluster = program.command("cluster").description("a real local Kubernetes control plane with simulated GPU nodes");
+
+  cluster
+    .command("up")
+    .description("build (once) and start etcd, kube-apiserver, controller manager, scheduler, KWOK and the Warmstart roles")
+    .addOption(new Option("--nodes <n>", "simulated GPU nodes").default(2).argParser(positiveInt))
+    .addOption(new Option("--gpus <n>", "nvidia.com/gpu per node").default(4).argParser(positiveInt))
+    .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
+    .action(async (opts: { nodes: number; gpus: number; bare: boolean }) => {
+      const state = await up({ nodes: opts.nodes, gpusPerNode: opts.gpus, bare: opts.bare, progress });
+      process.stdout.write(
+        `kubeconfig: ${state.kubeconfig}\napi server: ${state.apiServer}\nnodes:      ${state.nodes
+          .map((n) => `${n.name} (${n.gpus} GPU)`)
+          .join(", ")}\n` +
+          Object.entries(state.roles)
+            .map(([k, v]) => `${`${k}:`.padEnd(12)}${String(v)}\n`)
+            .join("") +
+          `\nexport KUBECONFIG=${state.kubeconfig}\n`,
+      );
+    });
+
+  cluster
+    .command("down")
+    .description("stop every process the local cluster started")
+    .action(async () => {
+      await down(progress);
+    });
+
+  cluster
+    .command("status")
+    .description("what is running")
+    .addOption(new Option("-o, --output <format>", "output format").choices(["text", "json"]).default("text"))
+    .action(async (opts: { output: string }) => {
+      const s = publicStatus(await status());
+      if (opts.output === "json") {
+        process.stdout.write(`${JSON.stringify(s, null, 2)}\n`);
+        return;
+      }
+      if (!s.running) {
+        process.stdout.write("not running\n");
+        process.exitCode = 3;
+        return;
+      }
+      const st = s as unknown as ClusterState;
+      process.stdout.write(`running since ${st.startedAt}\nkubeconfig: ${st.kubeconfig}\n`);
+      for (const n of st.nodes) process.stdout.write(`node ${n.name}: ${n.gpus} GPU, kubelet root ${n.kubeletRoot}\n`);
+      for (const [k, v] of Object.entries(st.roles)) process.stdout.write(`${k}: ${String(v)}\n`);
+    });
+}
+
+function positiveInt(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`expected a non-negative integer, got "${v}"`);
+  return n;
+}

@@ -1,0 +1,471 @@
+import { createServer } from "node:net";
+import { request as httpsRequest } from "node:https";
+import { request as httpRequest } from "node:http";
+import { mkdir, readFile, rm, writeFile, rename, open } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import * as k8s from "@kubernetes/client-node";
+import { ensureBinaries } from "./build.js";
+import { createCA, createSigningKeyPair, issueCert } from "../common/certs.js";
+import { isAlive, processStartTime, startDetached, stopProcess, type ProcessRecord } from "./processes.js";
+import { ensureSimulatedNode } from "./nodes.js";
+import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
+import { SYSTEM_NAMESPACE, isAlreadyExists } from "../common/kube.js";
+import { startRoles, type RoleUrls } from "./roles.js";
+
+export interface ClusterOptions {
+  nodes: number;
+  gpusPerNode: number;
+  bare: boolean;
+  progress: (line: string) => void;
+}
+
+export interface ClusterState {
+  running: boolean;
+  kubeconfig: string;
+  apiServer: string;
+  versions: typeof VERSIONS;
+  startedAt: string;
+  nodes: { name: string; gpus: number; kubeletRoot: string }[];
+  roles: RoleUrls;
+  processes: ProcessRecord[];
+  stateDir: string;
+}
+
+const STATE_FILE = "state.json";
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === "object" && addr ? resolve(addr.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+export async function readState(dir = stateDir()): Promise<ClusterState | undefined> {
+  try {
+    return JSON.parse(await readFile(join(dir, STATE_FILE), "utf8")) as ClusterState;
+  } catch {
+    return undefined;
+  }
+}
+
+async function writeState(state: ClusterState): Promise<void> {
+  const file = join(state.stateDir, STATE_FILE);
+  await writeFile(`${file}.tmp`, JSON.stringify(state, null, 2));
+  await rename(`${file}.tmp`, file);
+}
+
+/** Current status: the recorded state, with `running` true only if every process is alive. */
+export async function status(dir = stateDir()): Promise<ClusterState | { running: false; stateDir: string }> {
+  const state = await readState(dir);
+  if (!state) return { running: false, stateDir: dir };
+  const alive = await Promise.all(state.processes.map(isAlive));
+  return { ...state, running: state.processes.length > 0 && alive.every(Boolean) };
+}
+
+/** One `up` or `down` at a time per state folder: an exclusive lock file naming its holder's pid. */
+async function withLock<T>(dir: string, fn: () => Promise<T>): Promise<T> {
+  await mkdir(dir, { recursive: true });
+  const lock = join(dir, ".lock");
+  for (let i = 0; ; i++) {
+    try {
+      const fh = await open(lock, "wx");
+      await fh.writeFile(`${process.pid} ${await processStartTime(process.pid)}`);
+      await fh.close();
+      break;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+      const [pid, start] = (await readFile(lock, "utf8").catch(() => "")).split(" ");
+      const holderAlive = pid && (await processStartTime(Number(pid))) === start;
+      if (!holderAlive) {
+        await rm(lock, { force: true });
+        continue;
+      }
+      if (i === 0) process.stderr.write(`waiting for another warmstart cluster command (pid ${pid})...\n`);
+      await sleep(500);
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    await rm(lock, { force: true });
+  }
+}
+
+export async function up(opts: ClusterOptions): Promise<ClusterState> {
+  const dir = stateDir();
+  return withLock(dir, async () => {
+    const existing = await status(dir);
+    if (existing.running) {
+      opts.progress(`a local cluster is already running (${(existing as ClusterState).apiServer}); reusing it`);
+      return existing as ClusterState;
+    }
+    if ("processes" in existing) {
+      opts.progress("cleaning up a previous local cluster that is no longer complete");
+      await stopAll(existing.processes);
+    }
+    const started = Date.now();
+    const bins = await ensureBinaries(opts.progress);
+    await rm(dir, { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
+    await mkdir(join(dir, "logs"), { recursive: true });
+    await writeFile(join(dir, ".lock"), `${process.pid} ${await processStartTime(process.pid)}`);
+
+    const state: ClusterState = {
+      running: false,
+      kubeconfig: join(dir, "kubeconfig"),
+      apiServer: "",
+      versions: VERSIONS,
+      startedAt: new Date().toISOString(),
+      nodes: [],
+      roles: {},
+      processes: [],
+      stateDir: dir,
+    };
+    // Persist every pid as soon as it exists, so `down` can clean up even if this process dies midway.
+    const launch = async (name: string, args: string[], env?: NodeJS.ProcessEnv): Promise<void> => {
+      state.processes.push(
+        await startDetached(name, bins[name]!, args, { log: join(dir, "logs", `${name}.log`), env }),
+      );
+      await writeState(state);
+    };
+    try {
+      opts.progress("generating certificates");
+      const pki = await writePki(dir);
+      const [etcdClient, etcdPeer, apiPort, kcmPort, schedPort] = await Promise.all(
+        Array.from({ length: 5 }, freePort),
+      );
+      state.apiServer = `https://127.0.0.1:${apiPort}`;
+      await writeFile(state.kubeconfig, kubeconfigYaml(state.apiServer, pki));
+
+      opts.progress("starting etcd");
+      await launch("etcd", [
+        `--name=warmstart`,
+        `--data-dir=${join(dir, "etcd")}`,
+        `--listen-client-urls=http://127.0.0.1:${etcdClient}`,
+        `--advertise-client-urls=http://127.0.0.1:${etcdClient}`,
+        `--listen-peer-urls=http://127.0.0.1:${etcdPeer}`,
+        `--initial-advertise-peer-urls=http://127.0.0.1:${etcdPeer}`,
+        `--initial-cluster=warmstart=http://127.0.0.1:${etcdPeer}`,
+        "--unsafe-no-fsync",
+        "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+      ]);
+      await waitHttp(`http://127.0.0.1:${etcdClient}/health`, "etcd", state, 30_000);
+
+      opts.progress("starting kube-apiserver");
+      await launch("kube-apiserver", [
+        `--etcd-servers=http://127.0.0.1:${etcdClient}`,
+        "--advertise-address=127.0.0.1",
+        "--bind-address=127.0.0.1",
+        `--secure-port=${apiPort}`,
+        `--tls-cert-file=${pki.serverCert}`,
+        `--tls-private-key-file=${pki.serverKey}`,
+        `--client-ca-file=${pki.caCert}`,
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        `--service-account-key-file=${pki.saPub}`,
+        `--service-account-signing-key-file=${pki.saKey}`,
+        "--service-cluster-ip-range=10.0.0.0/24",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        "--enable-priority-and-fairness=false",
+        "--profiling=false",
+        "--event-ttl=2h",
+        "--v=0",
+      ]);
+      await waitHttp(`${state.apiServer}/readyz`, "kube-apiserver", state, 120_000, pki);
+
+      opts.progress("starting kube-controller-manager, kube-scheduler and KWOK");
+      const kc = state.kubeconfig;
+      await launch("kube-controller-manager", [
+        `--kubeconfig=${kc}`,
+        `--authentication-kubeconfig=${kc}`,
+        `--authorization-kubeconfig=${kc}`,
+        "--leader-elect=false",
+        "--controllers=*",
+        `--service-account-private-key-file=${pki.saKey}`,
+        `--root-ca-file=${pki.caCert}`,
+        "--bind-address=127.0.0.1",
+        `--secure-port=${kcmPort}`,
+        "--use-service-account-credentials=false",
+        "--v=0",
+      ]);
+      await launch("kube-scheduler", [
+        `--kubeconfig=${kc}`,
+        `--authentication-kubeconfig=${kc}`,
+        `--authorization-kubeconfig=${kc}`,
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        `--secure-port=${schedPort}`,
+        "--v=0",
+      ]);
+      const kwokHome = join(dir, "kwok-home");
+      await mkdir(kwokHome, { recursive: true });
+      await writeFile(join(dir, "kwok.yaml"), await kwokConfig());
+      await launch(
+        "kwok",
+        [
+          `--kubeconfig=${kc}`,
+          `--config=${join(dir, "kwok.yaml")}`,
+          "--manage-all-nodes=false",
+          "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+          "--cidr=10.64.0.0/12",
+          "--node-lease-duration-seconds=40",
+        ],
+        { ...process.env, HOME: kwokHome },
+      );
+
+      const kubeConfig = new k8s.KubeConfig();
+      kubeConfig.loadFromFile(kc);
+      const core = kubeConfig.makeApiClient(k8s.CoreV1Api);
+      await ensureNamespace(core, SYSTEM_NAMESPACE);
+      opts.progress(`creating ${opts.nodes} simulated GPU node(s) with ${opts.gpusPerNode} nvidia.com/gpu each`);
+      for (let i = 0; i < opts.nodes; i++) {
+        const name = `gpu-${i}`;
+        const kubeletRoot = join(dir, "nodes", name, "kubelet");
+        await mkdir(join(kubeletRoot, "pods"), { recursive: true });
+        await ensureSimulatedNode(core, { name, gpus: opts.gpusPerNode, kubeletRoot });
+        state.nodes.push({ name, gpus: opts.gpusPerNode, kubeletRoot });
+      }
+      await waitFor("simulated nodes Ready", 60_000, state, async () => {
+        const nodes = await core.listNode();
+        return state.nodes.every((n) =>
+          nodes.items.some(
+            (x) =>
+              x.metadata?.name === n.name &&
+              x.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True"),
+          ),
+        );
+      });
+      // Pods are refused until the default ServiceAccount exists: it also shows the controller manager works.
+      await waitFor("the default ServiceAccount", 60_000, state, async () => {
+        await core.readNamespacedServiceAccount({ name: "default", namespace: "default" });
+        return true;
+      });
+      await applyCrds(kubeConfig);
+
+      if (!opts.bare) {
+        state.roles = await startRoles({ state, launch: launchRole(state, dir), progress: opts.progress });
+      }
+      state.running = true;
+      await writeState(state);
+      opts.progress(`local cluster ready in ${((Date.now() - started) / 1000).toFixed(1)}s`);
+      return state;
+    } catch (err) {
+      opts.progress(`start failed; stopping what was started (logs in ${join(dir, "logs")})`);
+      await stopAll(state.processes);
+      throw err;
+    }
+  });
+}
+
+/** Roles are the warmstart command itself, run as a detached process with its own log. */
+function launchRole(state: ClusterState, dir: string) {
+  return async (name: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<ProcessRecord> => {
+    const rec = await startDetached(name, process.execPath, [join(PACKAGE_ROOT, "bin/warmstart"), ...args], {
+      log: join(dir, "logs", `${name}.log`),
+      env: { ...process.env, KUBECONFIG: state.kubeconfig, WARMSTART_LOG_FORMAT: "json", ...env },
+    });
+    state.processes.push(rec);
+    await writeState(state);
+    return rec;
+  };
+}
+
+export async function down(progress: (line: string) => void): Promise<{ stopped: string[] }> {
+  const dir = stateDir();
+  return withLock(dir, async () => {
+    const state = await readState(dir);
+    if (!state) {
+      progress("no local cluster is running");
+      return { stopped: [] };
+    }
+    const stopped = await stopAll(state.processes);
+    await rm(dir, { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
+    await mkdir(dir, { recursive: true });
+    progress(stopped.length ? `stopped ${stopped.join(", ")}` : "nothing was running");
+    return { stopped };
+  });
+}
+
+/** Stop in reverse start order (roles, then KWOK and the control plane, etcd last). */
+async function stopAll(processes: ProcessRecord[]): Promise<string[]> {
+  const stopped: string[] = [];
+  for (const rec of [...processes].reverse()) {
+    if (await isAlive(rec)) stopped.push(rec.name);
+    await stopProcess(rec);
+  }
+  return stopped;
+}
+
+interface Pki {
+  caCert: string;
+  serverCert: string;
+  serverKey: string;
+  adminCert: string;
+  adminKey: string;
+  saKey: string;
+  saPub: string;
+}
+
+async function writePki(dir: string): Promise<Pki> {
+  const pkiDir = join(dir, "pki");
+  await mkdir(pkiDir, { recursive: true, mode: 0o700 });
+  const ca = await createCA("warmstart-local-ca");
+  const server = await issueCert(ca, {
+    commonName: "kube-apiserver",
+    dns: ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+    ips: ["127.0.0.1", "10.0.0.1"],
+    usage: "server",
+  });
+  const admin = await issueCert(ca, { commonName: "warmstart-admin", organization: "system:masters", usage: "client" });
+  const sa = await createSigningKeyPair();
+  const p = (f: string): string => join(pkiDir, f);
+  await Promise.all([
+    writeFile(p("ca.crt"), ca.cert),
+    writeFile(p("ca.key"), ca.key, { mode: 0o600 }),
+    writeFile(p("apiserver.crt"), server.cert),
+    writeFile(p("apiserver.key"), server.key, { mode: 0o600 }),
+    writeFile(p("admin.crt"), admin.cert),
+    writeFile(p("admin.key"), admin.key, { mode: 0o600 }),
+    writeFile(p("sa.key"), sa.privateKey, { mode: 0o600 }),
+    writeFile(p("sa.pub"), sa.publicKey),
+  ]);
+  return {
+    caCert: p("ca.crt"),
+    serverCert: p("apiserver.crt"),
+    serverKey: p("apiserver.key"),
+    adminCert: p("admin.crt"),
+    adminKey: p("admin.key"),
+    saKey: p("sa.key"),
+    saPub: p("sa.pub"),
+  };
+}
+
+function kubeconfigYaml(server: string, pki: Pki): string {
+  return `apiVersion: v1
+kind: Config
+clusters:
+- name: warmstart-local
+  cluster:
+    server: ${server}
+    certificate-authority: ${pki.caCert}
+users:
+- name: warmstart-admin
+  user:
+    client-certificate: ${pki.adminCert}
+    client-key: ${pki.adminKey}
+contexts:
+- name: warmstart-local
+  context: { cluster: warmstart-local, user: warmstart-admin }
+current-context: warmstart-local
+`;
+}
+
+async function kwokConfig(): Promise<string> {
+  const stages = join(binDir(), "kwok-stages");
+  const files = [
+    join(stages, "node/fast/node-initialize.yaml"),
+    join(stages, "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml"),
+    join(PACKAGE_ROOT, "src/localcluster/kwok/pod-stages.yaml"),
+    join(stages, "pod/fast/pod-complete.yaml"),
+    join(stages, "pod/fast/pod-delete.yaml"),
+  ];
+  const docs = [
+    "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions: {}\n",
+    ...(await Promise.all(files.map((f) => readFile(f, "utf8")))),
+  ];
+  return docs.join("\n---\n");
+}
+
+async function applyCrds(kc: k8s.KubeConfig): Promise<void> {
+  const dir = join(PACKAGE_ROOT, "deploy/crds");
+  if (!existsSync(dir)) return;
+  const { readdir } = await import("node:fs/promises");
+  const { parseAllDocuments } = await import("yaml");
+  const client = k8s.KubernetesObjectApi.makeApiClient(kc);
+  for (const f of (await readdir(dir)).filter((x) => x.endsWith(".yaml")).sort()) {
+    for (const doc of parseAllDocuments(await readFile(join(dir, f), "utf8"))) {
+      const obj = doc.toJSON() as k8s.KubernetesObject | null;
+      if (!obj?.kind) continue;
+      try {
+        await client.create(obj);
+      } catch (err) {
+        if (!isAlreadyExists(err)) throw err;
+      }
+    }
+  }
+  const ext = kc.makeApiClient(k8s.ApiextensionsV1Api);
+  await waitFor("CRDs established", 30_000, undefined, async () => {
+    const list = await ext.listCustomResourceDefinition();
+    return list.items.every((crd) =>
+      crd.status?.conditions?.some((c) => c.type === "Established" && c.status === "True"),
+    );
+  });
+}
+
+async function ensureNamespace(core: k8s.CoreV1Api, name: string): Promise<void> {
+  try {
+    await core.createNamespace({ body: { metadata: { name } } });
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw err;
+  }
+}
+
+async function waitFor(
+  what: string,
+  timeoutMs: number,
+  state: ClusterState | undefined,
+  check: () => Promise<boolean>,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  let delay = 50;
+  while (Date.now() < deadline) {
+    try {
+      if (await check()) return;
+    } catch (err) {
+      last = err;
+    }
+    if (state) await assertProcessesAlive(state);
+    await sleep(delay);
+    delay = Math.min(delay * 2, 1000);
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${String((last as Error).message ?? last)}` : ""}`);
+}
+
+async function assertProcessesAlive(state: ClusterState): Promise<void> {
+  for (const rec of state.processes) {
+    if (!(await isAlive(rec))) {
+      const log = await readFile(rec.log, "utf8").catch(() => "");
+      throw new Error(`${rec.name} exited; last log lines:\n${log.split("\n").slice(-15).join("\n")}`);
+    }
+  }
+}
+
+function waitHttp(url: string, what: string, state: ClusterState, timeoutMs: number, pki?: Pki): Promise<void> {
+  return waitFor(`${what} at ${url}`, timeoutMs, state, () => httpOk(url, pki));
+}
+
+async function httpOk(url: string, pki?: Pki): Promise<boolean> {
+  const tls = pki
+    ? {
+        ca: await readFile(pki.caCert),
+        cert: await readFile(pki.adminCert),
+        key: await readFile(pki.adminKey),
+      }
+    : {};
+  return new Promise((resolve, reject) => {
+    const req = (url.startsWith("https") ? httpsRequest : httpRequest)(url, { ...tls, timeout: 2000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode === 200);
+    });
+    req.on("timeout", () => req.destroy(new Error("timeout")));
+    req.on("error", reject);
+    req.end();
+  });
+}

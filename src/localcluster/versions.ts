@@ -1,0 +1,30 @@
+import { homedir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+/** Pinned versions of the local control plane; see docs/local-cluster.md for why these. */
+export const VERSIONS = {
+  kubernetes: "v1.35.4",
+  etcd: "v3.6.16",
+  kwok: "v0.8.0",
+} as const;
+
+/** The package root (works from src/ via tsc output in dist/src/). */
+export const PACKAGE_ROOT = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../..");
+
+/** Binaries are cached by version outside the work tree, so every checkout and CI run reuses them. */
+export function binDir(): string {
+  const cache = process.env.WARMSTART_CACHE_DIR ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart");
+  return join(cache, `k8s-${VERSIONS.kubernetes}-etcd-${VERSIONS.etcd}-kwok-${VERSIONS.kwok}`);
+}
+
+/** Where a running local cluster keeps its state (certs, etcd data, pid file, logs). */
+export function stateDir(): string {
+  return resolve(
+    process.env.WARMSTART_STATE_DIR ??
+      join(process.env.XDG_STATE_HOME ?? join(homedir(), ".local", "state"), "warmstart", "cluster"),
+  );
+}
+
+export const BINARIES = ["etcd", "kwok", "kube-apiserver", "kube-controller-manager", "kube-scheduler"] as const;
+export type Binary = (typeof BINARIES)[number];

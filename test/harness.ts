@@ -1,0 +1,120 @@
+/**
+ * Integration-test harness: a real API server (the local cluster, or $KUBECONFIG), clients,
+ * throwaway namespaces cleaned up after each test, and waits on conditions instead of sleeps.
+ */
+import { randomBytes } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { TestContext } from "node:test";
+import * as k8s from "@kubernetes/client-node";
+import { readState, status as clusterStatus, type ClusterState } from "../src/localcluster/cluster.js";
+import { isNotFound } from "../src/common/kube.js";
+
+export interface Kube {
+  kc: k8s.KubeConfig;
+  core: k8s.CoreV1Api;
+  apps: k8s.AppsV1Api;
+  coordination: k8s.CoordinationV1Api;
+  custom: k8s.CustomObjectsApi;
+  admission: k8s.AdmissionregistrationV1Api;
+}
+
+let cached: Kube | undefined;
+
+/** Clients for the cluster under test: $KUBECONFIG if set, else the running local cluster. */
+export async function kube(): Promise<Kube> {
+  if (cached) return cached;
+  let file = process.env.KUBECONFIG;
+  if (!file) {
+    const st = await clusterStatus();
+    if (!st.running) throw new Error("no cluster: run `bin/warmstart cluster up` or set KUBECONFIG");
+    file = (st as ClusterState).kubeconfig;
+  }
+  const kc = new k8s.KubeConfig();
+  kc.loadFromFile(file);
+  cached = {
+    kc,
+    core: kc.makeApiClient(k8s.CoreV1Api),
+    apps: kc.makeApiClient(k8s.AppsV1Api),
+    coordination: kc.makeApiClient(k8s.CoordinationV1Api),
+    custom: kc.makeApiClient(k8s.CustomObjectsApi),
+    admission: kc.makeApiClient(k8s.AdmissionregistrationV1Api),
+  };
+  return cached;
+}
+
+/** The local cluster's recorded state (nodes, kubelet roots, role URLs); undefined on a foreign cluster. */
+export async function localCluster(): Promise<ClusterState | undefined> {
+  return readState();
+}
+
+export function uniqueName(prefix: string): string {
+  return `${prefix}-${randomBytes(3).toString("hex")}`;
+}
+
+/** A fresh namespace, deleted (without waiting) when the test ends. */
+export async function tempNamespace(t: TestContext, prefix = "t", labels: Record<string, string> = {}): Promise<string> {
+  const { core } = await kube();
+  const name = uniqueName(prefix);
+  await core.createNamespace({ body: { metadata: { name, labels } } });
+  t.after(async () => {
+    await core.deleteNamespace({ name, propagationPolicy: "Background" }).catch((err: unknown) => {
+      if (!isNotFound(err)) throw err;
+    });
+  });
+  // Pods are refused until the namespace's default ServiceAccount exists.
+  await waitFor(`ServiceAccount default in ${name}`, async () => {
+    await core.readNamespacedServiceAccount({ name: "default", namespace: name });
+    return true;
+  });
+  return name;
+}
+
+/**
+ * Poll `check` until it returns a truthy value (returned) or the timeout passes. Errors count as
+ * "not yet"; the last one is reported on timeout. Backs off from 25 ms to 500 ms.
+ */
+export async function waitFor<T>(
+  what: string,
+  check: () => Promise<T | undefined | null | false> | T | undefined | null | false,
+  timeoutMs = 30_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let delay = 25;
+  let last: unknown;
+  let lastValue: unknown;
+  for (;;) {
+    try {
+      const v = await check();
+      lastValue = v;
+      if (v) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) {
+      const detail = last ? `; last error: ${(last as Error).message ?? String(last)}` : `; last value: ${JSON.stringify(lastValue)}`;
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
+    }
+    await sleep(delay);
+    delay = Math.min(delay * 2, 500);
+  }
+}
+
+export const podCondition = (pod: k8s.V1Pod, type: string): k8s.V1PodCondition | undefined =>
+  pod.status?.conditions?.find((c) => c.type === type);
+
+export const isPodReady = (pod: k8s.V1Pod): boolean => podCondition(pod, "Ready")?.status === "True";
+
+export async function listPods(namespace: string, labelSelector?: string): Promise<k8s.V1Pod[]> {
+  const { core } = await kube();
+  return (await core.listNamespacedPod({ namespace, labelSelector })).items;
+}
+
+/** A minimal GPU worker pod template (the image never runs: simulated nodes only report status). */
+export function gpuContainer(name: string, args: string[] = [], gpus = 1): k8s.V1Container {
+  return {
+    name,
+    image: "vllm/vllm-openai:v0.6.3",
+    args,
+    resources: { limits: { "nvidia.com/gpu": String(gpus) } },
+  };
+}
