@@ -1,3 +1,5 @@
+// @peculiar/x509 resolves its services through tsyringe, which needs the Reflect metadata API.
+import "reflect-metadata";
 import { webcrypto } from "node:crypto";
 
 type CryptoKey = webcrypto.CryptoKey;

@@ -214,7 +214,6 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
           "--manage-all-nodes=false",
           "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
           "--cidr=10.64.0.0/12",
-          "--node-lease-duration-seconds=40",
         ],
         { ...process.env, HOME: kwokHome },
       );
@@ -376,7 +375,17 @@ async function kwokConfig(): Promise<string> {
     join(stages, "pod/fast/pod-delete.yaml"),
   ];
   const docs = [
-    "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions: {}\n",
+    [
+      "apiVersion: config.kwok.x-k8s.io/v1alpha1",
+      "kind: KwokConfiguration",
+      "options:",
+      "  nodeLeaseDurationSeconds: 40",
+      "  nodeLeaseParallelism: 4",
+      "  podPlayStageParallelism: 8",
+      "  nodePlayStageParallelism: 4",
+      "  podsOnNodeSyncParallelism: 2",
+      "",
+    ].join("\n"),
     ...(await Promise.all(files.map((f) => readFile(f, "utf8")))),
   ];
   return docs.join("\n---\n");
