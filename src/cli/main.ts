@@ -1,5 +1,8 @@
 import { Command, CommanderError } from "commander";
 import { registerClusterCommands } from "../localcluster/cli.js";
+import { registerExplainCommands } from "./explain.js";
+import { registerWebhookCommands } from "../webhook/cli.js";
+import { registerControlPlaneCommands } from "../control-plane/cli.js";
 
 const program = new Command("warmstart")
   .description("Start GPU model-serving workloads warm on Kubernetes")
@@ -7,6 +10,9 @@ const program = new Command("warmstart")
   .exitOverride();
 
 registerClusterCommands(program);
+registerExplainCommands(program);
+registerWebhookCommands(program);
+registerControlPlaneCommands(program);
 
 try {
   await program.parseAsync(process.argv);

@@ -36,3 +36,8 @@ export const claimName = (hash: string): string => `rox-${shortHash(hash)}`;
 /** The file whose presence on a cache volume says the tree is complete (written last). */
 export const READY_MARKER = ".warmstart-ready";
 export const MANIFEST_FILE = ".warmstart-manifest.json";
+
+/** Annotation listing the env names the webhook injected (comma-separated), so the hash and a re-decoration can tell them from the pod's own. */
+export const ANN_INJECTED_ENV = "warmstart.dev/injected-env";
+export const RO_VOLUME = "warmstart-ro"; // the read-only rox-<short> claim, on restores and followers
+export const SHADOW_VOLUME = "warmstart-shadow"; // the writable per-pod cache root of a restore

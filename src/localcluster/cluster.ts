@@ -1,4 +1,3 @@
-import { createServer } from "node:net";
 import { request as httpsRequest } from "node:https";
 import { request as httpRequest } from "node:http";
 import { mkdir, readFile, rm, writeFile, rename, open } from "node:fs/promises";
@@ -8,7 +7,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import { ensureBinaries } from "./build.js";
 import { createCA, createSigningKeyPair, issueCert } from "../common/certs.js";
-import { isAlive, processStartTime, startDetached, stopProcess, type ProcessRecord } from "./processes.js";
+import { freePort, isAlive, processStartTime, startDetached, stopProcess, type ProcessRecord } from "./processes.js";
 import { ensureSimulatedNode } from "./nodes.js";
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../common/kube.js";
@@ -34,17 +33,6 @@ export interface ClusterState {
 }
 
 const STATE_FILE = "state.json";
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === "object" && addr ? resolve(addr.port) : reject(new Error("no port"))));
-    });
-  });
-}
 
 export async function readState(dir = stateDir()): Promise<ClusterState | undefined> {
   try {

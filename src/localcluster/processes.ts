@@ -1,6 +1,7 @@
 import { spawn } from "node:child_process";
 import { openSync, closeSync } from "node:fs";
 import { readFile } from "node:fs/promises";
+import { createServer } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 
 /** A process we started, identified by pid *and* kernel start time so a reused pid is never mistaken for ours. */
@@ -85,4 +86,16 @@ function signalGroup(pid: number, signal: NodeJS.Signals): void {
       /* already gone */
     }
   }
+}
+
+/** A free loopback port (there is a small window before the caller binds it; callers retry on clash). */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === "object" && addr ? resolve(addr.port) : reject(new Error("no free port"))));
+    });
+  });
 }

@@ -1,5 +1,9 @@
+import { request } from "node:https";
+import { setTimeout as sleep } from "node:timers/promises";
+import * as k8s from "@kubernetes/client-node";
 import type { ClusterState } from "./cluster.js";
-import type { ProcessRecord } from "./processes.js";
+import { freePort, isAlive, type ProcessRecord } from "./processes.js";
+import { readFile } from "node:fs/promises";
 
 /** The URLs of the Warmstart roles the local cluster runs (absent until a role exists). */
 export interface RoleUrls {
@@ -16,6 +20,77 @@ export interface RoleContext {
 }
 
 /** Start every Warmstart role wired to the local cluster. */
-export async function startRoles(_ctx: RoleContext): Promise<RoleUrls> {
-  return {};
+export async function startRoles(ctx: RoleContext): Promise<RoleUrls> {
+  const roles: RoleUrls = {};
+  roles.webhook = await startWebhook(ctx);
+  return roles;
+}
+
+async function startWebhook(ctx: RoleContext): Promise<string> {
+  const port = await freePort();
+  const url = `https://127.0.0.1:${port}`;
+  ctx.progress(`starting the webhook at ${url} (election on) and registering it with the API server`);
+  const rec = await ctx.launch("webhook", [
+    "webhook",
+    "--host=127.0.0.1",
+    `--port=${port}`,
+    `--register-url=${url}`,
+    "--election-enabled=true",
+  ]);
+  await waitUntil("the webhook", rec, async () => {
+    await httpsGet(`${url}/healthz`);
+    return true;
+  });
+  // Webhook configuration takes a moment to reach the admission chain: dry-run until it mutates.
+  const kc = new k8s.KubeConfig();
+  kc.loadFromFile(ctx.state.kubeconfig);
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  await waitUntil("admission through the webhook", rec, async () => {
+    const pod = await core.createNamespacedPod({
+      namespace: "default",
+      dryRun: "All",
+      body: {
+        metadata: { name: "warmstart-probe" },
+        spec: {
+          containers: [
+            { name: "probe", image: "probe", args: ["--model", "probe"], resources: { limits: { "nvidia.com/gpu": "1" } } },
+          ],
+        },
+      },
+    });
+    return pod.metadata?.annotations?.["warmstart.dev/role"] !== undefined;
+  });
+  return url;
+}
+
+async function waitUntil(what: string, rec: ProcessRecord, check: () => Promise<boolean>, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < deadline) {
+    if (!(await isAlive(rec))) {
+      const log = await readFile(rec.log, "utf8").catch(() => "");
+      throw new Error(`${rec.name} exited; last log lines:\n${log.split("\n").slice(-10).join("\n")}`);
+    }
+    try {
+      if (await check()) return;
+    } catch (err) {
+      last = err;
+    }
+    await sleep(100);
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${(last as Error).message}` : ""}`);
+}
+
+function httpsGet(url: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    // Only a liveness probe of our own child on loopback: its certificate is checked by the API server.
+    const req = request(url, { rejectUnauthorized: false, timeout: 2000 }, (res) => {
+      res.resume();
+      if (res.statusCode === 200) resolve();
+      else reject(new Error(`status ${res.statusCode}`));
+    });
+    req.on("timeout", () => req.destroy(new Error("timeout")));
+    req.on("error", reject);
+    req.end();
+  });
 }

@@ -1,0 +1,42 @@
+import { readFileSync } from "node:fs";
+import type { Command } from "commander";
+import { compare, explain, subjectFromText, type Subject } from "../core/explain.js";
+
+/** Reads a manifest from a path, or stdin for `-`, with a one-line error when it cannot. */
+function readManifest(path: string): string {
+  try {
+    return readFileSync(path === "-" ? 0 : path, "utf8");
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    const why =
+      e.code === "ENOENT"
+        ? "no such file"
+        : e.code === "EISDIR"
+          ? "is a directory"
+          : e.code === "EACCES"
+            ? "permission denied"
+            : (e.message ?? String(err)).split("\n")[0];
+    throw new Error(`cannot read ${path === "-" ? "stdin" : path}: ${why}`, { cause: err });
+  }
+}
+
+function load(path: string): Subject {
+  return subjectFromText(readManifest(path), path === "-" ? "stdin" : path);
+}
+
+export function registerExplainCommands(program: Command): void {
+  program
+    .command("explain")
+    .description(
+      "print the admission view of a pod or workload as JSON (downloader, reason, model, hash); " +
+        "with a second file, show which hash inputs differ and which look per-run. No cluster needed.",
+    )
+    .argument("<file>", "Pod, Deployment, StatefulSet, Job, CronJob, ReplicaSet or DaemonSet; YAML or JSON; - for stdin")
+    .argument("[file2]", "a second pod, workload or ModelCache record to compare with")
+    .action((file: string, file2: string | undefined) => {
+      if (file === "-" && file2 === "-") throw new Error("stdin can be read only once");
+      const a = load(file);
+      const out = file2 === undefined ? explain(a) : compare(a, load(file2));
+      process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
+    });
+}

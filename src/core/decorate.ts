@@ -1,0 +1,298 @@
+import type {
+  V1Container,
+  V1EnvVar,
+  V1Pod,
+  V1ResourceRequirements,
+  V1Volume,
+  V1VolumeMount,
+} from "@kubernetes/client-node";
+import jsonpatch, { type Operation } from "fast-json-patch";
+import { mainContainerIndex } from "./classify.js";
+import {
+  ANN_ELECTION_ID,
+  ANN_HASH,
+  ANN_INJECTED_ENV,
+  ANN_REASON,
+  ANN_ROLE,
+  CACHE_VOLUME,
+  ENV_PREWARM,
+  INIT_PREWARM,
+  INIT_SEED,
+  INIT_WAIT_READY,
+  LABEL_CAPTURE,
+  LABEL_GATED,
+  LABEL_HASH,
+  READY_MARKER,
+  RO_VOLUME,
+  SCHEDULING_GATE,
+  SHADOW_VOLUME,
+  claimName as roxClaimName,
+  shortHash,
+  type Role,
+} from "./contract.js";
+import { injectedEnvNames } from "./hash.js";
+
+/** Where the engines' caches live inside a decorated pod. */
+export const DEFAULT_CACHE_ROOT = "/warmstart/cache-root";
+/** Where a restore mounts the read-only cache tree. */
+export const DEFAULT_RO_PATH = "/warmstart/ro";
+export const DEFAULT_WAIT_TIMEOUT_SECONDS = 600;
+export const DEFAULT_PREWARM_PARALLELISM = 6;
+
+/** Cache env to point into the cache root; `{root}` in a value is replaced by the root. */
+export type CacheEnvTemplate = ReadonlyArray<{ name: string; value: string }>;
+
+/** Model hub caches under `<root>/model` (mounted read-only on restore), compile caches under `<root>/cache`. */
+export const DEFAULT_CACHE_ENV_TEMPLATE: CacheEnvTemplate = [
+  { name: "HF_HOME", value: "{root}/model/huggingface" },
+  { name: "NIM_CACHE_PATH", value: "{root}/model/nim" },
+  { name: "TORCHINDUCTOR_CACHE_DIR", value: "{root}/cache/torchinductor" },
+  { name: "TRITON_CACHE_DIR", value: "{root}/cache/triton" },
+  { name: "VLLM_CACHE_ROOT", value: "{root}/cache/vllm" },
+  { name: "CUDA_CACHE_PATH", value: "{root}/cache/nv" },
+  { name: "HOME", value: "{root}/cache/home" },
+];
+
+// Offline mode makes the hub skip revision checks the compile path relies on; it slows restores.
+const NEVER_INJECT = new Set(["HF_HUB_OFFLINE"]);
+
+export interface DecorationOptions {
+  /** Full sha256 hex, stamped on the pod. */
+  hash: string;
+  cacheRoot?: string;
+  cacheEnvTemplate?: CacheEnvTemplate;
+  /** The main container; defaults to the first GPU container. */
+  containerIndex?: number;
+  /** Stamped as `warmstart.dev/reason` when given. */
+  reason?: string;
+}
+
+export interface LeaderOptions extends DecorationOptions {
+  electionId: string;
+  /** emptyDir size limit of the capture volume (a quantity, e.g. "200Gi"). */
+  sizeLimit: string;
+}
+
+export interface RestoreOptions extends DecorationOptions {
+  /** The read-only claim; defaults to `rox-<short>` of `hash`. */
+  claimName?: string;
+  /** The storage profile's prewarm policy; pod env WARMSTART_PREWARM overrides it. */
+  prewarm: boolean;
+  prewarmParallelism: number;
+  /** The warmstart image, for the init containers. */
+  image: string;
+  /** How the image runs warmstart (default `["warmstart"]`). */
+  warmstartCommand?: string[];
+  roPath?: string;
+  waitTimeoutSeconds?: number;
+  imagePullPolicy?: string;
+  /** Resources for the init containers (namespaces with quotas may require them). */
+  initResources?: V1ResourceRequirements;
+  /** emptyDir size limit of the writable shadow. */
+  shadowSizeLimit?: string;
+}
+
+export type FollowerOptions = Omit<RestoreOptions, "claimName">;
+
+export interface ColdOptions {
+  hash: string;
+  reason: string;
+}
+
+/** Renders a cache env template for a root. HF_HUB_OFFLINE is never produced, whatever the template says. */
+export function renderCacheEnv(template: CacheEnvTemplate, root: string): V1EnvVar[] {
+  return template
+    .filter((e) => !NEVER_INJECT.has(e.name))
+    .map((e) => ({ name: e.name, value: e.value.split("{root}").join(root) }));
+}
+
+/** The JSON patch that turns `original` into `decorated`; empty when they are equal. */
+export function jsonPatch(original: V1Pod, decorated: V1Pod): Operation[] {
+  return jsonpatch.compare(original as object, decorated as object);
+}
+
+/** Stamps hash, role and reason only: the `cold` decision. */
+export function decorateCold(pod: V1Pod, opts: ColdOptions): V1Pod {
+  const p = structuredClone(pod);
+  stamp(p, opts.hash, "cold", opts.reason);
+  return p;
+}
+
+/** Leader (SPEC 1.3): the cache root on a size-limited emptyDir the node agent captures, cache env into it. */
+export function decorateLeader(pod: V1Pod, opts: LeaderOptions): V1Pod {
+  const p = structuredClone(pod);
+  const root = opts.cacheRoot ?? DEFAULT_CACHE_ROOT;
+  const c = mainOf(p, opts.containerIndex);
+  const { labels, annotations } = stamp(p, opts.hash, "leader", opts.reason);
+  labels[LABEL_CAPTURE] = "true";
+  annotations[ANN_ELECTION_ID] = opts.electionId;
+  upsertVolume(p, { name: CACHE_VOLUME, emptyDir: { sizeLimit: opts.sizeLimit } });
+  upsertMount(c, { name: CACHE_VOLUME, mountPath: root });
+  injectCacheEnv(p, c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
+  return p;
+}
+
+/**
+ * Restore (SPEC 1.6): the read-only tree, a writable shadow at the cache root, and init containers
+ * that wait for the ready marker, seed the shadow and (maybe) prewarm. The pod's command and args
+ * are left exactly as written.
+ */
+export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
+  const p = structuredClone(pod);
+  const root = opts.cacheRoot ?? DEFAULT_CACHE_ROOT;
+  const ro = opts.roPath ?? DEFAULT_RO_PATH;
+  const c = mainOf(p, opts.containerIndex);
+  stamp(p, opts.hash, "restore", opts.reason);
+  upsertVolume(p, {
+    name: RO_VOLUME,
+    persistentVolumeClaim: { claimName: opts.claimName ?? roxClaimName(opts.hash), readOnly: true },
+  });
+  upsertVolume(p, { name: SHADOW_VOLUME, emptyDir: opts.shadowSizeLimit ? { sizeLimit: opts.shadowSizeLimit } : {} });
+  upsertMount(c, { name: RO_VOLUME, mountPath: ro, readOnly: true });
+  upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
+  injectCacheEnv(p, c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
+
+  const cmd = opts.warmstartCommand ?? ["warmstart"];
+  const base = (name: string, mounts: V1VolumeMount[]): V1Container => ({
+    name,
+    image: opts.image,
+    imagePullPolicy: opts.imagePullPolicy ?? "IfNotPresent",
+    volumeMounts: mounts,
+    terminationMessagePolicy: "FallbackToLogsOnError",
+    ...(opts.initResources ? { resources: structuredClone(opts.initResources) } : {}),
+  });
+  const roMount: V1VolumeMount = { name: RO_VOLUME, mountPath: ro, readOnly: true };
+  const timeout = opts.waitTimeoutSeconds ?? DEFAULT_WAIT_TIMEOUT_SECONDS;
+
+  const inits: V1Container[] = [
+    {
+      ...base(INIT_WAIT_READY, [roMount]),
+      command: ["sh", "-c", WAIT_READY_SCRIPT, INIT_WAIT_READY],
+      args: [`${ro}/${READY_MARKER}`, String(timeout)],
+    },
+    {
+      ...base(INIT_SEED, [roMount, { name: SHADOW_VOLUME, mountPath: root }]),
+      command: [...cmd],
+      args: ["seed", "--from", ro, "--to", root],
+    },
+  ];
+  const decision = prewarmDecision(c, opts.prewarm);
+  if (decision.run) {
+    const n = opts.prewarmParallelism;
+    const parallel = Number.isFinite(n) && n >= 1 ? Math.floor(n) : DEFAULT_PREWARM_PARALLELISM;
+    const args = [...cmd, "prewarm", ro, "--parallel", String(parallel)];
+    const init: V1Container = { ...base(INIT_PREWARM, [roMount]), command: ["sh", "-c", PREWARM_SCRIPT, INIT_PREWARM] };
+    if (decision.runtimeEnv) {
+      // Only known at run time: the init container reads the same reference and decides there.
+      args.push("--respect-env", ENV_PREWARM, "--default", opts.prewarm ? "on" : "off");
+      init.env = [structuredClone(decision.runtimeEnv)];
+    }
+    init.args = args;
+    inits.push(init);
+  }
+  const spec = p.spec as NonNullable<V1Pod["spec"]>;
+  const ours = new Set([INIT_WAIT_READY, INIT_SEED, INIT_PREWARM]);
+  spec.initContainers = [...inits, ...(spec.initContainers ?? []).filter((x) => !ours.has(x.name))];
+  return p;
+}
+
+/** Follower (SPEC 1.3): a restore against `rox-<short>`, held by the scheduling gate until the cache is Ready. */
+export function decorateFollower(pod: V1Pod, opts: FollowerOptions): V1Pod {
+  const p = decorateRestore(pod, { ...opts, claimName: roxClaimName(opts.hash) });
+  const { labels } = stamp(p, opts.hash, "follower", opts.reason);
+  labels[LABEL_GATED] = "true";
+  const spec = p.spec as NonNullable<V1Pod["spec"]>;
+  const gates = spec.schedulingGates ?? [];
+  if (!gates.some((g) => g.name === SCHEDULING_GATE)) gates.push({ name: SCHEDULING_GATE });
+  spec.schedulingGates = gates;
+  return p;
+}
+
+/** Whether the prewarm init container is added, and the valueFrom env it must resolve when that decides. */
+export function prewarmDecision(
+  main: V1Container,
+  profile: boolean,
+): { run: boolean; runtimeEnv?: V1EnvVar; source: "profile" | "env" | "runtime" } {
+  const e = [...(main.env ?? [])].reverse().find((x) => x?.name === ENV_PREWARM);
+  if (!e) return { run: profile, source: "profile" };
+  if (e.valueFrom) return { run: true, runtimeEnv: { name: ENV_PREWARM, valueFrom: e.valueFrom }, source: "runtime" };
+  const v = String(e.value ?? "")
+    .trim()
+    .toLowerCase();
+  if (["0", "false", "no", "off"].includes(v)) return { run: false, source: "env" };
+  if (["1", "true", "yes", "on"].includes(v)) return { run: true, source: "env" };
+  return { run: profile, source: "profile" };
+}
+
+// $1 = marker path, $2 = timeout in seconds. Failing makes the kubelet retry the init container.
+const WAIT_READY_SCRIPT = [
+  'marker="$1"; timeout="$2"; waited=0',
+  'while [ ! -e "$marker" ]; do',
+  '  if [ "$waited" -ge "$timeout" ]; then echo "cache not ready after ${timeout}s: $marker is missing" >&2; exit 1; fi',
+  "  sleep 2; waited=$((waited + 2))",
+  "done",
+  'echo "cache ready: $marker"',
+].join("\n");
+
+// Prewarm is best effort: whatever happens to it (even a crash), the workload starts.
+const PREWARM_SCRIPT = '"$@" || echo "prewarm did not complete; starting without it" >&2';
+
+function stamp(
+  p: V1Pod,
+  hash: string,
+  role: Role,
+  reason: string | undefined,
+): { labels: Record<string, string>; annotations: Record<string, string> } {
+  const meta = (p.metadata ??= {});
+  const labels = (meta.labels ??= {});
+  const annotations = (meta.annotations ??= {});
+  annotations[ANN_HASH] = hash;
+  labels[LABEL_HASH] = shortHash(hash);
+  annotations[ANN_ROLE] = role;
+  if (reason !== undefined) annotations[ANN_REASON] = reason;
+  return { labels, annotations };
+}
+
+function mainOf(p: V1Pod, index: number | undefined): V1Container {
+  const c = p.spec?.containers?.[index ?? mainContainerIndex(p) ?? 0];
+  if (!c) throw new Error("pod has no containers to decorate");
+  return c;
+}
+
+function upsertVolume(p: V1Pod, v: V1Volume): void {
+  const spec = p.spec as NonNullable<V1Pod["spec"]>;
+  const vols = (spec.volumes ??= []);
+  const i = vols.findIndex((x) => x.name === v.name);
+  if (i === -1) vols.push(v);
+  else vols[i] = v;
+}
+
+function upsertMount(c: V1Container, m: V1VolumeMount): void {
+  const mounts = (c.volumeMounts ??= []);
+  const i = mounts.findIndex((x) => x.name === m.name);
+  if (i === -1) mounts.push(m);
+  else mounts[i] = m;
+}
+
+/**
+ * Adds cache env the container does not set itself. Names this decoration added before (recorded
+ * in an annotation) are ours to update or remove; every other existing name is the pod's and wins.
+ */
+function injectCacheEnv(p: V1Pod, c: V1Container, wanted: V1EnvVar[]): void {
+  const owned = injectedEnvNames(p);
+  const wantedNames = new Set(wanted.map((e) => e.name));
+  const env = (c.env ?? []).filter((e) => !(owned.has(e.name) && !wantedNames.has(e.name)));
+  const now = new Set<string>();
+  for (const w of wanted) {
+    const i = env.findIndex((e) => e.name === w.name);
+    if (i === -1) env.push(w);
+    else if (owned.has(w.name)) env[i] = w;
+    else continue; // the pod's own setting is respected
+    now.add(w.name);
+  }
+  if (env.length > 0 || c.env) c.env = env;
+  const annotations = (p.metadata ??= {}).annotations ?? {};
+  if (now.size > 0) annotations[ANN_INJECTED_ENV] = [...now].sort().join(",");
+  else delete annotations[ANN_INJECTED_ENV];
+  if (p.metadata) p.metadata.annotations = annotations;
+}

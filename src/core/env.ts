@@ -1,0 +1,104 @@
+import type { V1Container, V1EnvFromSource, V1EnvVarSource } from "@kubernetes/client-node";
+
+const CREDENTIAL_NAMES = new Set(["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "TOKEN", "PASSWORD", "SECRET"]);
+const CREDENTIAL_SUFFIXES = ["_TOKEN", "_API_KEY", "_SECRET", "_PASSWORD", "_SECRET_KEY", "_ACCESS_KEY", "_PRIVATE_KEY"];
+
+/** Env names whose values are credentials: they count by name only and are never recorded. */
+export function isCredentialName(name: string): boolean {
+  const n = name.toUpperCase();
+  return CREDENTIAL_NAMES.has(n) || CREDENTIAL_SUFFIXES.some((s) => n.endsWith(s));
+}
+
+/** Command-line flags that carry a credential (`--hf-token`, `--api-key`, ...), by name. */
+export function isCredentialFlag(flag: string): boolean {
+  const n = flag.replace(/^-+/, "").toLowerCase().replace(/_/g, "-");
+  return (
+    n === "token" ||
+    n.endsWith("-token") ||
+    n === "api-key" ||
+    n.endsWith("-api-key") ||
+    n.endsWith("-secret") ||
+    n === "password" ||
+    n.endsWith("-password")
+  );
+}
+
+/** Replaces `user:password@` in URLs, so a credential inside a URL never reaches the hash or a record. */
+export function redactUrlCredentials(value: string): string {
+  return value.replace(/(\/\/)[^/@\s:]+:[^/@\s]+@/g, "$1<redacted>@");
+}
+
+/** A stable, secret-free description of where a `valueFrom` env takes its value. */
+export function envSourceRef(src: V1EnvVarSource): string {
+  if (src.secretKeyRef) return `secretKeyRef:${src.secretKeyRef.name ?? ""}/${src.secretKeyRef.key}`;
+  if (src.configMapKeyRef) return `configMapKeyRef:${src.configMapKeyRef.name ?? ""}/${src.configMapKeyRef.key}`;
+  if (src.fieldRef) return `fieldRef:${src.fieldRef.fieldPath}`;
+  if (src.resourceFieldRef) {
+    const r = src.resourceFieldRef;
+    return `resourceFieldRef:${r.containerName ?? ""}/${r.resource}/${String(r.divisor ?? "")}`;
+  }
+  // Newer selectors (fileKeyRef, ...): describe them by their own stable JSON.
+  const entry: [string, unknown] = Object.entries(src as Record<string, unknown>).find(
+    ([, v]) => v !== undefined && v !== null,
+  ) ?? ["unknown", {}];
+  const [kind, sel] = entry;
+  return `${kind}:${stableJson(sel)}`;
+}
+
+/** `configMapRef:name` / `secretRef:name`, with the prefix when there is one. */
+export function envFromRef(src: V1EnvFromSource): string {
+  const base = src.configMapRef
+    ? `configMapRef:${src.configMapRef.name ?? ""}`
+    : src.secretRef
+      ? `secretRef:${src.secretRef.name ?? ""}`
+      : `unknown:${stableJson(src)}`;
+  return src.prefix ? `${base} prefix=${src.prefix}` : base;
+}
+
+/**
+ * The container's literal env as the kubelet would resolve it: later entries win, and `$(VAR)` in a
+ * value refers to entries defined before it.
+ */
+export function literalEnv(container: V1Container): Map<string, string> {
+  const env = new Map<string, string>();
+  for (const e of container.env ?? []) {
+    if (typeof e?.name !== "string") continue;
+    if (e.valueFrom) env.delete(e.name);
+    else env.set(e.name, expandKubeRefs(String(e.value ?? ""), env));
+  }
+  return env;
+}
+
+/** Kubernetes' own `$(VAR)` expansion in command, args and env values (`$$` escapes). */
+export function expandKubeRefs(value: string, env: ReadonlyMap<string, string>): string {
+  return value.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, name: string | undefined) =>
+    m === "$$" ? "$" : (env.get(name ?? "") ?? m),
+  );
+}
+
+/** A shell's `$VAR` / `${VAR}` expansion, for words read out of a shell script. */
+export function expandShellVars(value: string, env: ReadonlyMap<string, string>): string {
+  return value.replace(
+    /\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)/g,
+    (m, a: string | undefined, b: string | undefined) => env.get(a ?? b ?? "") ?? m,
+  );
+}
+
+/** JSON with object keys sorted at every level: equal values always give equal text. */
+export function stableJson(value: unknown): string {
+  return JSON.stringify(sortKeys(value));
+}
+
+function sortKeys(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortKeys);
+  if (v && typeof v === "object" && !(v instanceof Date)) {
+    const o = v as Record<string, unknown>;
+    return Object.fromEntries(
+      Object.keys(o)
+        .filter((k) => o[k] !== undefined)
+        .sort()
+        .map((k) => [k, sortKeys(o[k])]),
+    );
+  }
+  return v;
+}

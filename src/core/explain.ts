@@ -1,0 +1,348 @@
+/**
+ * `warmstart explain`, the pure part: find the pod in a manifest, show the admission view, and
+ * compare two pods (or a pod and a cache record) input by input, so a user can see why a cache misses.
+ */
+import type { V1Pod, V1PodTemplateSpec } from "@kubernetes/client-node";
+import { parseAllDocuments } from "yaml";
+import { classifyPod, type Classification } from "./classify.js";
+import { shortHash } from "./contract.js";
+import { hashInputs, hashOfInputs, type HashInputs } from "./hash.js";
+import { looksLikeShell, quoteShellWord, shellWords } from "./shell.js";
+
+/** An input that looks like it changes from run to run, or pod to pod. */
+export interface PerRunFlag {
+  input: string;
+  value: string;
+  why: string;
+}
+
+export interface Explanation {
+  downloader: boolean;
+  reason: string;
+  model: string | null;
+  /** The cache hash the webhook would stamp; null when the pod is left alone. */
+  hash: string | null;
+  short: string | null;
+  container: string | null;
+  warnings: PerRunFlag[];
+}
+
+export interface Difference {
+  input: string;
+  a: string | null;
+  b: string | null;
+}
+
+export interface Comparison {
+  a: Explanation;
+  b: Explanation;
+  /** Whether the two would hash equal (computed from the inputs even for pods left alone). */
+  equal: boolean;
+  differences: Difference[];
+  perRun: Array<PerRunFlag & { pod: "a" | "b" | "both" }>;
+}
+
+/** What explain looks at: a pod (from a Pod or a workload's template), or a cache record's inputs. */
+export type Subject =
+  | { kind: "pod"; source: string; pod: V1Pod }
+  | { kind: "cache"; source: string; inputs: HashInputs; recordedHash?: string };
+
+const TEMPLATE_KINDS = new Set(["Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job", "ReplicationController"]);
+
+/** Parses YAML (one or more documents) or JSON. Errors are one line and name the source. */
+export function parseManifests(text: string, source: string): unknown[] {
+  const trimmed = text.trim();
+  if (trimmed === "") throw new Error(`${source}: empty input`);
+  if (trimmed.startsWith("{") || trimmed.startsWith("[")) {
+    try {
+      return [JSON.parse(trimmed) as unknown];
+    } catch {
+      // Not strict JSON; YAML's flow syntax may still read it, with a better message if not.
+    }
+  }
+  const docs = parseAllDocuments(text);
+  if (!Array.isArray(docs)) throw new Error(`${source}: not a YAML or JSON document`);
+  const out: unknown[] = [];
+  for (const d of docs) {
+    const err = d.errors[0];
+    if (err) throw new Error(`${source}: invalid YAML or JSON: ${firstLine(err.message)}`);
+    out.push(d.toJS() as unknown);
+  }
+  return out;
+}
+
+/** The first Pod, workload or cache record among the documents (a `List` is looked into). */
+export function findSubject(docs: readonly unknown[], source: string): Subject {
+  const kinds: string[] = [];
+  const visit = (doc: unknown): Subject | undefined => {
+    if (!isObject(doc)) return undefined;
+    const kind = typeof doc.kind === "string" ? doc.kind : "";
+    if (kind === "List" && Array.isArray(doc.items)) {
+      for (const item of doc.items as unknown[]) {
+        const s = visit(item);
+        if (s) return s;
+      }
+      return undefined;
+    }
+    const s = subjectOf(doc, kind, source);
+    if (!s) kinds.push(kind || "(no kind)");
+    return s;
+  };
+  for (const doc of docs) {
+    const s = visit(doc);
+    if (s) return s;
+  }
+  const seen = kinds.length ? ` (found ${[...new Set(kinds)].join(", ")})` : "";
+  throw new Error(`${source}: no Pod, workload or ModelCache found${seen}`);
+}
+
+function subjectOf(doc: Record<string, unknown>, kind: string, source: string): Subject | undefined {
+  const spec = isObject(doc.spec) ? doc.spec : undefined;
+  const name = isObject(doc.metadata) && typeof doc.metadata.name === "string" ? ` ${doc.metadata.name}` : "";
+  const what = `${source}: ${kind || "object"}${name}`;
+  if (kind === "Pod") return { kind: "pod", source, pod: checkPod(doc, what) };
+  if (kind === "ModelCache") {
+    const status = isObject(doc.status) ? doc.status : undefined;
+    const inputs = spec?.inputs ?? status?.inputs;
+    if (!isHashInputs(inputs)) throw new Error(`${what} records no hash inputs`);
+    const recorded = spec?.hash ?? status?.hash;
+    return { kind: "cache", source, inputs, ...(typeof recorded === "string" ? { recordedHash: recorded } : {}) };
+  }
+  let template: unknown;
+  if (TEMPLATE_KINDS.has(kind)) template = spec?.template;
+  else if (kind === "CronJob") {
+    const jt = isObject(spec?.jobTemplate) ? spec.jobTemplate : undefined;
+    template = isObject(jt?.spec) ? jt.spec.template : undefined;
+  } else if (kind === "PodTemplate") template = doc.template;
+  else if (kind && isObject(spec?.template) && isObject(spec.template.spec)) template = spec.template; // other workload kinds
+  else return undefined;
+  if (!isObject(template)) throw new Error(`${what} has no pod template`);
+  const t = template as V1PodTemplateSpec;
+  return { kind: "pod", source, pod: checkPod({ apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec }, what) };
+}
+
+function checkPod(pod: V1Pod, what: string): V1Pod {
+  const containers = pod.spec?.containers as unknown;
+  if (!Array.isArray(containers) || containers.length === 0 || !containers.every(isObject)) {
+    throw new Error(`${what} has no containers`);
+  }
+  return pod;
+}
+
+/** Parses a manifest's text and picks what to explain. */
+export function subjectFromText(text: string, source: string): Subject {
+  return findSubject(parseManifests(text, source), source);
+}
+
+interface Viewed {
+  view: Explanation;
+  inputs: HashInputs;
+}
+
+function view(s: Subject): Viewed {
+  if (s.kind === "cache") {
+    const hash = hashOfInputs(s.inputs);
+    const warnings = perRunInputs(s.inputs);
+    if (s.recordedHash !== undefined && s.recordedHash !== hash) {
+      warnings.push({ input: "hash", value: s.recordedHash, why: "the record's hash does not match its inputs" });
+    }
+    return {
+      inputs: s.inputs,
+      view: {
+        downloader: true,
+        reason: "cache record",
+        model: s.inputs.model,
+        hash,
+        short: shortHash(hash),
+        container: null,
+        warnings,
+      },
+    };
+  }
+  const c: Classification = classifyPod(s.pod);
+  const inputs = hashInputs(s.pod, c);
+  const hash = c.downloader ? hashOfInputs(inputs) : null;
+  const name = c.containerIndex !== undefined ? s.pod.spec?.containers[c.containerIndex]?.name : undefined;
+  return {
+    inputs,
+    view: {
+      downloader: c.downloader,
+      reason: c.reason,
+      model: c.model ?? null,
+      hash,
+      short: hash ? shortHash(hash) : null,
+      container: name ?? null,
+      warnings: c.downloader ? perRunInputs(inputs) : [],
+    },
+  };
+}
+
+/** The admission view of one pod or record. */
+export function explain(subject: Subject): Explanation {
+  return view(subject).view;
+}
+
+/** The admission view of two subjects, which hash inputs differ and which look per-run. */
+export function compare(a: Subject, b: Subject): Comparison {
+  const va = view(a);
+  const vb = view(b);
+  const fa = perRunInputs(va.inputs);
+  const fb = perRunInputs(vb.inputs);
+  const key = (f: PerRunFlag): string => `${f.input}\u0000${f.value}`;
+  const inB = new Set(fb.map(key));
+  const inA = new Set(fa.map(key));
+  const perRun = [
+    ...fa.map((f) => ({ ...f, pod: inB.has(key(f)) ? ("both" as const) : ("a" as const) })),
+    ...fb.filter((f) => !inA.has(key(f))).map((f) => ({ ...f, pod: "b" as const })),
+  ];
+  return {
+    a: va.view,
+    b: vb.view,
+    equal: hashOfInputs(va.inputs) === hashOfInputs(vb.inputs),
+    differences: diffInputs(va.inputs, vb.inputs),
+    perRun,
+  };
+}
+
+/** The inputs that differ, named (`image`, `model`, `args[3]`, `env.HF_HOME`, ...), in input order. */
+export function diffInputs(a: HashInputs, b: HashInputs): Difference[] {
+  const out: Difference[] = [];
+  const scalar = (input: string, x: string | null, y: string | null): void => {
+    if (x !== y) out.push({ input, a: x, b: y });
+  };
+  scalar("v", String(a.v), String(b.v));
+  scalar("image", a.image, b.image);
+  scalar("model", a.model, b.model);
+  out.push(...diffLists("command", a.command, b.command), ...diffLists("args", a.args, b.args));
+  const ea = new Map(a.env.map((e) => [e.name, envDisplay(e)]));
+  const eb = new Map(b.env.map((e) => [e.name, envDisplay(e)]));
+  for (const n of [...new Set([...ea.keys(), ...eb.keys()])].sort()) scalar(`env.${n}`, ea.get(n) ?? null, eb.get(n) ?? null);
+  scalar("envFrom", a.envFrom.join(", ") || null, b.envFrom.join(", ") || null);
+  return out;
+}
+
+/**
+ * Lists are compared item by item when their lengths match (so one changed flag value shows as
+ * `args[5]`), and as a whole otherwise.
+ */
+export function diffLists(name: string, a: readonly string[], b: readonly string[]): Difference[] {
+  if (a.length !== b.length) return [{ input: name, a: joinList(a), b: joinList(b) }];
+  const out: Difference[] = [];
+  a.forEach((x, k) => {
+    if (x !== b[k]) out.push({ input: `${name}[${k}]`, a: x, b: b[k] ?? null });
+  });
+  return out;
+}
+
+const joinList = (l: readonly string[]): string => l.map(quoteShellWord).join(" ");
+
+function envDisplay(e: HashInputs["env"][number]): string {
+  if (e.credential) return "<credential, counted by name>";
+  if (e.from !== undefined) return `valueFrom ${e.from}`;
+  return e.value ?? "";
+}
+
+// --- per-run detection ----------------------------------------------------------------------
+
+const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/i;
+const TIMESTAMP = /\d{4}-[01]\d-[0-3]\d[T _][0-2]\d:?[0-5]\d|(^|\D)20\d{2}[01]\d[0-3]\d[T_-]?[0-2]\d[0-5]\d([0-5]\d)?(\D|$)/;
+const EPOCH = /(^|\D)1[5-9]\d{8}(\d{3})?(\D|$)/;
+const HEX_ID = /(^|[^0-9a-z])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{12,}([^0-9a-z]|$)/i;
+const INDEX_ENV = /(^|_)(INDEX|RANK|ORDINAL|REPLICA_ID)$/;
+const IDENTITY_ENV = new Set(["POD_NAME", "HOSTNAME", "POD_IP", "POD_UID", "NODE_NAME"]);
+const FLOATING_TAGS = new Set([
+  "latest",
+  "main",
+  "master",
+  "nightly",
+  "dev",
+  "develop",
+  "edge",
+  "head",
+  "stable",
+  "canary",
+  "rolling",
+  "unstable",
+]);
+// Pinned revisions are hex on purpose: not a random id.
+const PINNING_FLAGS = new Set(["--revision", "--code-revision", "--tokenizer-revision"]);
+
+/** Why a value looks like it changes per run; undefined when it does not. */
+export function perRunValue(value: string): string | undefined {
+  if (UUID.test(value)) return "looks like a random id (UUID)";
+  if (TIMESTAMP.test(value)) return "looks like a timestamp";
+  if (EPOCH.test(value)) return "looks like a Unix timestamp";
+  if (HEX_ID.test(value)) return "looks like a random hex id (fine if it pins a version)";
+  return undefined;
+}
+
+/** Why an image reference floats; undefined when it is pinned by a fixed tag or a digest. */
+export function floatingImage(image: string): string | undefined {
+  if (!image || image.includes("@")) return undefined;
+  const last = image.slice(image.lastIndexOf("/") + 1);
+  const colon = last.lastIndexOf(":");
+  if (colon === -1) return "no tag, so latest: the hash stays the same while the image behind it changes";
+  const tag = last.slice(colon + 1);
+  if (FLOATING_TAGS.has(tag.toLowerCase())) {
+    return `floating tag "${tag}": the hash stays the same while the image behind it changes`;
+  }
+  return undefined;
+}
+
+/** The hash inputs that look like they change every run or every pod. */
+export function perRunInputs(i: HashInputs): PerRunFlag[] {
+  const out: PerRunFlag[] = [];
+  const img = floatingImage(i.image);
+  if (img) out.push({ input: "image", value: i.image, why: img });
+  if (i.model !== null) {
+    const why = perRunValue(i.model);
+    if (why) out.push({ input: "model", value: i.model, why });
+  }
+  const scanList = (name: "command" | "args", list: readonly string[]): void => {
+    list.forEach((item, k) => {
+      const words = looksLikeShell(item) ? shellWords(item) : [item];
+      words.forEach((w, j) => {
+        const prev = j > 0 ? words[j - 1] : k > 0 ? list[k - 1] : undefined;
+        const eq = w.indexOf("=");
+        const flag = w.startsWith("-") && eq !== -1 ? w.slice(0, eq) : undefined;
+        if ((prev && PINNING_FLAGS.has(prev)) || (flag && PINNING_FLAGS.has(flag))) return;
+        const why = perRunValue(flag ? w.slice(eq + 1) : w);
+        if (why) out.push({ input: `${name}[${k}]`, value: w, why });
+      });
+    });
+  };
+  scanList("command", i.command);
+  scanList("args", i.args);
+  for (const e of i.env) {
+    if (e.value === undefined) continue; // references and credentials are the same in every pod
+    if (INDEX_ENV.test(e.name)) out.push({ input: `env.${e.name}`, value: e.value, why: "looks like a pod index" });
+    else if (IDENTITY_ENV.has(e.name)) {
+      out.push({ input: `env.${e.name}`, value: e.value, why: "looks like a per-pod identity" });
+    } else if (!e.name.endsWith("REVISION")) {
+      const why = perRunValue(e.value);
+      if (why) out.push({ input: `env.${e.name}`, value: e.value, why });
+    }
+  }
+  return out;
+}
+
+// --- helpers --------------------------------------------------------------------------------
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function isHashInputs(v: unknown): v is HashInputs {
+  return (
+    isObject(v) &&
+    typeof v.image === "string" &&
+    Array.isArray(v.command) &&
+    Array.isArray(v.args) &&
+    Array.isArray(v.env) &&
+    Array.isArray(v.envFrom) &&
+    (v.model === null || typeof v.model === "string")
+  );
+}
+
+const firstLine = (s: string): string => (s.split("\n")[0] ?? s).trim().replace(/:$/, "");
+

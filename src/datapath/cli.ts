@@ -1,0 +1,101 @@
+/**
+ * The data-path commands: capture, seed, prewarm and wait-ready. Each is a thin shell over the
+ * library function of the same name; flags are checked here so bad input ends in one line.
+ */
+import type { Command } from "commander";
+import { AlreadyCapturedError, capture, DEFAULT_CAPTURE_PARALLEL } from "./capture.js";
+import { exactTimes } from "./native.js";
+import { DEFAULT_PREWARM_PARALLEL, describePrewarm, prewarm } from "./prewarm.js";
+import { formatBytes } from "./progress.js";
+import { waitForReady } from "./ready.js";
+import { seed } from "./seed.js";
+
+function intFlag(name: string, raw: string | undefined, dflt: number, min = 1, max = 256): number {
+  if (raw === undefined) return dflt;
+  const n = Number(raw);
+  if (!/^\d+$/.test(raw.trim()) || !Number.isInteger(n) || n < min || n > max) {
+    throw new Error(`${name} must be an integer from ${min} to ${max}, got "${raw}"`);
+  }
+  return n;
+}
+
+export function registerDatapathCommands(program: Command): void {
+  program
+    .command("capture")
+    .description("copy a warmed cache root into the cache store, atomically, times to the nanosecond")
+    .argument("<src>", "the cache root to capture")
+    .argument("<dest>", "where the committed tree goes (must not exist yet)")
+    .option("--hash <hash>", "cache hash recorded in the manifest (sha256 hex)")
+    .option("--model <model>", "model name recorded in the manifest")
+    .option("--parallel <n>", `files copied at once (default ${DEFAULT_CAPTURE_PARALLEL})`)
+    .option("--no-sync", "do not flush the copy to disk before committing (faster, not crash-safe)")
+    .action(async (src: string, dest: string, o: { hash?: string; model?: string; parallel?: string; sync: boolean }) => {
+      if (o.hash !== undefined && !/^[0-9a-f]{64}$/.test(o.hash)) {
+        throw new Error(`--hash must be a sha256 in lowercase hex (64 characters), got "${o.hash}"`);
+      }
+      const parallel = intFlag("--parallel", o.parallel, DEFAULT_CAPTURE_PARALLEL);
+      if (!exactTimes) process.stderr.write("warmstart: utimensat unavailable; times are kept to the microsecond\n");
+      try {
+        const m = await capture({ src, dest, hash: o.hash, model: o.model, parallel, durable: o.sync });
+        const secs = m.timings.totalMs / 1000;
+        process.stdout.write(
+          `captured ${dest}: ${m.fileCount} files, ${formatBytes(m.totalBytes)} ` +
+            `(model ${formatBytes(m.split.model.bytes)}, cache ${formatBytes(m.split.cache.bytes)}) ` +
+            `in ${secs.toFixed(2)} s (${(m.totalBytes / 1e6 / Math.max(secs, 1e-3)).toFixed(0)} MB/s, ` +
+            `${m.captureMethod})${m.skipped.length ? `, ${m.skipped.length} skipped` : ""}\n`,
+        );
+      } catch (err) {
+        // Already there is success for a retry: the committed tree is never touched.
+        if (!(err instanceof AlreadyCapturedError)) throw err;
+        process.stdout.write(`${err.message}\n`);
+      }
+    });
+
+  program
+    .command("seed")
+    .description("build a writable per-pod shadow of a read-only captured tree")
+    .requiredOption("--from <ro>", "the read-only captured tree")
+    .requiredOption("--to <dir>", "the writable shadow (the pod's cache root)")
+    .option("--parallel <n>", "files copied at once (default 8)")
+    .action(async (o: { from: string; to: string; parallel?: string }) => {
+      const r = await seed({ from: o.from, to: o.to, parallel: intFlag("--parallel", o.parallel, 8) });
+      process.stdout.write(
+        `seeded ${o.to} from ${o.from}: ${r.linked} model files linked in place, ${r.copied} files copied ` +
+          `(${formatBytes(r.bytesCopied)}), ${r.dirs} dirs, ${r.symlinks} symlinks, ${r.kept} kept\n`,
+      );
+    });
+
+  program
+    .command("prewarm")
+    .description("read a tree with parallel readers to warm the page cache (best effort, never fails)")
+    .argument("<dir>", "the tree to read")
+    .option("--parallel <n>", `parallel readers (default ${DEFAULT_PREWARM_PARALLEL})`)
+    .option("--respect-env <name>", "an env var that turns the prewarm off (0/false/no/off) or on (1/true/yes/on)")
+    .option("--default <on|off>", "what to do when that env var is unset", "on")
+    .option("--skip", "do nothing (the workload starts cold from the volume)")
+    .action(async (dir: string, o: { parallel?: string; respectEnv?: string; default: string; skip?: boolean }) => {
+      const parallel = intFlag("--parallel", o.parallel, DEFAULT_PREWARM_PARALLEL);
+      if (o.default !== "on" && o.default !== "off") throw new Error(`--default must be on or off, got "${o.default}"`);
+      const r = await prewarm({
+        dir,
+        parallel,
+        skip: o.skip ?? false,
+        respectEnv: o.respectEnv,
+        defaultOn: o.default === "on",
+      });
+      process.stdout.write(`${describePrewarm(r)}\n`);
+    });
+
+  program
+    .command("wait-ready")
+    .description("wait until a captured tree carries its ready marker; non-zero exit on timeout")
+    .argument("<dir>", "the captured tree")
+    .option("--timeout <seconds>", "give up after this long (0: wait forever)", "3600")
+    .action(async (dir: string, o: { timeout: string }) => {
+      const secs = intFlag("--timeout", o.timeout, 3600, 0, 7 * 24 * 3600);
+      await waitForReady(dir, secs * 1000, {
+        onWaiting: (s) => process.stderr.write(`still waiting for ${dir} to be ready (${s}s)\n`),
+      });
+      process.stdout.write(`${dir} is ready\n`);
+    });
+}

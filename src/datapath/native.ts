@@ -1,0 +1,142 @@
+/**
+ * The few system calls Node's fs module cannot make exactly, reached through koffi (a C FFI with
+ * prebuilt binaries shipped in its npm package). Node's utimes/lutimes go through libuv, which
+ * takes a double in seconds and truncates to microseconds, so nanosecond times need utimensat
+ * itself (docs/adr/0001-nanosecond-times.md). When koffi cannot load (an unusual platform), the
+ * fallbacks keep working at microsecond precision and `exactTimes` says so.
+ */
+import { constants as fsc } from "node:fs";
+import { copyFile, lutimes, open, rm } from "node:fs/promises";
+import { constants as osConstants } from "node:os";
+
+type Utimensat = (dirfd: number, path: string, times: Buffer, flags: number) => number;
+type Syncfs = (fd: number) => number;
+type CopyFileRange = (
+  fdIn: number,
+  offIn: null,
+  fdOut: number,
+  offOut: null,
+  len: number,
+  flags: number,
+) => number | bigint;
+
+interface Libc {
+  utimensat: Utimensat;
+  syncfs: Syncfs;
+  copyFileRange: CopyFileRange;
+  errno: () => number;
+}
+
+const AT_FDCWD = -100;
+const AT_SYMLINK_NOFOLLOW = 0x100;
+const NS = 1_000_000_000n;
+
+async function loadLibc(): Promise<Libc | null> {
+  if (process.platform !== "linux" || process.env.WARMSTART_NO_NATIVE === "1") return null;
+  try {
+    const koffi = await import("koffi");
+    // The process's own symbols: libc is already linked into node, whichever libc it is.
+    const lib = koffi.load(null);
+    return {
+      utimensat: lib.func("int utimensat(int, const char *, const void *, int)") as Utimensat,
+      syncfs: lib.func("int syncfs(int)") as Syncfs,
+      copyFileRange: lib.func(
+        "intptr_t copy_file_range(int, void *, int, void *, size_t, unsigned int)",
+      ) as CopyFileRange,
+      errno: () => koffi.errno(),
+    };
+  } catch {
+    return null;
+  }
+}
+
+const libc = await loadLibc();
+
+/** True when times are set to the nanosecond (utimensat reachable); false means microseconds. */
+export const exactTimes = libc !== null;
+
+function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
+  const code = Object.entries(osConstants.errno).find(([, n]) => n === errno)?.[0] ?? `E${errno}`;
+  const err: NodeJS.ErrnoException = new Error(`${code}: ${call} failed on ${path} (errno ${errno})`);
+  err.code = code;
+  err.errno = errno;
+  err.path = path;
+  return err;
+}
+
+/**
+ * Sets access and modification times to the nanosecond, on the link itself when `noFollow`
+ * (symlinks). Times are nanoseconds since the epoch, as `stat(..., { bigint: true })` gives them.
+ */
+export async function setTimesNs(path: string, atimeNs: bigint, mtimeNs: bigint, noFollow: boolean): Promise<void> {
+  if (libc) {
+    const buf = Buffer.allocUnsafe(32);
+    writeTimespec(buf, 0, atimeNs);
+    writeTimespec(buf, 16, mtimeNs);
+    if (libc.utimensat(AT_FDCWD, path, buf, noFollow ? AT_SYMLINK_NOFOLLOW : 0) !== 0) {
+      throw errnoError("utimensat", path, libc.errno());
+    }
+    return;
+  }
+  // Fallback: microseconds. lutimes works on files and directories as well as links.
+  await lutimes(path, Number(atimeNs) / 1e9, Number(mtimeNs) / 1e9);
+}
+
+function writeTimespec(buf: Buffer, offset: number, ns: bigint): void {
+  // Floor division so times before the epoch still get 0 <= tv_nsec < 1e9.
+  let sec = ns / NS;
+  let nsec = ns % NS;
+  if (nsec < 0n) {
+    nsec += NS;
+    sec -= 1n;
+  }
+  buf.writeBigInt64LE(sec, offset);
+  buf.writeBigInt64LE(nsec, offset + 8);
+}
+
+/**
+ * Flushes every dirty page of the filesystem holding `path` (syncfs). Falls back to fsync of the
+ * path alone when syncfs is unreachable, which is weaker; callers also fsync what they commit.
+ */
+export async function syncFilesystem(path: string): Promise<void> {
+  const fh = await open(path, fsc.O_RDONLY);
+  try {
+    if (libc) {
+      if (libc.syncfs(fh.fd) !== 0) throw errnoError("syncfs", path, libc.errno());
+    } else {
+      await fh.sync();
+    }
+  } finally {
+    await fh.close();
+  }
+}
+
+export type CopyMethod = "reflink" | "copy_file_range" | "copy";
+
+/**
+ * Which primitive the kernel uses to copy `sample` into `dir`: a reflink (FICLONE, shared
+ * extents), copy_file_range (in-kernel copy), or a plain read/write copy. Node's copyFile with
+ * COPYFILE_FICLONE tries them in that order, so the probe tries them in the same order on a
+ * scratch file it removes afterwards.
+ */
+export async function probeCopyMethod(sample: string, dir: string): Promise<CopyMethod> {
+  const probe = `${dir}/.warmstart-probe-${process.pid}`;
+  try {
+    await copyFile(sample, probe, fsc.COPYFILE_FICLONE_FORCE);
+    return "reflink";
+  } catch {
+    // no reflink here: try the in-kernel copy next
+  } finally {
+    await rm(probe, { force: true });
+  }
+  if (!libc) return "copy";
+  const src = await open(sample, fsc.O_RDONLY);
+  const dst = await open(probe, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o600);
+  try {
+    const n = libc.copyFileRange(src.fd, null, dst.fd, null, 1, 0);
+    return Number(n) >= 0 ? "copy_file_range" : "copy";
+  } finally {
+    await Promise.all([src.close(), dst.close()]);
+    await rm(probe, { force: true });
+  }
+}

@@ -1,0 +1,152 @@
+/**
+ * Prewarm: read a whole tree once with P parallel readers so the page cache holds it before the
+ * engine faults it in with small random mmap reads. Best effort by design: a read error is
+ * counted and reported, never thrown, because a slow start beats a pod that cannot start.
+ */
+import { readdir } from "node:fs/promises";
+import { Worker } from "node:worker_threads";
+import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
+
+export const DEFAULT_PREWARM_PARALLEL = 6;
+const MAX_ERRORS_SHOWN = 5;
+// The same words the admission side reads in WARMSTART_PREWARM.
+const OFF = ["0", "false", "no", "off"];
+const ON = ["1", "true", "yes", "on"];
+
+export interface PrewarmOptions {
+  dir: string;
+  /** Parallel readers (default 6). */
+  parallel?: number;
+  /** Skip outright (the --skip flag). */
+  skip?: boolean;
+  /** Name of an env var (e.g. WARMSTART_PREWARM) that turns the prewarm off ("0", "false", "no",
+   * "off") or on ("1", "true", "yes", "on"); unset or anything else leaves `defaultOn` to decide. */
+  respectEnv?: string;
+  /** Whether to read when respectEnv says neither (default true). */
+  defaultOn?: boolean;
+  /** Where respectEnv is looked up (default process.env). */
+  env?: NodeJS.ProcessEnv;
+  /** Bytes per read (default 4 MiB): large sequential reads keep the device's queue full. */
+  chunkBytes?: number;
+  /** Test hook: each reader holds each file open this long. */
+  holdMs?: number;
+}
+
+export interface PrewarmResult {
+  skipped: boolean;
+  /** Why it was skipped. */
+  reason?: string;
+  files: number;
+  bytes: number;
+  seconds: number;
+  parallel: number;
+  /** The most readers that were inside a file at the same moment. */
+  peakReaders: number;
+  errorCount: number;
+  /** The first few errors (path: message). */
+  errors: string[];
+}
+
+export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
+  const parallel = opts.parallel ?? DEFAULT_PREWARM_PARALLEL;
+  if (!Number.isInteger(parallel) || parallel < 1 || parallel > 256) {
+    throw new Error(`parallel must be an integer from 1 to 256, got ${parallel}`);
+  }
+  const result: PrewarmResult = {
+    skipped: false,
+    files: 0,
+    bytes: 0,
+    seconds: 0,
+    parallel,
+    peakReaders: 0,
+    errorCount: 0,
+    errors: [],
+  };
+  const env = opts.env ?? process.env;
+  if (opts.skip) return { ...result, skipped: true, reason: "--skip given" };
+  if (opts.respectEnv) {
+    const raw = env[opts.respectEnv];
+    const v = (raw ?? "").trim().toLowerCase();
+    const off = OFF.includes(v) || (!ON.includes(v) && opts.defaultOn === false);
+    if (off) {
+      const why = raw === undefined ? `${opts.respectEnv} unset, default off` : `${opts.respectEnv}=${raw}`;
+      return { ...result, skipped: true, reason: why };
+    }
+  }
+
+  const start = performance.now();
+  const errors: { path: string; message: string }[] = [];
+  let errorCount = 0;
+  const note = (path: string, err: unknown): void => {
+    errorCount += 1;
+    if (errors.length < MAX_ERRORS_SHOWN) errors.push({ path, message: (err as Error).message });
+  };
+  const paths = await listFiles(opts.dir, note);
+
+  const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
+  const work: PrewarmWork = { paths, shared, chunkBytes: opts.chunkBytes ?? 4 << 20, holdMs: opts.holdMs ?? 0 };
+  const readers = Math.max(1, Math.min(parallel, paths.length));
+  const reports = paths.length
+    ? await Promise.all(Array.from({ length: readers }, () => runReader(work)))
+    : [];
+  for (const r of reports) {
+    result.files += r.files;
+    result.bytes += r.bytes;
+    errorCount += r.errorCount;
+    for (const e of r.errors) if (errors.length < MAX_ERRORS_SHOWN) errors.push(e);
+  }
+  result.peakReaders = Atomics.load(new Int32Array(shared), 2);
+  result.seconds = (performance.now() - start) / 1000;
+  result.errorCount = errorCount;
+  result.errors = errors.map((e) => `${e.path}: ${e.message}`);
+  return result;
+}
+
+function runReader(work: PrewarmWork): Promise<PrewarmReport> {
+  return new Promise((resolve) => {
+    const w = new Worker(new URL("./prewarm-worker.js", import.meta.url), { workerData: work });
+    let report: PrewarmReport | undefined;
+    w.once("message", (r: PrewarmReport) => (report = r));
+    // A reader that dies is one more error, not a failed prewarm.
+    w.once("error", (err) => {
+      report = { files: 0, bytes: 0, errorCount: 1, errors: [{ path: "(reader)", message: err.message }] };
+    });
+    w.once("exit", () => resolve(report ?? { files: 0, bytes: 0, errorCount: 0, errors: [] }));
+  });
+}
+
+/** Every regular file under `dir`, symlinks not followed (their targets are in the tree too). */
+async function listFiles(dir: string, note: (path: string, err: unknown) => void): Promise<string[]> {
+  const out: string[] = [];
+  let level = [dir];
+  while (level.length > 0) {
+    const next: string[] = [];
+    await Promise.all(
+      level.map(async (d) => {
+        try {
+          for (const e of await readdir(d, { withFileTypes: true })) {
+            const p = `${d}/${e.name}`;
+            if (e.isDirectory()) next.push(p);
+            else if (e.isFile()) out.push(p);
+          }
+        } catch (err) {
+          note(d, err);
+        }
+      }),
+    );
+    level = next;
+  }
+  return out;
+}
+
+/** The one-line summary the CLI prints. */
+export function describePrewarm(r: PrewarmResult): string {
+  if (r.skipped) return `prewarm skipped (${r.reason ?? ""})`;
+  const mb = r.bytes / 1e6;
+  const rate = r.seconds > 0 ? mb / r.seconds : 0;
+  const errs = r.errorCount ? `, ${r.errorCount} read errors (first: ${r.errors.join("; ")})` : ", 0 errors";
+  return (
+    `prewarm: ${r.files} files, ${mb.toFixed(1)} MB in ${r.seconds.toFixed(2)} s ` +
+    `(${rate.toFixed(0)} MB/s, ${r.parallel} readers)${errs}`
+  );
+}

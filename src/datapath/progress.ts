@@ -1,0 +1,66 @@
+/**
+ * A one-line progress display for long copies and reads: files and bytes done and the rate,
+ * redrawn in place a few times a second on a TTY, and nothing at all when not a TTY (logs and
+ * init containers stay clean).
+ */
+export interface ProgressSink {
+  isTTY?: boolean;
+  write(s: string): boolean;
+}
+
+export class Progress {
+  private files = 0;
+  private bytes = 0;
+  private readonly start = performance.now();
+  private timer: NodeJS.Timeout | undefined;
+  private drawn = false;
+
+  constructor(
+    private readonly label: string,
+    private readonly totalFiles: number,
+    private readonly totalBytes: number,
+    private readonly out: ProgressSink | undefined = process.stderr,
+    intervalMs = 250,
+  ) {
+    if (this.out?.isTTY) {
+      this.timer = setInterval(() => this.draw(), intervalMs);
+      this.timer.unref();
+    }
+  }
+
+  addBytes(n: number): void {
+    this.bytes += n;
+  }
+
+  fileDone(): void {
+    this.files += 1;
+  }
+
+  /** Final redraw and newline; safe to call more than once. */
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+    if (this.out?.isTTY && this.drawn) {
+      this.draw();
+      this.out.write("\n");
+      this.drawn = false;
+    }
+  }
+
+  private draw(): void {
+    const secs = (performance.now() - this.start) / 1000;
+    const rate = secs > 0 ? this.bytes / 1e6 / secs : 0;
+    const line =
+      `${this.label}: ${this.files}/${this.totalFiles} files, ` +
+      `${formatBytes(this.bytes)}/${formatBytes(this.totalBytes)}, ${rate.toFixed(0)} MB/s`;
+    this.out?.write(`\r${line}\x1b[K`);
+    this.drawn = true;
+  }
+}
+
+export function formatBytes(n: number): string {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;
+  return `${n} B`;
+}

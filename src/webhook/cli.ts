@@ -1,0 +1,47 @@
+import { Command, Option } from "commander";
+import { loadWebhookConfig } from "./config.js";
+import { runWebhook } from "./run.js";
+
+export function registerWebhookCommands(program: Command): void {
+  program
+    .command("webhook")
+    .description("the admission webhook: elects one downloader per cache hash and decorates pods")
+    .option("--host <host>", "listen address")
+    .option("--port <port>", "listen port (0 = any free port)")
+    .option("--cert-file <file>", "serving certificate (PEM); reloaded when it changes")
+    .option("--key-file <file>", "serving key (PEM)")
+    .option("--ca-file <file>", "CA bundle for the registration (default: the certificate)")
+    .option("--register-url <url>", "register a MutatingWebhookConfiguration pointing at this URL")
+    .option("--election-enabled [bool]", "elect one downloader per hash (default false: admit cold)")
+    .option("--election-deadline <duration>", "how long an election may take before it is retired (e.g. 60m)")
+    .option("--image <image>", "the warmstart image for init containers")
+    .option("--timeout-seconds <n>", "the API server's webhook timeout")
+    .addOption(new Option("--url-file <file>", "write the serving URL here once listening").hideHelp())
+    .action(async (flags: Record<string, string | boolean | undefined>) => {
+      const cfg = loadWebhookConfig({
+        host: flags.host,
+        port: flags.port,
+        certFile: flags.certFile,
+        keyFile: flags.keyFile,
+        caFile: flags.caFile,
+        registerUrl: flags.registerUrl,
+        electionEnabled: flags.electionEnabled === true ? "true" : flags.electionEnabled,
+        electionDeadline: flags.electionDeadline,
+        image: flags.image,
+        timeoutSeconds: flags.timeoutSeconds,
+      });
+      const hook = await runWebhook(cfg);
+      if (typeof flags.urlFile === "string") {
+        const { writeFile } = await import("node:fs/promises");
+        await writeFile(flags.urlFile, hook.url);
+      }
+      const shutdown = (): void => {
+        hook.stop().then(
+          () => process.exit(0),
+          () => process.exit(1),
+        );
+      };
+      process.once("SIGTERM", shutdown);
+      process.once("SIGINT", shutdown);
+    });
+}

@@ -1,0 +1,63 @@
+import { z } from "zod";
+import { SYSTEM_NAMESPACE } from "../common/kube.js";
+
+const bool = z
+  .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
+  .transform((v) => v === true || v === "true" || v === "1");
+
+/** Durations like "60m", "90s", "2h" (or plain seconds). */
+export const duration = z.union([z.number(), z.string()]).transform((v, ctx) => {
+  if (typeof v === "number") return v;
+  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(v.trim());
+  if (!m) {
+    ctx.addIssue({ code: "custom", message: `not a duration: "${v}" (use e.g. 90s, 60m, 2h)` });
+    return z.NEVER;
+  }
+  const n = Number(m[1]);
+  return n * { ms: 0.001, s: 1, m: 60, h: 3600 }[(m[2] ?? "s") as "ms" | "s" | "m" | "h"];
+});
+
+/** Every setting of the webhook, validated once at boot (flags first, then env, then defaults). */
+export const WebhookConfig = z.object({
+  host: z.string().default("0.0.0.0"),
+  port: z.coerce.number().int().min(0).max(65535).default(8443),
+  certFile: z.string().optional(),
+  keyFile: z.string().optional(),
+  /** CA bundle the API server uses to trust us (defaults to the generated CA, or the cert itself). */
+  caFile: z.string().optional(),
+  /** Where the API server reaches us; with it, the webhook registers itself (local clusters, dev). */
+  registerUrl: z.url().optional(),
+  configurationName: z.string().default("warmstart"),
+  timeoutSeconds: z.coerce.number().int().min(1).max(30).default(5),
+  electionEnabled: bool.default(false),
+  electionDeadline: duration.default(3600),
+  systemNamespace: z.string().default(SYSTEM_NAMESPACE),
+  image: z.string().default("ghcr.io/warmstart/warmstart:0.1.0"),
+  cacheRoot: z.string().default("/warmstart/cache-root"),
+  cacheSizeLimit: z.string().default("200Gi"),
+  maxBodyBytes: z.coerce.number().int().min(1024).default(3 * 1024 * 1024),
+  /** Event posting is asynchronous; this bounds the backlog so a slow API server cannot grow memory. */
+  maxPendingEvents: z.coerce.number().int().min(0).default(1000),
+});
+export type WebhookConfig = z.infer<typeof WebhookConfig>;
+
+export function loadWebhookConfig(flags: Record<string, unknown>, env = process.env): WebhookConfig {
+  const fromEnv = {
+    port: env.WARMSTART_WEBHOOK_PORT,
+    certFile: env.WARMSTART_WEBHOOK_CERT,
+    keyFile: env.WARMSTART_WEBHOOK_KEY,
+    registerUrl: env.WARMSTART_WEBHOOK_REGISTER_URL,
+    electionEnabled: env.WARMSTART_ELECTION_ENABLED,
+    electionDeadline: env.WARMSTART_ELECTION_DEADLINE,
+    image: env.WARMSTART_IMAGE,
+  };
+  const merged: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(fromEnv)) if (v !== undefined && v !== "") merged[k] = v;
+  for (const [k, v] of Object.entries(flags)) if (v !== undefined) merged[k] = v;
+  const parsed = WebhookConfig.safeParse(merged);
+  if (!parsed.success) {
+    const first = parsed.error.issues[0]!;
+    throw new Error(`invalid webhook config: ${first.path.join(".") || "value"}: ${first.message}`);
+  }
+  return parsed.data;
+}

@@ -1,0 +1,128 @@
+import * as k8s from "@kubernetes/client-node";
+import { ANN_HASH, LABEL_HASH, MODELCACHE, leaseName, shortHash } from "../core/contract.js";
+import { isAlreadyExists, apiError, isNotFound } from "../common/kube.js";
+
+export const ANN_DEADLINE = "warmstart.dev/deadline";
+export const ANN_LEADER_NAMESPACE = "warmstart.dev/leader-namespace";
+
+export type ElectionResult = "leader" | "follower";
+
+/**
+ * The API server is the lock: the first pod of a hash to create Lease `warmstart-capture-<short>`
+ * leads; everyone else meets AlreadyExists and follows. The holder is an id minted at admission
+ * because the pod has no UID (and maybe no name) yet.
+ */
+export async function tryAcquire(
+  coordination: k8s.CoordinationV1Api,
+  opts: { namespace: string; hash: string; electionId: string; deadlineSeconds: number; podNamespace: string },
+): Promise<ElectionResult> {
+  const now = new Date();
+  const lease: k8s.V1Lease = {
+    metadata: {
+      name: leaseName(opts.hash),
+      namespace: opts.namespace,
+      labels: { [LABEL_HASH]: shortHash(opts.hash) },
+      annotations: {
+        [ANN_HASH]: opts.hash,
+        [ANN_DEADLINE]: new Date(now.getTime() + opts.deadlineSeconds * 1000).toISOString(),
+        [ANN_LEADER_NAMESPACE]: opts.podNamespace,
+      },
+    },
+    spec: {
+      holderIdentity: opts.electionId,
+      leaseDurationSeconds: Math.round(opts.deadlineSeconds),
+      acquireTime: new k8s.V1MicroTime(now.toISOString()),
+      renewTime: new k8s.V1MicroTime(now.toISOString()),
+    },
+  };
+  try {
+    await coordination.createNamespacedLease({ namespace: opts.namespace, body: lease });
+    return "leader";
+  } catch (err) {
+    if (isAlreadyExists(err)) return "follower";
+    throw apiError(`creating Lease ${lease.metadata!.name}`, err);
+  }
+}
+
+export interface ModelCacheObject {
+  apiVersion: string;
+  kind: string;
+  metadata: k8s.V1ObjectMeta;
+  spec: {
+    hash: string;
+    model?: string;
+    inputs?: unknown;
+    electionId?: string;
+    leader?: { namespace?: string; name?: string; uid?: string; node?: string };
+  };
+  status?: {
+    phase?: string;
+    reason?: string;
+    message?: string;
+    backend?: string;
+    namespaces?: string[];
+    [k: string]: unknown;
+  };
+}
+
+export async function getModelCache(
+  custom: k8s.CustomObjectsApi,
+  hashOrShort: string,
+): Promise<ModelCacheObject | undefined> {
+  try {
+    return (await custom.getClusterCustomObject({
+      group: MODELCACHE.group,
+      version: MODELCACHE.version,
+      plural: MODELCACHE.plural,
+      name: shortHash(hashOrShort),
+    })) as ModelCacheObject;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw apiError(`reading ModelCache ${shortHash(hashOrShort)}`, err);
+  }
+}
+
+/**
+ * Record a new election in the durable cache record: created in phase Electing, or (when a
+ * failed earlier attempt left one) reset to Electing for this election.
+ */
+export async function recordElection(
+  custom: k8s.CustomObjectsApi,
+  opts: { hash: string; model?: string; inputs?: unknown; electionId: string; namespace: string; name?: string },
+): Promise<void> {
+  const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
+  const name = shortHash(opts.hash);
+  const spec = {
+    hash: opts.hash,
+    model: opts.model,
+    inputs: opts.inputs,
+    electionId: opts.electionId,
+    leader: { namespace: opts.namespace, ...(opts.name ? { name: opts.name } : {}) },
+  };
+  try {
+    await custom.createClusterCustomObject({
+      ...ref,
+      body: {
+        apiVersion: `${MODELCACHE.group}/${MODELCACHE.version}`,
+        kind: MODELCACHE.kind,
+        metadata: { name, labels: { [LABEL_HASH]: name } },
+        spec,
+      },
+    });
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw apiError(`creating ModelCache ${name}`, err);
+    const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+    await custom.patchClusterCustomObject({ ...ref, name, body: { spec } }, merge);
+  }
+  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  await custom.patchClusterCustomObjectStatus(
+    {
+      ...ref,
+      name,
+      body: {
+        status: { phase: "Electing", reason: "LeaderElected", message: "", lastTransitionTime: new Date().toISOString() },
+      },
+    },
+    merge,
+  );
+}

@@ -1,0 +1,42 @@
+import { Counter, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+
+export interface WebhookMetrics {
+  registry: Registry;
+  decisions: Counter<"role" | "reason">;
+  latency: Histogram<"outcome">;
+  failOpen: Counter<"cause">;
+  events: Counter<"result">;
+}
+
+export function createWebhookMetrics(): WebhookMetrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  return {
+    registry,
+    decisions: new Counter({
+      name: "warmstart_webhook_decisions_total",
+      help: "Admission decisions by role (leader, follower, restore, cold, pass) and reason",
+      labelNames: ["role", "reason"],
+      registers: [registry],
+    }),
+    latency: new Histogram({
+      name: "warmstart_webhook_admission_duration_seconds",
+      help: "Time to answer one AdmissionReview",
+      labelNames: ["outcome"],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers: [registry],
+    }),
+    failOpen: new Counter({
+      name: "warmstart_webhook_fail_open_total",
+      help: "Pods admitted unchanged because something went wrong",
+      labelNames: ["cause"],
+      registers: [registry],
+    }),
+    events: new Counter({
+      name: "warmstart_webhook_events_total",
+      help: "Kubernetes Events posted about admitted pods",
+      labelNames: ["result"],
+      registers: [registry],
+    }),
+  };
+}

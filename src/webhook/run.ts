@@ -1,0 +1,110 @@
+import { readFile, writeFile, mkdir } from "node:fs/promises";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { createLogger, type Logger } from "../common/log.js";
+import { loadKubeConfig } from "../common/kube.js";
+import { createCA, issueCert } from "../common/certs.js";
+import type { WebhookConfig } from "./config.js";
+import { createWebhookMetrics } from "./metrics.js";
+import { startAdmissionServer, type RunningServer } from "./server.js";
+import { PodEventRecorder } from "./events.js";
+import { getModelCache, recordElection, tryAcquire } from "./election.js";
+import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
+import { registerWebhook, webhookConfiguration } from "./registration.js";
+
+export interface RunningWebhook extends RunningServer {
+  caBundle: string;
+  stop(): Promise<void>;
+}
+
+/** A serving certificate for development: a throwaway CA and a cert for loopback and the Service name. */
+async function devCertificate(cfg: WebhookConfig): Promise<{ cert: string; key: string; ca: string }> {
+  const ca = await createCA("warmstart-webhook-ca");
+  const leaf = await issueCert(ca, {
+    commonName: "warmstart-webhook",
+    dns: ["localhost", `warmstart-webhook.${cfg.systemNamespace}.svc`, `warmstart-webhook.${cfg.systemNamespace}.svc.cluster.local`],
+    ips: ["127.0.0.1"],
+    usage: "server",
+  });
+  return { cert: leaf.cert, key: leaf.key, ca: ca.cert };
+}
+
+export async function runWebhook(
+  cfg: WebhookConfig,
+  opts: { kubeConfig?: k8s.KubeConfig; log?: Logger; certOut?: string } = {},
+): Promise<RunningWebhook> {
+  const log = opts.log ?? createLogger("webhook");
+  const kc = opts.kubeConfig ?? loadKubeConfig();
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  const coordination = kc.makeApiClient(k8s.CoordinationV1Api);
+  const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+  const metrics = createWebhookMetrics();
+  const events = new PodEventRecorder(core, log, cfg.maxPendingEvents, (result) => metrics.events.inc({ result }));
+
+  const cluster: ClusterView = {
+    getModelCache: (h) => getModelCache(custom, h),
+    tryAcquire: (hash, electionId, podNamespace) =>
+      tryAcquire(coordination, {
+        namespace: cfg.systemNamespace,
+        hash,
+        electionId,
+        deadlineSeconds: cfg.electionDeadline,
+        podNamespace,
+      }),
+    recordElection: (o) => recordElection(custom, o),
+    restoreProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6 }),
+  };
+  const deps: AdmissionDeps = { cfg, cluster, log, metrics, recordEvent: (ev) => events.record(ev) };
+
+  let cert: { certFile: string; keyFile: string } | { cert: string; key: string };
+  let caBundle: string;
+  if (cfg.certFile && cfg.keyFile) {
+    cert = { certFile: cfg.certFile, keyFile: cfg.keyFile };
+    caBundle = await readFile(cfg.caFile ?? cfg.certFile, "utf8");
+  } else {
+    const dev = await devCertificate(cfg);
+    cert = { cert: dev.cert, key: dev.key };
+    caBundle = dev.ca;
+    if (opts.certOut) {
+      await mkdir(opts.certOut, { recursive: true });
+      await writeFile(join(opts.certOut, "ca.crt"), dev.ca);
+    }
+    log.info("serving with a generated development certificate");
+  }
+
+  const server = await startAdmissionServer({
+    host: cfg.host,
+    port: cfg.port,
+    cert,
+    maxBodyBytes: cfg.maxBodyBytes,
+    handler: admissionHandler(deps),
+    onHandlerError: (err, review) => failOpen(deps, err, review),
+    registry: metrics.registry,
+    log,
+  });
+  log.info({ url: server.url, election: cfg.electionEnabled }, "webhook serving");
+
+  if (cfg.registerUrl) {
+    const admission = kc.makeApiClient(k8s.AdmissionregistrationV1Api);
+    await registerWebhook(
+      admission,
+      webhookConfiguration({
+        name: cfg.configurationName,
+        url: cfg.registerUrl,
+        caBundle,
+        timeoutSeconds: cfg.timeoutSeconds,
+        systemNamespace: cfg.systemNamespace,
+      }),
+    );
+    log.info({ name: cfg.configurationName, url: cfg.registerUrl }, "registered MutatingWebhookConfiguration");
+  }
+
+  return {
+    ...server,
+    caBundle,
+    stop: async () => {
+      await server.close();
+      await events.stop();
+    },
+  };
+}

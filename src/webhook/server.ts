@@ -1,0 +1,192 @@
+import { createServer, type Server } from "node:https";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { readFileSync, watchFile, unwatchFile } from "node:fs";
+import { z } from "zod";
+import type { Logger } from "../common/log.js";
+import type { Registry } from "prom-client";
+
+/** The part of an AdmissionReview v1 request the webhook reads. */
+export const AdmissionReviewSchema = z.object({
+  apiVersion: z.literal("admission.k8s.io/v1"),
+  kind: z.literal("AdmissionReview"),
+  request: z.object({
+    uid: z.string().min(1),
+    kind: z.object({ group: z.string(), version: z.string(), kind: z.string() }).optional(),
+    resource: z.object({ group: z.string(), version: z.string(), resource: z.string() }).optional(),
+    subResource: z.string().optional(),
+    namespace: z.string().optional(),
+    name: z.string().optional(),
+    operation: z.string().optional(),
+    dryRun: z.boolean().optional(),
+    object: z.unknown().optional(),
+  }),
+});
+export type AdmissionReview = z.infer<typeof AdmissionReviewSchema>;
+
+export interface AdmissionResponse {
+  uid: string;
+  allowed: true;
+  patch?: string;
+  patchType?: "JSONPatch";
+  warnings?: string[];
+}
+
+export type AdmissionHandler = (review: AdmissionReview) => Promise<AdmissionResponse>;
+
+export interface ServerOptions {
+  host: string;
+  port: number;
+  cert: { certFile: string; keyFile: string } | { cert: string; key: string };
+  maxBodyBytes: number;
+  handler: AdmissionHandler;
+  /** Called when the handler throws: answers must still carry the uid and admit the pod. */
+  onHandlerError: (err: unknown, review: AdmissionReview) => AdmissionResponse;
+  registry?: Registry;
+  log: Logger;
+}
+
+export interface RunningServer {
+  server: Server;
+  url: string;
+  close(): Promise<void>;
+}
+
+class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * HTTPS server for AdmissionReview v1: body cap, content-type check, schema check, and a response
+ * that always carries the request uid. Certificates given as files are reloaded when they change
+ * (a rotated Secret swaps the files under the mount).
+ */
+export async function startAdmissionServer(opts: ServerOptions): Promise<RunningServer> {
+  const readCert = (): { cert: string; key: string } =>
+    "certFile" in opts.cert
+      ? { cert: readFileSync(opts.cert.certFile, "utf8"), key: readFileSync(opts.cert.keyFile, "utf8") }
+      : opts.cert;
+
+  const server = createServer({ ...readCert() }, (req, res) => {
+    route(req, res).catch((err: unknown) => {
+      opts.log.error({ err }, "request failed");
+      if (!res.headersSent) send(res, 500, { error: "internal error" });
+    });
+  });
+  // Explicit timeouts: a slow client must not hold sockets for the default minutes.
+  server.keepAliveTimeout = 30_000;
+  server.headersTimeout = 10_000;
+  server.requestTimeout = 15_000;
+
+  const watched: string[] = [];
+  if ("certFile" in opts.cert) {
+    for (const f of [opts.cert.certFile, opts.cert.keyFile]) {
+      watched.push(f);
+      watchFile(f, { interval: 2000 }, () => {
+        try {
+          server.setSecureContext(readCert());
+          opts.log.info({ file: f }, "serving certificate reloaded");
+        } catch (err) {
+          opts.log.warn({ err, file: f }, "could not reload the serving certificate; keeping the old one");
+        }
+      });
+    }
+  }
+
+  async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? "/").split("?")[0];
+    if (req.method === "GET" && (path === "/healthz" || path === "/livez" || path === "/readyz")) {
+      return send(res, 200, { ok: true });
+    }
+    if (req.method === "GET" && path === "/metrics" && opts.registry) {
+      res.writeHead(200, { "content-type": opts.registry.contentType });
+      res.end(await opts.registry.metrics());
+      return;
+    }
+    if (path !== "/mutate") return send(res, 404, { error: `no route for ${req.method} ${path}` });
+    if (req.method !== "POST") return send(res, 405, { error: "use POST" });
+
+    let review: AdmissionReview;
+    try {
+      review = parseReview(await readBody(req, opts.maxBodyBytes), req.headers["content-type"]);
+    } catch (err) {
+      const status = err instanceof HttpError ? err.status : 400;
+      const message = err instanceof Error ? err.message : String(err);
+      opts.log.warn({ status, message }, "rejected a malformed admission request");
+      return send(res, status, { error: message });
+    }
+    let response: AdmissionResponse;
+    try {
+      response = await opts.handler(review);
+    } catch (err) {
+      response = opts.onHandlerError(err, review);
+    }
+    send(res, 200, { apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview", response });
+  }
+
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(opts.port, opts.host, () => resolve());
+  });
+  const addr = server.address();
+  const port = typeof addr === "object" && addr ? addr.port : opts.port;
+  const host = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
+  return {
+    server,
+    url: `https://${host}:${port}`,
+    close: async () => {
+      for (const f of watched) unwatchFile(f);
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      server.closeAllConnections();
+    },
+  };
+}
+
+function parseReview(body: Buffer, contentType: string | undefined): AdmissionReview {
+  if (!contentType || !/^application\/json\b/i.test(contentType)) {
+    throw new HttpError(415, `expected content-type application/json, got ${contentType ?? "none"}`);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(body.toString("utf8"));
+  } catch (err) {
+    throw new HttpError(400, `body is not JSON: ${(err as Error).message}`);
+  }
+  const parsed = AdmissionReviewSchema.safeParse(json);
+  if (!parsed.success) {
+    const i = parsed.error.issues[0]!;
+    throw new HttpError(400, `not an admission.k8s.io/v1 AdmissionReview: ${i.path.join(".") || "body"}: ${i.message}`);
+  }
+  return parsed.data;
+}
+
+function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers["content-length"] ?? 0);
+    if (declared > limit) {
+      req.resume();
+      return reject(new HttpError(413, `body of ${declared} bytes exceeds the ${limit}-byte limit`));
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on("data", (c: Buffer) => {
+      size += c.length;
+      if (size > limit) {
+        req.destroy();
+        reject(new HttpError(413, `body exceeds the ${limit}-byte limit`));
+      } else chunks.push(c);
+    });
+    req.on("end", () => resolve(Buffer.concat(chunks)));
+    req.on("error", reject);
+  });
+}
+
+function send(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
