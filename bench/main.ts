@@ -2,9 +2,13 @@
  * `npm run bench`: every benchmark, each printing its figures beside a baseline measured in
  * the same run. Pass names to run only some: `npm run bench -- admission`.
  */
+import { runAdmissionBench } from "./admission.js";
+
 type Bench = { name: string; run: () => Promise<void> };
 
-const benches: Bench[] = [];
+const benches: Bench[] = [
+  { name: "admission", run: runAdmissionBench },
+];
 
 const wanted = process.argv.slice(2);
 for (const b of benches) {

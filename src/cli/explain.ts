@@ -31,7 +31,10 @@ export function registerExplainCommands(program: Command): void {
       "print the admission view of a pod or workload as JSON (downloader, reason, model, hash); " +
         "with a second file, show which hash inputs differ and which look per-run. No cluster needed.",
     )
-    .argument("<file>", "Pod, Deployment, StatefulSet, Job, CronJob, ReplicaSet or DaemonSet; YAML or JSON; - for stdin")
+    .argument(
+      "<file>",
+      "Pod, Deployment, StatefulSet, Job, CronJob, ReplicaSet or DaemonSet; YAML or JSON; - for stdin",
+    )
     .argument("[file2]", "a second pod, workload or ModelCache record to compare with")
     .action((file: string, file2: string | undefined) => {
       if (file === "-" && file2 === "-") throw new Error("stdin can be read only once");

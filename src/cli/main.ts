@@ -3,6 +3,8 @@ import { registerClusterCommands } from "../localcluster/cli.js";
 import { registerExplainCommands } from "./explain.js";
 import { registerWebhookCommands } from "../webhook/cli.js";
 import { registerControlPlaneCommands } from "../control-plane/cli.js";
+import { registerDatapathCommands } from "../datapath/cli.js";
+import { registerClusterAgentCommands } from "../cluster-agent/cli.js";
 
 const program = new Command("warmstart")
   .description("Start GPU model-serving workloads warm on Kubernetes")
@@ -13,6 +15,8 @@ registerClusterCommands(program);
 registerExplainCommands(program);
 registerWebhookCommands(program);
 registerControlPlaneCommands(program);
+registerDatapathCommands(program);
+registerClusterAgentCommands(program);
 
 try {
   await program.parseAsync(process.argv);

@@ -151,7 +151,7 @@ export function isTerminalApiError(err: unknown): boolean {
   return code !== undefined && code >= 400 && code < 500 && code !== 408 && code !== 409 && code !== 429;
 }
 
-export type RecordState = "accepted" | "applied" | "terminated";
+export type RecordState = "accepted" | "applied" | "terminated" | "failed";
 
 export interface RequestRecord {
   requestId: string;

@@ -20,10 +20,12 @@ export function localOperatorTokenFile(): string {
   return join(stateDir(), "control-plane", "operator-token");
 }
 
-const int = (what: string) => (v: string): number => {
-  if (!/^-?\d+$/.test(v.trim())) throw new Error(`${what} must be an integer, got "${v}"`);
-  return Number(v);
-};
+const int =
+  (what: string) =>
+  (v: string): number => {
+    if (!/^-?\d+$/.test(v.trim())) throw new Error(`${what} must be an integer, got "${v}"`);
+    return Number(v);
+  };
 const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 const csv = (v: string | undefined): string[] =>
   (v ?? "")
@@ -64,7 +66,9 @@ async function serve(opts: ServeOptions): Promise<void> {
     }
   }
   const dbPath = opts.db ?? process.env.WARMSTART_CONTROL_PLANE_DB ?? "warmstart-control-plane.db";
-  const clusterTokens = opts.clusterToken?.length ? opts.clusterToken : csv(process.env.WARMSTART_CLUSTER_TOKENS);
+  const clusterTokens = opts.clusterToken?.length
+    ? opts.clusterToken
+    : csv(process.env.WARMSTART_CLUSTER_TOKENS);
   const config = parseConfig({
     dbPath,
     port: opts.port,
@@ -118,7 +122,10 @@ export async function operatorClient(opts: ConnectOptions): Promise<ControlPlane
 
 function withConnection(cmd: Command): Command {
   return cmd
-    .option("--control-plane <url>", "control plane URL (default: $WARMSTART_CONTROL_PLANE_URL or the local cluster)")
+    .option(
+      "--control-plane <url>",
+      "control plane URL (default: $WARMSTART_CONTROL_PLANE_URL or the local cluster)",
+    )
     .option("--token <token>", "operator token (default: $WARMSTART_OPERATOR_TOKEN or the local cluster's)");
 }
 
@@ -158,7 +165,18 @@ export function requestsTable(requests: RequestView[]): string {
 
 export function clustersTable(clusters: ClusterView[]): string {
   const t = new Table({
-    head: ["CLUSTER", "GPUS", "CAPACITY", "ALLOCATED", "SCHEDULABLE", "READY", "PAUSED", "INSTRUCTION", "HEARTBEAT", "QUEUED"],
+    head: [
+      "CLUSTER",
+      "GPUS",
+      "CAPACITY",
+      "ALLOCATED",
+      "SCHEDULABLE",
+      "READY",
+      "PAUSED",
+      "INSTRUCTION",
+      "HEARTBEAT",
+      "QUEUED",
+    ],
     style: { head: [], border: [] },
   });
   for (const c of clusters) {
@@ -182,15 +200,30 @@ export function registerControlPlaneCommands(program: Command): void {
   program
     .command("control-plane")
     .description("the reference control plane: cluster registration, queue credentials, deployment queues")
-    .option("--db <file>", "SQLite database file (default: $WARMSTART_CONTROL_PLANE_DB or ./warmstart-control-plane.db)")
+    .option(
+      "--db <file>",
+      "SQLite database file (default: $WARMSTART_CONTROL_PLANE_DB or ./warmstart-control-plane.db)",
+    )
     .option("--port <n>", "port to listen on (0: any free port)", int("--port"))
     .option("--host <addr>", "address to listen on", "127.0.0.1")
-    .option("--cluster-token <token>", "token clusters register with; repeatable (or $WARMSTART_CLUSTER_TOKENS)", collect)
+    .option(
+      "--cluster-token <token>",
+      "token clusters register with; repeatable (or $WARMSTART_CLUSTER_TOKENS)",
+      collect,
+    )
     .option("--operator-token <token>", "operator token (or $WARMSTART_OPERATOR_TOKEN)")
     .option("--operator-token-file <file>", "read the operator token here; minted and written on first start")
     .option("--credential-ttl <seconds>", "lifetime of queue credentials", int("--credential-ttl"))
-    .option("--visibility-timeout <seconds>", "default visibility timeout of received messages", int("--visibility-timeout"))
-    .option("--heartbeat-interval <seconds>", "heartbeat interval told to agents", int("--heartbeat-interval"))
+    .option(
+      "--visibility-timeout <seconds>",
+      "default visibility timeout of received messages",
+      int("--visibility-timeout"),
+    )
+    .option(
+      "--heartbeat-interval <seconds>",
+      "heartbeat interval told to agents",
+      int("--heartbeat-interval"),
+    )
     .action(serve);
 
   withConnection(
@@ -240,14 +273,21 @@ export function registerControlPlaneCommands(program: Command): void {
     program.command("requests").description("deployment requests and their status").addOption(outputOption()),
   ).action(async (o: ConnectOptions & { output: string }) => {
     const requests = await (await operatorClient(o)).listRequests();
-    process.stdout.write(o.output === "json" ? `${JSON.stringify(requests, null, 2)}\n` : `${requestsTable(requests)}\n`);
+    process.stdout.write(
+      o.output === "json" ? `${JSON.stringify(requests, null, 2)}\n` : `${requestsTable(requests)}\n`,
+    );
   });
 
   withConnection(
-    program.command("clusters").description("registered clusters and their GPU capacity").addOption(outputOption()),
+    program
+      .command("clusters")
+      .description("registered clusters and their GPU capacity")
+      .addOption(outputOption()),
   ).action(async (o: ConnectOptions & { output: string }) => {
     const clusters = await (await operatorClient(o)).listClusters();
-    process.stdout.write(o.output === "json" ? `${JSON.stringify(clusters, null, 2)}\n` : `${clustersTable(clusters)}\n`);
+    process.stdout.write(
+      o.output === "json" ? `${JSON.stringify(clusters, null, 2)}\n` : `${clustersTable(clusters)}\n`,
+    );
   });
 
   withConnection(

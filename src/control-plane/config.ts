@@ -17,7 +17,11 @@ export const ControlPlaneConfig = z
       message: "at least one cluster token is needed (--cluster-token or WARMSTART_CLUSTER_TOKENS)",
     }),
     operatorToken: Token,
-    credentialTtlSeconds: z.int().min(1).max(7 * 24 * 3600).default(3600),
+    credentialTtlSeconds: z
+      .int()
+      .min(1)
+      .max(7 * 24 * 3600)
+      .default(3600),
     visibilityTimeoutSeconds: z.int().min(0).max(43_200).default(30),
     heartbeatIntervalSeconds: z.int().min(1).max(3600).default(30),
     /** Largest request body accepted; bigger ones get 413. */

@@ -59,7 +59,8 @@ export class Router {
     for (const c of this.compiled) {
       const params = matchSegments(c.segments, parts);
       if (!params) continue;
-      if (c.route.method === method || (method === "HEAD" && c.route.method === "GET")) return { route: c.route, params };
+      if (c.route.method === method || (method === "HEAD" && c.route.method === "GET"))
+        return { route: c.route, params };
       allowed.push(c.route.method);
     }
     return { route: undefined, allowed };
@@ -97,7 +98,10 @@ function jsonSchema(schema: z.ZodType, io: "input" | "output"): Record<string, u
 }
 
 /** OpenAPI 3.1 (whose schemas are JSON Schema 2020-12, what zod emits) for every route. */
-export function openApiDocument(routes: Route[], info: { title: string; version: string }): Record<string, unknown> {
+export function openApiDocument(
+  routes: Route[],
+  info: { title: string; version: string },
+): Record<string, unknown> {
   const paths: Record<string, Record<string, unknown>> = {};
   const errorRef = { $ref: "#/components/schemas/Error" };
   for (const r of routes) {
@@ -123,7 +127,10 @@ export function openApiDocument(routes: Route[], info: { title: string; version:
         : { "application/json": { schema: jsonSchema(r.response, "output") } };
     const responses: Record<string, unknown> = { [ok]: { description: "success", content } };
     if (r.body || r.params || r.query) {
-      responses["400"] = { description: "invalid input", content: { "application/json": { schema: errorRef } } };
+      responses["400"] = {
+        description: "invalid input",
+        content: { "application/json": { schema: errorRef } },
+      };
     }
     if (r.auth !== "none") {
       responses["401"] = {
@@ -145,7 +152,10 @@ export function openApiDocument(routes: Route[], info: { title: string; version:
     };
     if (parameters.length) op.parameters = parameters;
     if (r.body) {
-      op.requestBody = { required: true, content: { "application/json": { schema: jsonSchema(r.body, "input") } } };
+      op.requestBody = {
+        required: true,
+        content: { "application/json": { schema: jsonSchema(r.body, "input") } },
+      };
     }
     (paths[r.path] ??= {})[r.method.toLowerCase()] = op;
   }

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { ControlPlaneError } from "./client.js";
 import { CLUSTER_TOKEN, OPERATOR_TOKEN, call, registerAgent, sleep, startHarness } from "./testing.js";
 
-test("registration is idempotent, updates the inventory and issues credentials", async (t) => {
+void test("registration is idempotent, updates the inventory and issues credentials", async (t) => {
   const h = await startHarness(t, { credentialTtlSeconds: 600, heartbeatIntervalSeconds: 15 });
   const a = await registerAgent(h.cp.url, "gpu-east", [{ gpuType: "H100", count: 8 }]);
   assert.equal(a.registration.clusterId, "gpu-east");
@@ -21,7 +21,11 @@ test("registration is idempotent, updates the inventory and issues credentials",
       { gpuType: "L40S", count: 2 },
     ],
   });
-  assert.notEqual(again.credentials.token, a.registration.credentials.token, "each registration issues a credential");
+  assert.notEqual(
+    again.credentials.token,
+    a.registration.credentials.token,
+    "each registration issues a credential",
+  );
   assert.deepEqual(again.queues.deploy, ["H100", "L40S"]);
 
   const clusters = await h.operator.listClusters();
@@ -45,7 +49,7 @@ test("registration is idempotent, updates the inventory and issues credentials",
   assert.match(metrics, /warmstart_control_plane_registrations_total\{result="updated"\} 1/);
 });
 
-test("a cluster with zero GPUs registers with capacity 0 and is not schedulable", async (t) => {
+void test("a cluster with zero GPUs registers with capacity 0 and is not schedulable", async (t) => {
   const h = await startHarness(t);
   const a = await registerAgent(h.cp.url, "empty", [{ gpuType: "H100", count: 0 }]);
   assert.deepEqual(a.registration.queues.deploy, []);
@@ -58,10 +62,9 @@ test("a cluster with zero GPUs registers with capacity 0 and is not schedulable"
   assert.deepEqual((await a.client.receive("empty", { queue: "deploy", maxMessages: 10 })).messages, []);
 });
 
-test("credentials: renew overlaps until expiry; expired, foreign, missing and wrong-kind tokens are refused", async (t) => {
+void test("credentials: renew overlaps until expiry; expired, foreign, missing and wrong-kind tokens are refused", async (t) => {
   const h = await startHarness(t, { credentialTtlSeconds: 2 });
   const a = await registerAgent(h.cp.url, "alpha", [{ gpuType: "H100", count: 1 }]);
-  const b = await registerAgent(h.cp.url, "beta", [{ gpuType: "H100", count: 1 }]);
   const hb = { inventory: [{ gpuType: "H100", count: 1 }], ready: true, paused: false };
   const old = a.credential;
 
@@ -86,8 +89,13 @@ test("credentials: renew overlaps until expiry; expired, foreign, missing and wr
   });
   assert.equal(fresh.status, 200);
 
+  const b = await registerAgent(h.cp.url, "beta", [{ gpuType: "H100", count: 1 }]);
   // Another cluster's (valid) credential: 403, on every queue call and on renew.
-  for (const path of ["/v1/clusters/alpha/heartbeat", "/v1/clusters/alpha/credentials/renew", "/v1/clusters/alpha/queues/receive"]) {
+  for (const path of [
+    "/v1/clusters/alpha/heartbeat",
+    "/v1/clusters/alpha/credentials/renew",
+    "/v1/clusters/alpha/queues/receive",
+  ]) {
     const r = await call(h.cp.url, "POST", path, { token: b.credential, body: { ...hb, queue: "deploy" } });
     assert.equal(r.status, 403, path);
     assert.match(String(r.body.error), /issued to cluster beta, not alpha/);
@@ -96,16 +104,27 @@ test("credentials: renew overlaps until expiry; expired, foreign, missing and wr
   const missing = await call(h.cp.url, "POST", "/v1/clusters/alpha/heartbeat", { body: hb });
   assert.equal(missing.status, 401);
   assert.match(missing.headers.get("www-authenticate") ?? "", /^Bearer/);
-  const unknown = await call(h.cp.url, "POST", "/v1/clusters/alpha/heartbeat", { token: "not-a-real-token", body: hb });
+  const unknown = await call(h.cp.url, "POST", "/v1/clusters/alpha/heartbeat", {
+    token: "not-a-real-token",
+    body: hb,
+  });
   assert.equal(unknown.status, 401);
   assert.match(String(unknown.body.error), /unknown token/);
-  const basic = await fetch(`${h.cp.url}/v1/clusters`, { headers: { authorization: `Basic ${OPERATOR_TOKEN}` } });
+  const basic = await fetch(`${h.cp.url}/v1/clusters`, {
+    headers: { authorization: `Basic ${OPERATOR_TOKEN}` },
+  });
   assert.equal(basic.status, 401);
 
   // Wrong kind of token, each way round.
-  const clusterOnQueue = await call(h.cp.url, "POST", "/v1/clusters/alpha/heartbeat", { token: CLUSTER_TOKEN, body: hb });
+  const clusterOnQueue = await call(h.cp.url, "POST", "/v1/clusters/alpha/heartbeat", {
+    token: CLUSTER_TOKEN,
+    body: hb,
+  });
   assert.equal(clusterOnQueue.status, 403);
-  assert.match(String(clusterOnQueue.body.error), /needs a queue credential, not a cluster registration token/);
+  assert.match(
+    String(clusterOnQueue.body.error),
+    /needs a queue credential, not a cluster registration token/,
+  );
   const queueOnRegister = await call(h.cp.url, "POST", "/v1/clusters/register", {
     token: renewed.credentials.token,
     body: { clusterId: "alpha", inventory: [] },
@@ -131,30 +150,156 @@ test("credentials: renew overlaps until expiry; expired, foreign, missing and wr
   );
 });
 
-test("bad input is a 4xx with a clear JSON message, never a crash", async (t) => {
+void test("bad input is a 4xx with a clear JSON message, never a crash", async (t) => {
   const h = await startHarness(t, { maxBodyBytes: 64 * 1024 });
   const a = await registerAgent(h.cp.url, "alpha", [{ gpuType: "H100", count: 4 }]);
   const op = { token: OPERATOR_TOKEN };
   const good = { name: "llama", model: "meta/llama", image: "vllm/vllm-openai:v0.9" };
 
-  const cases: { what: string; path: string; token: string; body?: unknown; raw?: string; status: number; error: RegExp }[] = [
-    { what: "wrong type", path: "/v1/requests", token: OPERATOR_TOKEN, body: { ...good, replicas: "2" }, status: 400, error: /replicas: .*number/ },
-    { what: "bad name", path: "/v1/requests", token: OPERATOR_TOKEN, body: { ...good, name: "Bad_Name" }, status: 400, error: /name: must be a DNS-1123 label/ },
-    { what: "replicas 0", path: "/v1/requests", token: OPERATOR_TOKEN, body: { ...good, replicas: 0 }, status: 400, error: /replicas: .*>=1/ },
-    { what: "gpus 0", path: "/v1/requests", token: OPERATOR_TOKEN, body: { ...good, gpus: 0 }, status: 400, error: /gpus/ },
-    { what: "missing model", path: "/v1/requests", token: OPERATOR_TOKEN, body: { name: "x", image: "i" }, status: 400, error: /model/ },
-    { what: "array body", path: "/v1/requests", token: OPERATOR_TOKEN, body: [good], status: 400, error: /expected object/ },
-    { what: "non-JSON", path: "/v1/requests", token: OPERATOR_TOKEN, raw: "{name: llama", status: 400, error: /not valid JSON/ },
+  const cases: {
+    what: string;
+    path: string;
+    token: string;
+    body?: unknown;
+    raw?: string;
+    status: number;
+    error: RegExp;
+  }[] = [
+    {
+      what: "wrong type",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      body: { ...good, replicas: "2" },
+      status: 400,
+      error: /replicas: .*number/,
+    },
+    {
+      what: "bad name",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      body: { ...good, name: "Bad_Name" },
+      status: 400,
+      error: /name: must be a DNS-1123 label/,
+    },
+    {
+      what: "replicas 0",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      body: { ...good, replicas: 0 },
+      status: 400,
+      error: /replicas: .*>=1/,
+    },
+    {
+      what: "gpus 0",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      body: { ...good, gpus: 0 },
+      status: 400,
+      error: /gpus/,
+    },
+    {
+      what: "missing model",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      body: { name: "x", image: "i" },
+      status: 400,
+      error: /model/,
+    },
+    {
+      what: "array body",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      body: [good],
+      status: 400,
+      error: /expected object/,
+    },
+    {
+      what: "non-JSON",
+      path: "/v1/requests",
+      token: OPERATOR_TOKEN,
+      raw: "{name: llama",
+      status: 400,
+      error: /not valid JSON/,
+    },
     { what: "empty body", path: "/v1/requests", token: OPERATOR_TOKEN, raw: "", status: 400, error: /name/ },
-    { what: "unknown queue", path: "/v1/clusters/alpha/queues/receive", token: a.credential, body: { queue: "gpu" }, status: 400, error: /queue: .*"deploy"/ },
-    { what: "too many messages", path: "/v1/clusters/alpha/queues/receive", token: a.credential, body: { queue: "deploy", maxMessages: 11 }, status: 400, error: /maxMessages/ },
-    { what: "wait too long", path: "/v1/clusters/alpha/queues/receive", token: a.credential, body: { queue: "deploy", waitSeconds: 21 }, status: 400, error: /waitSeconds/ },
-    { what: "negative count", path: "/v1/clusters/register", token: CLUSTER_TOKEN, body: { clusterId: "alpha", inventory: [{ gpuType: "H100", count: -1 }] }, status: 400, error: /inventory\.0\.count/ },
-    { what: "duplicate gpuType", path: "/v1/clusters/register", token: CLUSTER_TOKEN, body: { clusterId: "alpha", inventory: [{ gpuType: "H100", count: 1 }, { gpuType: "H100", count: 2 }] }, status: 400, error: /each gpuType may appear once/ },
-    { what: "bad cluster id", path: "/v1/clusters/register", token: CLUSTER_TOKEN, body: { clusterId: "../etc", inventory: [] }, status: 400, error: /clusterId/ },
-    { what: "bad instruction", path: "/v1/clusters/alpha/instruction", token: OPERATOR_TOKEN, body: { instruction: "reboot" }, status: 400, error: /instruction/ },
-    { what: "bad phase", path: "/v1/requests/00000000-0000-4000-8000-000000000000/status", token: a.credential, body: { phase: "Dancing" }, status: 400, error: /phase/ },
-    { what: "empty ack", path: "/v1/clusters/alpha/queues/ack", token: a.credential, body: { receiptHandles: [] }, status: 400, error: /receiptHandles/ },
+    {
+      what: "unknown queue",
+      path: "/v1/clusters/alpha/queues/receive",
+      token: a.credential,
+      body: { queue: "gpu" },
+      status: 400,
+      error: /queue: .*"deploy"/,
+    },
+    {
+      what: "too many messages",
+      path: "/v1/clusters/alpha/queues/receive",
+      token: a.credential,
+      body: { queue: "deploy", maxMessages: 11 },
+      status: 400,
+      error: /maxMessages/,
+    },
+    {
+      what: "wait too long",
+      path: "/v1/clusters/alpha/queues/receive",
+      token: a.credential,
+      body: { queue: "deploy", waitSeconds: 21 },
+      status: 400,
+      error: /waitSeconds/,
+    },
+    {
+      what: "negative count",
+      path: "/v1/clusters/register",
+      token: CLUSTER_TOKEN,
+      body: { clusterId: "alpha", inventory: [{ gpuType: "H100", count: -1 }] },
+      status: 400,
+      error: /inventory\.0\.count/,
+    },
+    {
+      what: "duplicate gpuType",
+      path: "/v1/clusters/register",
+      token: CLUSTER_TOKEN,
+      body: {
+        clusterId: "alpha",
+        inventory: [
+          { gpuType: "H100", count: 1 },
+          { gpuType: "H100", count: 2 },
+        ],
+      },
+      status: 400,
+      error: /each gpuType may appear once/,
+    },
+    {
+      what: "bad cluster id",
+      path: "/v1/clusters/register",
+      token: CLUSTER_TOKEN,
+      body: { clusterId: "../etc", inventory: [] },
+      status: 400,
+      error: /clusterId/,
+    },
+    {
+      what: "bad instruction",
+      path: "/v1/clusters/alpha/instruction",
+      token: OPERATOR_TOKEN,
+      body: { instruction: "reboot" },
+      status: 400,
+      error: /instruction/,
+    },
+    {
+      what: "bad phase",
+      path: "/v1/requests/00000000-0000-4000-8000-000000000000/status",
+      token: a.credential,
+      body: { phase: "Dancing" },
+      status: 400,
+      error: /phase/,
+    },
+    {
+      what: "empty ack",
+      path: "/v1/clusters/alpha/queues/ack",
+      token: a.credential,
+      body: { receiptHandles: [] },
+      status: 400,
+      error: /receiptHandles/,
+    },
   ];
   for (const c of cases) {
     const r = await call(h.cp.url, "POST", c.path, {
@@ -179,6 +324,16 @@ test("bad input is a 4xx with a clear JSON message, never a crash", async (t) =>
   assert.match(String(huge.body.error), /over the 65536-byte limit/);
   const veryHuge = await call(h.cp.url, "POST", "/v1/requests", { ...op, raw: "x".repeat(2 * 1024 * 1024) });
   assert.equal(veryHuge.status, 413);
+
+  // No declared length (chunked): counted as it arrives.
+  const chunked = await fetch(`${h.cp.url}/v1/requests`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${OPERATOR_TOKEN}`, "content-type": "application/json" },
+    body: new Blob(["[", "1,".repeat(100_000), "1]"]).stream(),
+    duplex: "half",
+  } as RequestInit);
+  assert.equal(chunked.status, 413);
+  assert.equal(chunked.headers.get("content-length"), String(Buffer.byteLength(await chunked.text())));
 
   const form = await call(h.cp.url, "POST", "/v1/requests", {
     ...op,
@@ -216,7 +371,7 @@ test("bad input is a 4xx with a clear JSON message, never a crash", async (t) =>
   assert.deepEqual((await call(h.cp.url, "GET", "/healthz")).body, { status: "ok" });
 });
 
-test("heartbeat returns the operator's instruction; cordon takes back undelivered work", async (t) => {
+void test("heartbeat returns the operator's instruction; cordon takes back undelivered work", async (t) => {
   const h = await startHarness(t);
   const a = await registerAgent(h.cp.url, "alpha", [{ gpuType: "H100", count: 4 }]);
   const hb = { inventory: [{ gpuType: "H100", count: 4 }], ready: true, paused: false };
@@ -242,20 +397,34 @@ test("heartbeat returns the operator's instruction; cordon takes back undelivere
 
   await h.operator.setInstruction("alpha", "none");
   assert.deepEqual(await a.client.heartbeat("alpha", hb), { instruction: "none" });
-  assert.equal((await h.operator.getRequest(id)).status, "Queued", "queued again once the cluster takes work");
+  assert.equal(
+    (await h.operator.getRequest(id)).status,
+    "Queued",
+    "queued again once the cluster takes work",
+  );
   const got = await a.client.receive("alpha", { queue: "deploy" });
   assert.equal(got.messages[0]?.body.requestId, id);
 });
 
-test("status reports update the request, only from the cluster it is assigned to", async (t) => {
+void test("status reports update the request, only from the cluster it is assigned to", async (t) => {
   const h = await startHarness(t);
   const a = await registerAgent(h.cp.url, "alpha", [{ gpuType: "H100", count: 4 }]);
   const b = await registerAgent(h.cp.url, "beta", [{ gpuType: "A100", count: 4 }]);
-  const { id } = await h.operator.submit({ name: "llama", model: "m", image: "i", gpuType: "H100", replicas: 2 });
+  const { id } = await h.operator.submit({
+    name: "llama",
+    model: "m",
+    image: "i",
+    gpuType: "H100",
+    replicas: 2,
+  });
   const [msg] = (await a.client.receive("alpha", { queue: "deploy" })).messages;
   assert.ok(msg);
   await a.client.ack("alpha", [msg.receiptHandle]);
-  assert.equal((await h.operator.getRequest(id)).status, "Accepted", "acknowledging a deploy message accepts it");
+  assert.equal(
+    (await h.operator.getRequest(id)).status,
+    "Accepted",
+    "acknowledging a deploy message accepts it",
+  );
 
   const report = await a.client.reportStatus(id, {
     phase: "Running",
@@ -276,7 +445,10 @@ test("status reports update the request, only from the cluster it is assigned to
 
   await assert.rejects(
     b.client.reportStatus(id, { phase: "Failed" }),
-    (err: unknown) => err instanceof ControlPlaneError && err.status === 403 && /not assigned to cluster beta/.test(err.message),
+    (err: unknown) =>
+      err instanceof ControlPlaneError &&
+      err.status === 403 &&
+      /not assigned to cluster beta/.test(err.message),
   );
   await assert.rejects(
     a.client.reportStatus("00000000-0000-4000-8000-000000000000", { phase: "Running" }),
@@ -286,14 +458,19 @@ test("status reports update the request, only from the cluster it is assigned to
   assert.equal(listed.find((r) => r.id === id)?.status, "Running");
 });
 
-test("the OpenAPI document lists every route, generated from the validating schemas", async (t) => {
+void test("the OpenAPI document lists every route, generated from the validating schemas", async (t) => {
   const h = await startHarness(t);
   const doc = (await (await fetch(`${h.cp.url}/openapi.json`)).json()) as {
     openapi: string;
-    paths: Record<string, Record<string, { requestBody?: { content: Record<string, { schema: Record<string, unknown> }> } }>>;
+    paths: Record<
+      string,
+      Record<string, { requestBody?: { content: Record<string, { schema: Record<string, unknown> }> } }>
+    >;
   };
   assert.equal(doc.openapi, "3.1.0");
-  const ops = Object.entries(doc.paths).flatMap(([p, m]) => Object.keys(m).map((verb) => `${verb.toUpperCase()} ${p}`));
+  const ops = Object.entries(doc.paths).flatMap(([p, m]) =>
+    Object.keys(m).map((verb) => `${verb.toUpperCase()} ${p}`),
+  );
   const expected = [
     "GET /healthz",
     "GET /metrics",
@@ -322,7 +499,7 @@ test("the OpenAPI document lists every route, generated from the validating sche
   assert.deepEqual([...submit.required].sort(), ["image", "model", "name"]);
 });
 
-test("metrics count calls by route and status and show queue depth per cluster", async (t) => {
+void test("metrics count calls by route and status and show queue depth per cluster", async (t) => {
   const h = await startHarness(t);
   const a = await registerAgent(h.cp.url, "alpha", [{ gpuType: "H100", count: 4 }]);
   await h.operator.submit({ name: "one", model: "m", image: "i" });
@@ -330,14 +507,26 @@ test("metrics count calls by route and status and show queue depth per cluster",
   await a.client.receive("alpha", { queue: "deploy" });
   await call(h.cp.url, "GET", "/v1/clusters");
   const text = await (await fetch(`${h.cp.url}/metrics`)).text();
-  assert.match(text, /warmstart_control_plane_http_requests_total\{method="POST",route="\/v1\/requests",status="201"\} 2/);
-  assert.match(text, /warmstart_control_plane_http_requests_total\{method="GET",route="\/v1\/clusters",status="401"\} 1/);
-  assert.match(text, /warmstart_control_plane_queue_depth\{cluster="alpha",queue="deploy",state="visible"\} 1/);
-  assert.match(text, /warmstart_control_plane_queue_depth\{cluster="alpha",queue="deploy",state="inflight"\} 1/);
+  assert.match(
+    text,
+    /warmstart_control_plane_http_requests_total\{method="POST",route="\/v1\/requests",status="201"\} 2/,
+  );
+  assert.match(
+    text,
+    /warmstart_control_plane_http_requests_total\{method="GET",route="\/v1\/clusters",status="401"\} 1/,
+  );
+  assert.match(
+    text,
+    /warmstart_control_plane_queue_depth\{cluster="alpha",queue="deploy",state="visible"\} 1/,
+  );
+  assert.match(
+    text,
+    /warmstart_control_plane_queue_depth\{cluster="alpha",queue="deploy",state="inflight"\} 1/,
+  );
   assert.match(text, /warmstart_control_plane_requests\{status="Queued"\} 2/);
 });
 
-test("configuration is validated once at boot with a clear error", async () => {
+void test("configuration is validated once at boot with a clear error", async () => {
   const { startControlPlane } = await import("./server.js");
   await assert.rejects(
     startControlPlane({ dbPath: "/tmp/unused.db", clusterTokens: [], operatorToken: OPERATOR_TOKEN }),
@@ -353,7 +542,11 @@ test("configuration is validated once at boot with a clear error", async () => {
     /operatorToken: must be at least 16 characters.*credentialTtlSeconds/,
   );
   await assert.rejects(
-    startControlPlane({ dbPath: "/tmp/unused.db", clusterTokens: [CLUSTER_TOKEN], operatorToken: CLUSTER_TOKEN }),
+    startControlPlane({
+      dbPath: "/tmp/unused.db",
+      clusterTokens: [CLUSTER_TOKEN],
+      operatorToken: CLUSTER_TOKEN,
+    }),
     /operator token must differ/,
   );
 });

@@ -33,7 +33,12 @@ import {
   SubmitRequest,
   SubmitResponse,
 } from "./api.js";
-import { parseConfig, renewBeforeSeconds, type ControlPlaneConfig, type ControlPlaneConfigInput } from "./config.js";
+import {
+  parseConfig,
+  renewBeforeSeconds,
+  type ControlPlaneConfig,
+  type ControlPlaneConfigInput,
+} from "./config.js";
 import { ApiError } from "./errors.js";
 import { Router, openApiDocument, type HandlerContext, type Route, type RouteAuth } from "./router.js";
 import { Store } from "./store.js";
@@ -286,7 +291,11 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
           if (messages.length > 0 || left <= 0 || signal.aborted) return { messages };
           // Wake on a new message, on a timed-out delivery becoming visible, or at the deadline.
           const next = store.nextVisibleAt(id, b.queue);
-          await waiters.wait(queueKey(id, b.queue), Math.min(left, next === undefined ? left : next - Date.now()), signal);
+          await waiters.wait(
+            queueKey(id, b.queue),
+            Math.min(left, next === undefined ? left : next - Date.now()),
+            signal,
+          );
         }
       },
     },
@@ -299,7 +308,8 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       params: clusterParams,
       body: AckRequest,
       response: AckResponse,
-      handler: ({ params, body }) => store.ack(params.id ?? "", (body as z.output<typeof AckRequest>).receiptHandles),
+      handler: ({ params, body }) =>
+        store.ack(params.id ?? "", (body as z.output<typeof AckRequest>).receiptHandles),
     },
     {
       method: "POST",
@@ -327,7 +337,11 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       body: StatusReport,
       response: RequestView,
       handler: ({ params, body, credentialClusterId }) =>
-        store.reportStatus(credentialClusterId ?? "", params.requestId ?? "", body as z.output<typeof StatusReport>),
+        store.reportStatus(
+          credentialClusterId ?? "",
+          params.requestId ?? "",
+          body as z.output<typeof StatusReport>,
+        ),
     },
     {
       method: "POST",
@@ -361,7 +375,10 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       status: 201,
       handler: ({ body }) => {
         const r = store.submit(body as z.output<typeof SubmitRequest>);
-        log.info({ requestId: r.id, name: r.name, namespace: r.namespace, status: r.status }, "request submitted");
+        log.info(
+          { requestId: r.id, name: r.name, namespace: r.namespace, status: r.status },
+          "request submitted",
+        );
         return { id: r.id, status: r.status };
       },
     },
@@ -401,17 +418,25 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       },
     },
   ];
-  const openapi = openApiDocument(routes, { title: "Warmstart control plane", version: CONTROL_PLANE_VERSION });
+  const openapi = openApiDocument(routes, {
+    title: "Warmstart control plane",
+    version: CONTROL_PLANE_VERSION,
+  });
   const router = new Router(routes);
 
   // --- request plumbing -----------------------------------------------------------------------
 
-  function authenticate(req: IncomingMessage, route: Route, params: Record<string, string>): string | undefined {
+  function authenticate(
+    req: IncomingMessage,
+    route: Route,
+    params: Record<string, string>,
+  ): string | undefined {
     if (route.auth === "none") return undefined;
     const header = req.headers.authorization ?? "";
     const m = /^Bearer\s+(\S+)\s*$/i.exec(header);
     const challenge = { "www-authenticate": 'Bearer realm="warmstart"' };
-    if (!m?.[1]) throw new ApiError(401, "missing bearer token (Authorization: Bearer <token>)", undefined, challenge);
+    if (!m?.[1])
+      throw new ApiError(401, "missing bearer token (Authorization: Bearer <token>)", undefined, challenge);
     const token = m[1];
     const need = route.auth;
     let kind: Exclude<RouteAuth, "none">;
@@ -449,18 +474,29 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       let tooLarge = false;
       const declared = Number(req.headers["content-length"] ?? 0);
       if (declared > config.maxBodyBytes * 16) {
-        reject(new ApiError(413, `request body of ${declared} bytes is over the ${config.maxBodyBytes}-byte limit`));
+        reject(
+          new ApiError(
+            413,
+            `request body of ${declared} bytes is over the ${config.maxBodyBytes}-byte limit`,
+          ),
+        );
         return;
       }
+      const over = (): ApiError =>
+        new ApiError(413, `request body is over the ${config.maxBodyBytes}-byte limit`);
       req.on("data", (chunk: Buffer) => {
         size += chunk.length;
         if (size > config.maxBodyBytes) tooLarge = true;
         else chunks.push(chunk);
-        if (size > config.maxBodyBytes * 16) req.destroy();
+        // Far past the cap without a declared length: stop reading and hang up.
+        if (size > config.maxBodyBytes * 16) {
+          reject(over());
+          req.destroy();
+        }
       });
-      req.on("end", () => {
-        if (tooLarge) reject(new ApiError(413, `request body is over the ${config.maxBodyBytes}-byte limit`));
-        else resolve(Buffer.concat(chunks));
+      req.on("end", () => (tooLarge ? reject(over()) : resolve(Buffer.concat(chunks))));
+      req.on("close", () => {
+        if (!req.complete) reject(new ApiError(400, "request body was cut short"));
       });
       req.on("error", reject);
     });
@@ -491,13 +527,20 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     return validate(schema, value, "request body");
   }
 
-  function send(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  function send(
+    res: ServerResponse,
+    status: number,
+    body: unknown,
+    headers: Record<string, string> = {},
+  ): void {
     if (res.headersSent) return;
     const text = JSON.stringify(body);
     res.writeHead(status, {
       "content-type": "application/json; charset=utf-8",
       "content-length": Buffer.byteLength(text),
       "cache-control": "no-store",
+      // While shutting down, answer and hang up so close() does not wait out keep-alive.
+      ...(shutdown.signal.aborted ? { connection: "close" } : {}),
       ...headers,
     });
     res.end(text);
@@ -552,7 +595,12 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     handle(req, res, meta)
       .catch((err: unknown) => {
         if (err instanceof ApiError) {
-          send(res, err.status, { error: err.message, ...(err.issues ? { issues: err.issues } : {}) }, err.headers);
+          send(
+            res,
+            err.status,
+            { error: err.message, ...(err.issues ? { issues: err.issues } : {}) },
+            err.headers,
+          );
           return err.status;
         }
         log.error({ err, method: req.method, url: req.url }, "request failed");
@@ -584,14 +632,20 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     });
   }).catch((err: unknown) => {
     store.close();
-    throw new Error(`control plane cannot listen on ${config.host}:${config.port}: ${(err as Error).message}`, {
-      cause: err,
-    });
+    throw new Error(
+      `control plane cannot listen on ${config.host}:${config.port}: ${(err as Error).message}`,
+      {
+        cause: err,
+      },
+    );
   });
   const addr = server.address() as AddressInfo;
   const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
   const url = `http://${host}:${addr.port}`;
-  log.info({ url, db: config.dbPath, credentialTtlSeconds: config.credentialTtlSeconds }, "control plane listening");
+  log.info(
+    { url, db: config.dbPath, credentialTtlSeconds: config.credentialTtlSeconds },
+    "control plane listening",
+  );
 
   let closing: Promise<void> | undefined;
   return {

@@ -187,15 +187,20 @@ export class Store {
       this.db.pragma("foreign_keys = ON");
       this.db.pragma("busy_timeout = 5000");
       this.db.exec(SCHEMA);
-      const row = this.db.prepare("SELECT value FROM meta WHERE key = 'schema'").get() as { value: string } | undefined;
+      const row = this.db.prepare("SELECT value FROM meta WHERE key = 'schema'").get() as
+        { value: string } | undefined;
       if (!row) {
         this.db.prepare("INSERT INTO meta (key, value) VALUES ('schema', ?)").run(String(SCHEMA_VERSION));
       } else if (Number(row.value) > SCHEMA_VERSION) {
-        throw new Error(`database schema ${row.value} is newer than this control plane understands (${SCHEMA_VERSION})`);
+        throw new Error(
+          `database schema ${row.value} is newer than this control plane understands (${SCHEMA_VERSION})`,
+        );
       }
     } catch (err) {
       this.db.close();
-      throw new Error(`cannot open control plane database ${opts.path}: ${(err as Error).message}`, { cause: err });
+      throw new Error(`cannot open control plane database ${opts.path}: ${(err as Error).message}`, {
+        cause: err,
+      });
     }
   }
 
@@ -229,7 +234,12 @@ export class Store {
 
   // --- clusters and credentials --------------------------------------------------------------
 
-  register(input: { clusterId: string; name?: string | undefined; agentVersion?: string | undefined; inventory: Inventory }): {
+  register(input: {
+    clusterId: string;
+    name?: string | undefined;
+    agentVersion?: string | undefined;
+    inventory: Inventory;
+  }): {
     created: boolean;
   } {
     return this.tx(() => {
@@ -238,7 +248,12 @@ export class Store {
       if (existing) {
         this.db
           .prepare("UPDATE clusters SET name = ?, agent_version = ?, updated_at = ? WHERE id = ?")
-          .run(input.name ?? existing.name, input.agentVersion ?? existing.agent_version, now, input.clusterId);
+          .run(
+            input.name ?? existing.name,
+            input.agentVersion ?? existing.agent_version,
+            now,
+            input.clusterId,
+          );
       } else {
         this.db
           .prepare(
@@ -258,9 +273,13 @@ export class Store {
       const token = `wsq_${randomBytes(32).toString("base64url")}`;
       const expiresAt = now + ttlSeconds * 1000;
       this.db
-        .prepare("INSERT INTO credentials (token_hash, cluster_id, issued_at, expires_at) VALUES (?, ?, ?, ?)")
+        .prepare(
+          "INSERT INTO credentials (token_hash, cluster_id, issued_at, expires_at) VALUES (?, ?, ?, ?)",
+        )
         .run(hashToken(token), clusterId, now, expiresAt);
-      this.db.prepare("DELETE FROM credentials WHERE expires_at < ?").run(now - EXPIRED_CREDENTIAL_RETENTION_MS);
+      this.db
+        .prepare("DELETE FROM credentials WHERE expires_at < ?")
+        .run(now - EXPIRED_CREDENTIAL_RETENTION_MS);
       return { token, expiresAt };
     });
   }
@@ -294,7 +313,8 @@ export class Store {
         .prepare("UPDATE clusters SET instruction = ?, updated_at = ? WHERE id = ?")
         .run(instruction, this.now(), clusterId);
       // A cordoned or draining cluster takes no new work: what it has not yet seen goes elsewhere.
-      if (instruction !== "none") this.unqueueUndelivered(clusterId, () => true, `cluster ${clusterId} is ${instruction}ed`);
+      if (instruction !== "none")
+        this.unqueueUndelivered(clusterId, () => true, `cluster ${clusterId} is ${instruction}ed`);
       this.schedule();
       return this.clusterView(this.requireCluster(clusterId));
     });
@@ -376,13 +396,18 @@ export class Store {
   }
 
   private clusterView(r: ClusterRow): ClusterView {
-    const inventory = parseInventory(r.inventory).map((i) => ({ ...i, allocated: this.allocated(r.id, i.gpuType) }));
+    const inventory = parseInventory(r.inventory).map((i) => ({
+      ...i,
+      allocated: this.allocated(r.id, i.gpuType),
+    }));
     const capacity = inventory.reduce((n, i) => n + i.count, 0);
     const depth = this.db
       .prepare("SELECT queue, COUNT(*) AS n FROM messages WHERE cluster_id = ? GROUP BY queue")
       .all(r.id) as { queue: string; n: number }[];
     const allocatedTotal = this.db
-      .prepare(`SELECT COALESCE(SUM(gpus * replicas), 0) AS n FROM requests WHERE cluster_id = ? AND ${HOLDS_CAPACITY}`)
+      .prepare(
+        `SELECT COALESCE(SUM(gpus * replicas), 0) AS n FROM requests WHERE cluster_id = ? AND ${HOLDS_CAPACITY}`,
+      )
       .get(r.id) as { n: number };
     return {
       clusterId: r.id,
@@ -445,7 +470,9 @@ export class Store {
 
   /** Places every Pending request it can, oldest first, on the cluster with the most free GPUs. */
   private schedule(): void {
-    const pending = this.db.prepare("SELECT * FROM requests WHERE status = 'Pending' ORDER BY seq").all() as RequestRow[];
+    const pending = this.db
+      .prepare("SELECT * FROM requests WHERE status = 'Pending' ORDER BY seq")
+      .all() as RequestRow[];
     if (pending.length === 0) return;
     const clusters = this.db
       .prepare("SELECT * FROM clusters WHERE instruction = 'none' ORDER BY id")
@@ -457,7 +484,8 @@ export class Store {
         for (const item of parseInventory(c.inventory)) {
           if (item.count === 0 || (req.gpu_type !== null && item.gpuType !== req.gpu_type)) continue;
           const free = item.count - this.allocated(c.id, item.gpuType);
-          if (free >= need && (!best || free > best.free)) best = { clusterId: c.id, gpuType: item.gpuType, free };
+          if (free >= need && (!best || free > best.free))
+            best = { clusterId: c.id, gpuType: item.gpuType, free };
         }
       }
       const now = this.now();
@@ -466,7 +494,9 @@ export class Store {
           req.gpu_type === null ? "" : ` of type ${req.gpu_type}`
         }`;
         if (req.message !== why) {
-          this.db.prepare("UPDATE requests SET message = ?, updated_at = ? WHERE id = ?").run(why, now, req.id);
+          this.db
+            .prepare("UPDATE requests SET message = ?, updated_at = ? WHERE id = ?")
+            .run(why, now, req.id);
         }
         continue;
       }
@@ -492,7 +522,13 @@ export class Store {
     }
   }
 
-  private enqueue(clusterId: string, queue: QueueName, gpuType: string | null, requestId: string, body: MessageBody): void {
+  private enqueue(
+    clusterId: string,
+    queue: QueueName,
+    gpuType: string | null,
+    requestId: string,
+    body: MessageBody,
+  ): void {
     const now = this.now();
     this.db
       .prepare(
@@ -533,7 +569,9 @@ export class Store {
       if (row.status === "Terminated" || row.status === "Terminating") return requestView(row);
       const now = this.now();
       const seen = this.db
-        .prepare("SELECT COUNT(*) AS n FROM messages WHERE request_id = ? AND queue = 'deploy' AND receive_count > 0 AND receipt IS NOT NULL")
+        .prepare(
+          "SELECT COUNT(*) AS n FROM messages WHERE request_id = ? AND queue = 'deploy' AND receive_count > 0 AND receipt IS NOT NULL",
+        )
         .get(id) as { n: number };
       const delivered = row.status !== "Pending" && row.status !== "Queued" ? true : seen.n > 0;
       this.db.prepare("DELETE FROM messages WHERE request_id = ? AND queue = 'deploy'").run(id);
@@ -543,7 +581,9 @@ export class Store {
           .run("terminated before a cluster received it", now, id);
         this.schedule();
       } else {
-        this.db.prepare("UPDATE requests SET status = 'Terminating', updated_at = ? WHERE id = ?").run(now, id);
+        this.db
+          .prepare("UPDATE requests SET status = 'Terminating', updated_at = ? WHERE id = ?")
+          .run(now, id);
         const body: TerminationRequest = {
           kind: "terminate",
           requestId: id,
@@ -598,7 +638,13 @@ export class Store {
           `SELECT * FROM messages WHERE cluster_id = ? AND queue = ? AND visible_at <= ?
            ${filter ? "AND gpu_type IN (SELECT value FROM json_each(?))" : ""} ORDER BY seq LIMIT ?`,
         )
-        .all(clusterId, queue, now, ...(filter ? [JSON.stringify(opts.gpuTypes)] : []), opts.maxMessages) as MessageRow[];
+        .all(
+          clusterId,
+          queue,
+          now,
+          ...(filter ? [JSON.stringify(opts.gpuTypes)] : []),
+          opts.maxMessages,
+        ) as MessageRow[];
       const update = this.db.prepare(
         "UPDATE messages SET receipt = ?, receive_count = receive_count + 1, visible_at = ? WHERE id = ?",
       );
@@ -618,7 +664,9 @@ export class Store {
   /** When the next invisible message on this queue becomes visible (for long polls), if any. */
   nextVisibleAt(clusterId: string, queue: QueueName): number | undefined {
     const row = this.db
-      .prepare("SELECT MIN(visible_at) AS t FROM messages WHERE cluster_id = ? AND queue = ? AND visible_at > ?")
+      .prepare(
+        "SELECT MIN(visible_at) AS t FROM messages WHERE cluster_id = ? AND queue = ? AND visible_at > ?",
+      )
       .get(clusterId, queue, this.now()) as { t: number | null };
     return row.t ?? undefined;
   }
@@ -640,7 +688,9 @@ export class Store {
         this.db.prepare("DELETE FROM messages WHERE id = ?").run(m.id);
         if (m.queue === "deploy") {
           this.db
-            .prepare("UPDATE requests SET status = 'Accepted', updated_at = ? WHERE id = ? AND status = 'Queued'")
+            .prepare(
+              "UPDATE requests SET status = 'Accepted', updated_at = ? WHERE id = ? AND status = 'Queued'",
+            )
             .run(this.now(), m.request_id);
         }
         out.acknowledged.push(handle);
@@ -669,8 +719,18 @@ export class Store {
         `SELECT cluster_id, queue, SUM(visible_at <= ?) AS visible, SUM(visible_at > ?) AS inflight
          FROM messages GROUP BY cluster_id, queue`,
       )
-      .all(this.now(), this.now()) as { cluster_id: string; queue: QueueName; visible: number; inflight: number }[];
-    return rows.map((r) => ({ clusterId: r.cluster_id, queue: r.queue, visible: r.visible, inflight: r.inflight }));
+      .all(this.now(), this.now()) as {
+      cluster_id: string;
+      queue: QueueName;
+      visible: number;
+      inflight: number;
+    }[];
+    return rows.map((r) => ({
+      clusterId: r.cluster_id,
+      queue: r.queue,
+      visible: r.visible,
+      inflight: r.inflight,
+    }));
   }
 
   requestCounts(): { status: string; n: number }[] {

@@ -1,6 +1,6 @@
 import type { V1Container, V1Pod } from "@kubernetes/client-node";
 import { envSourceRef, expandKubeRefs, expandShellVars, literalEnv } from "./env.js";
-import { looksLikeShell, splitShell } from "./shell.js";
+import { isScriptOption, looksLikeShell, splitShell } from "./shell.js";
 
 export const GPU_RESOURCE = "nvidia.com/gpu";
 
@@ -77,17 +77,21 @@ export interface ArgvToken {
  */
 export function argvTokens(container: V1Container): ArgvToken[] {
   const out: ArgvToken[] = [];
-  const add = (text: string, shell: boolean, depth: number): void => {
-    if (!looksLikeShell(text) || depth > 3) {
-      out.push({ text, op: false, shell });
-      return;
-    }
+  const split = (text: string, depth: number): void => {
+    let prev: string | undefined;
     for (const t of splitShell(text)) {
       if (t.op) out.push({ text: t.text, op: true, shell: true });
-      else add(t.text, true, depth + 1);
+      // Only the script handed to a nested shell is split again; other quoted words are values.
+      else if (isScriptOption(prev) && looksLikeShell(t.text) && depth < 3) split(t.text, depth + 1);
+      else out.push({ text: t.text, op: false, shell: true });
+      prev = t.op ? undefined : t.text;
     }
   };
-  for (const item of [...(container.command ?? []), ...(container.args ?? [])]) add(String(item), false, 0);
+  for (const item of [...(container.command ?? []), ...(container.args ?? [])]) {
+    const text = String(item);
+    if (looksLikeShell(text)) split(text, 0);
+    else out.push({ text, op: false, shell: false });
+  }
   return out;
 }
 
@@ -121,7 +125,8 @@ export function containerModel(container: V1Container): ModelHit | undefined {
       continue;
     }
     const next = word(i + 1);
-    if (next && next.text && !next.text.startsWith("-")) return { model: resolve(next), reason: `model from ${flag} flag` };
+    if (next && next.text && !next.text.startsWith("-"))
+      return { model: resolve(next), reason: `model from ${flag} flag` };
   }
 
   for (let i = 0; i < tokens.length; i++) {
@@ -147,7 +152,8 @@ export function containerModel(container: V1Container): ModelHit | undefined {
     // The last definition of a name is the one the container sees.
     const e = [...(container.env ?? [])].reverse().find((x) => x?.name === name);
     if (!e) continue;
-    if (e.valueFrom) return { model: `valueFrom(${envSourceRef(e.valueFrom)})`, reason: `model from env ${name}` };
+    if (e.valueFrom)
+      return { model: `valueFrom(${envSourceRef(e.valueFrom)})`, reason: `model from env ${name}` };
     const v = env.get(name);
     if (v) return { model: v, reason: `model from env ${name}` };
   }
@@ -172,7 +178,8 @@ function positional(tokens: readonly ArgvToken[], start: number): ArgvToken | un
 /** Decides whether a pod is a model downloader (SPEC 1.1). Never throws on odd specs. */
 export function classifyPod(pod: V1Pod): Classification {
   const containers = pod.spec?.containers;
-  if (!Array.isArray(containers) || containers.length === 0) return { downloader: false, reason: REASON_NO_CONTAINERS };
+  if (!Array.isArray(containers) || containers.length === 0)
+    return { downloader: false, reason: REASON_NO_CONTAINERS };
   const idx = mainContainerIndex(pod);
   if (idx === undefined) return { downloader: false, reason: REASON_NO_GPU };
   const hit = containerModel(containers[idx] as V1Container);

@@ -24,7 +24,12 @@ export const INIT_WAIT_READY = "warmstart-wait-ready";
 
 export const STORAGE_PROFILES_CONFIGMAP = "warmstart-storage-profiles";
 
-export const MODELCACHE = { group: GROUP, version: "v1alpha1", plural: "modelcaches", kind: "ModelCache" } as const;
+export const MODELCACHE = {
+  group: GROUP,
+  version: "v1alpha1",
+  plural: "modelcaches",
+  kind: "ModelCache",
+} as const;
 
 export type Role = "leader" | "follower" | "restore" | "cold";
 export type CachePhase = "Electing" | "Capturing" | "Promoting" | "Ready" | "Failed";

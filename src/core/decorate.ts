@@ -147,7 +147,10 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     name: RO_VOLUME,
     persistentVolumeClaim: { claimName: opts.claimName ?? roxClaimName(opts.hash), readOnly: true },
   });
-  upsertVolume(p, { name: SHADOW_VOLUME, emptyDir: opts.shadowSizeLimit ? { sizeLimit: opts.shadowSizeLimit } : {} });
+  upsertVolume(p, {
+    name: SHADOW_VOLUME,
+    emptyDir: opts.shadowSizeLimit ? { sizeLimit: opts.shadowSizeLimit } : {},
+  });
   upsertMount(c, { name: RO_VOLUME, mountPath: ro, readOnly: true });
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
   injectCacheEnv(p, c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
@@ -181,7 +184,10 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     const n = opts.prewarmParallelism;
     const parallel = Number.isFinite(n) && n >= 1 ? Math.floor(n) : DEFAULT_PREWARM_PARALLELISM;
     const args = [...cmd, "prewarm", ro, "--parallel", String(parallel)];
-    const init: V1Container = { ...base(INIT_PREWARM, [roMount]), command: ["sh", "-c", PREWARM_SCRIPT, INIT_PREWARM] };
+    const init: V1Container = {
+      ...base(INIT_PREWARM, [roMount]),
+      command: ["sh", "-c", PREWARM_SCRIPT, INIT_PREWARM],
+    };
     if (decision.runtimeEnv) {
       // Only known at run time: the init container reads the same reference and decides there.
       args.push("--respect-env", ENV_PREWARM, "--default", opts.prewarm ? "on" : "off");
@@ -215,7 +221,8 @@ export function prewarmDecision(
 ): { run: boolean; runtimeEnv?: V1EnvVar; source: "profile" | "env" | "runtime" } {
   const e = [...(main.env ?? [])].reverse().find((x) => x?.name === ENV_PREWARM);
   if (!e) return { run: profile, source: "profile" };
-  if (e.valueFrom) return { run: true, runtimeEnv: { name: ENV_PREWARM, valueFrom: e.valueFrom }, source: "runtime" };
+  if (e.valueFrom)
+    return { run: true, runtimeEnv: { name: ENV_PREWARM, valueFrom: e.valueFrom }, source: "runtime" };
   const v = String(e.value ?? "")
     .trim()
     .toLowerCase();

@@ -1,7 +1,22 @@
 import type { V1Container, V1EnvFromSource, V1EnvVarSource } from "@kubernetes/client-node";
 
-const CREDENTIAL_NAMES = new Set(["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "TOKEN", "PASSWORD", "SECRET"]);
-const CREDENTIAL_SUFFIXES = ["_TOKEN", "_API_KEY", "_SECRET", "_PASSWORD", "_SECRET_KEY", "_ACCESS_KEY", "_PRIVATE_KEY"];
+const CREDENTIAL_NAMES = new Set([
+  "HF_TOKEN",
+  "HUGGING_FACE_HUB_TOKEN",
+  "NGC_API_KEY",
+  "TOKEN",
+  "PASSWORD",
+  "SECRET",
+]);
+const CREDENTIAL_SUFFIXES = [
+  "_TOKEN",
+  "_API_KEY",
+  "_SECRET",
+  "_PASSWORD",
+  "_SECRET_KEY",
+  "_ACCESS_KEY",
+  "_PRIVATE_KEY",
+];
 
 /** Env names whose values are credentials: they count by name only and are never recorded. */
 export function isCredentialName(name: string): boolean {
@@ -31,7 +46,8 @@ export function redactUrlCredentials(value: string): string {
 /** A stable, secret-free description of where a `valueFrom` env takes its value. */
 export function envSourceRef(src: V1EnvVarSource): string {
   if (src.secretKeyRef) return `secretKeyRef:${src.secretKeyRef.name ?? ""}/${src.secretKeyRef.key}`;
-  if (src.configMapKeyRef) return `configMapKeyRef:${src.configMapKeyRef.name ?? ""}/${src.configMapKeyRef.key}`;
+  if (src.configMapKeyRef)
+    return `configMapKeyRef:${src.configMapKeyRef.name ?? ""}/${src.configMapKeyRef.key}`;
   if (src.fieldRef) return `fieldRef:${src.fieldRef.fieldPath}`;
   if (src.resourceFieldRef) {
     const r = src.resourceFieldRef;

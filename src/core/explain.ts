@@ -47,7 +47,14 @@ export type Subject =
   | { kind: "pod"; source: string; pod: V1Pod }
   | { kind: "cache"; source: string; inputs: HashInputs; recordedHash?: string };
 
-const TEMPLATE_KINDS = new Set(["Deployment", "StatefulSet", "ReplicaSet", "DaemonSet", "Job", "ReplicationController"]);
+const TEMPLATE_KINDS = new Set([
+  "Deployment",
+  "StatefulSet",
+  "ReplicaSet",
+  "DaemonSet",
+  "Job",
+  "ReplicationController",
+]);
 
 /** Parses YAML (one or more documents) or JSON. Errors are one line and name the source. */
 export function parseManifests(text: string, source: string): unknown[] {
@@ -106,7 +113,12 @@ function subjectOf(doc: Record<string, unknown>, kind: string, source: string): 
     const inputs = spec?.inputs ?? status?.inputs;
     if (!isHashInputs(inputs)) throw new Error(`${what} records no hash inputs`);
     const recorded = spec?.hash ?? status?.hash;
-    return { kind: "cache", source, inputs, ...(typeof recorded === "string" ? { recordedHash: recorded } : {}) };
+    return {
+      kind: "cache",
+      source,
+      inputs,
+      ...(typeof recorded === "string" ? { recordedHash: recorded } : {}),
+    };
   }
   let template: unknown;
   if (TEMPLATE_KINDS.has(kind)) template = spec?.template;
@@ -114,11 +126,16 @@ function subjectOf(doc: Record<string, unknown>, kind: string, source: string): 
     const jt = isObject(spec?.jobTemplate) ? spec.jobTemplate : undefined;
     template = isObject(jt?.spec) ? jt.spec.template : undefined;
   } else if (kind === "PodTemplate") template = doc.template;
-  else if (kind && isObject(spec?.template) && isObject(spec.template.spec)) template = spec.template; // other workload kinds
+  else if (kind && isObject(spec?.template) && isObject(spec.template.spec))
+    template = spec.template; // other workload kinds
   else return undefined;
   if (!isObject(template)) throw new Error(`${what} has no pod template`);
   const t = template as V1PodTemplateSpec;
-  return { kind: "pod", source, pod: checkPod({ apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec }, what) };
+  return {
+    kind: "pod",
+    source,
+    pod: checkPod({ apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec }, what),
+  };
 }
 
 function checkPod(pod: V1Pod, what: string): V1Pod {
@@ -144,7 +161,11 @@ function view(s: Subject): Viewed {
     const hash = hashOfInputs(s.inputs);
     const warnings = perRunInputs(s.inputs);
     if (s.recordedHash !== undefined && s.recordedHash !== hash) {
-      warnings.push({ input: "hash", value: s.recordedHash, why: "the record's hash does not match its inputs" });
+      warnings.push({
+        input: "hash",
+        value: s.recordedHash,
+        why: "the record's hash does not match its inputs",
+      });
     }
     return {
       inputs: s.inputs,
@@ -216,7 +237,8 @@ export function diffInputs(a: HashInputs, b: HashInputs): Difference[] {
   out.push(...diffLists("command", a.command, b.command), ...diffLists("args", a.args, b.args));
   const ea = new Map(a.env.map((e) => [e.name, envDisplay(e)]));
   const eb = new Map(b.env.map((e) => [e.name, envDisplay(e)]));
-  for (const n of [...new Set([...ea.keys(), ...eb.keys()])].sort()) scalar(`env.${n}`, ea.get(n) ?? null, eb.get(n) ?? null);
+  for (const n of [...new Set([...ea.keys(), ...eb.keys()])].sort())
+    scalar(`env.${n}`, ea.get(n) ?? null, eb.get(n) ?? null);
   scalar("envFrom", a.envFrom.join(", ") || null, b.envFrom.join(", ") || null);
   return out;
 }
@@ -245,7 +267,8 @@ function envDisplay(e: HashInputs["env"][number]): string {
 // --- per-run detection ----------------------------------------------------------------------
 
 const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/i;
-const TIMESTAMP = /\d{4}-[01]\d-[0-3]\d[T _][0-2]\d:?[0-5]\d|(^|\D)20\d{2}[01]\d[0-3]\d[T_-]?[0-2]\d[0-5]\d([0-5]\d)?(\D|$)/;
+const TIMESTAMP =
+  /\d{4}-[01]\d-[0-3]\d[T _][0-2]\d:?[0-5]\d|(^|\D)20\d{2}[01]\d[0-3]\d[T_-]?[0-2]\d[0-5]\d([0-5]\d)?(\D|$)/;
 const EPOCH = /(^|\D)1[5-9]\d{8}(\d{3})?(\D|$)/;
 const HEX_ID = /(^|[^0-9a-z])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{12,}([^0-9a-z]|$)/i;
 const INDEX_ENV = /(^|_)(INDEX|RANK|ORDINAL|REPLICA_ID)$/;
@@ -315,7 +338,8 @@ export function perRunInputs(i: HashInputs): PerRunFlag[] {
   scanList("args", i.args);
   for (const e of i.env) {
     if (e.value === undefined) continue; // references and credentials are the same in every pod
-    if (INDEX_ENV.test(e.name)) out.push({ input: `env.${e.name}`, value: e.value, why: "looks like a pod index" });
+    if (INDEX_ENV.test(e.name))
+      out.push({ input: `env.${e.name}`, value: e.value, why: "looks like a pod index" });
     else if (IDENTITY_ENV.has(e.name)) {
       out.push({ input: `env.${e.name}`, value: e.value, why: "looks like a per-pod identity" });
     } else if (!e.name.endsWith("REVISION")) {
@@ -345,4 +369,3 @@ function isHashInputs(v: unknown): v is HashInputs {
 }
 
 const firstLine = (s: string): string => (s.split("\n")[0] ?? s).trim().replace(/:$/, "");
-

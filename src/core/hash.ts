@@ -10,7 +10,7 @@ import {
   redactUrlCredentials,
   stableJson,
 } from "./env.js";
-import { joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
+import { isScriptOption, joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
 
 /** One env entry as it enters the hash: a literal value, a `valueFrom` reference, or a credential's name. */
 export interface EnvInput {
@@ -58,7 +58,11 @@ const EXCLUDED_ENV_NAMES = new Set(["ETCD_ENDPOINTS", "NATS_SERVER", "NATS_URL"]
 
 /** Env names that never enter the hash; `injected` are the names a decoration added to this pod. */
 export function isExcludedEnv(name: string, injected: ReadonlySet<string> = new Set()): boolean {
-  return EXCLUDED_ENV_NAMES.has(name) || EXCLUDED_ENV_PREFIXES.some((p) => name.startsWith(p)) || injected.has(name);
+  return (
+    EXCLUDED_ENV_NAMES.has(name) ||
+    EXCLUDED_ENV_PREFIXES.some((p) => name.startsWith(p)) ||
+    injected.has(name)
+  );
 }
 
 /** The env names a decoration recorded as its own on this pod. */
@@ -89,10 +93,13 @@ export function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
     }
     const eq = t.text.indexOf("=");
     // A list item with whitespace is a script or a "--flag value" pair; it is split and stripped itself.
-    const flag = t.text.startsWith("-") && !/\s/.test(t.text) ? (eq === -1 ? t.text : t.text.slice(0, eq)) : "";
+    const flag =
+      t.text.startsWith("-") && !/\s/.test(t.text) ? (eq === -1 ? t.text : t.text.slice(0, eq)) : "";
     const next = tokens[i + 1];
     const nextIsValue = (allowDash: boolean): boolean =>
-      next !== undefined && !next.op && (allowDash ? !next.text.startsWith("--") : !next.text.startsWith("-"));
+      next !== undefined &&
+      !next.op &&
+      (allowDash ? !next.text.startsWith("--") : !next.text.startsWith("-"));
 
     if (flag && ROLE_BOOLEAN_FLAGS.has(flag)) continue;
     if (flag && isRoleValueFlag(flag)) {
@@ -122,15 +129,23 @@ export function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
 
 /** A shell string in canonical form with role flags stripped; "" when nothing is left. */
 function normalizeScript(text: string, depth: number): string {
-  if (!looksLikeShell(text) || depth > 3) return text;
-  const tokens = stripTokens(splitShell(text)).map((t) =>
-    t.op || !looksLikeShell(t.text) ? t : { ...t, text: normalizeScript(t.text, depth + 1) },
-  );
-  return joinShell(tokens);
+  if (!looksLikeShell(text)) return text;
+  const tokens = stripTokens(splitShell(text));
+  // The script of a nested `sh -c` is stripped too; other quoted words are values and stay as they are.
+  const nested = tokens.map((t, i) => {
+    const prev = tokens[i - 1];
+    return !t.op && prev && !prev.op && isScriptOption(prev.text) && depth < 3
+      ? { ...t, text: normalizeScript(t.text, depth + 1) }
+      : t;
+  });
+  return joinShell(nested);
 }
 
 /** Command and args with role flags stripped in every form; flags split across the two are handled. */
-export function stripRoleArgs(command: readonly string[], args: readonly string[]): { command: string[]; args: string[] } {
+export function stripRoleArgs(
+  command: readonly string[],
+  args: readonly string[],
+): { command: string[]; args: string[] } {
   const items = [
     ...command.map((text) => ({ text: String(text), op: false, args: false })),
     ...args.map((text) => ({ text: String(text), op: false, args: true })),
@@ -140,7 +155,10 @@ export function stripRoleArgs(command: readonly string[], args: readonly string[
     // An item empty as written is an argument and stays; one emptied by stripping ("--is-prefill-worker
     // --disaggregation-mode x" as one item) goes.
     .filter((t) => t.text !== "" || t.wasEmpty);
-  return { command: kept.filter((t) => !t.args).map((t) => t.text), args: kept.filter((t) => t.args).map((t) => t.text) };
+  return {
+    command: kept.filter((t) => !t.args).map((t) => t.text),
+    args: kept.filter((t) => t.args).map((t) => t.text),
+  };
 }
 
 function mainContainer(pod: V1Pod, classification?: Classification): V1Container {

@@ -2,8 +2,8 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { joinShell, quoteShellWord, shellWords, splitShell } from "./shell.js";
 
-describe("splitShell", () => {
-  test("splits on blanks and removes quotes", () => {
+void describe("splitShell", () => {
+  void test("splits on blanks and removes quotes", () => {
     assert.deepEqual(shellWords(`vllm serve "meta-llama/Llama 3" --port  8000 'a b'`), [
       "vllm",
       "serve",
@@ -14,7 +14,7 @@ describe("splitShell", () => {
     ]);
   });
 
-  test("keeps control operators apart from words", () => {
+  void test("keeps control operators apart from words", () => {
     const t = splitShell("cd /app && exec vllm serve m; echo done|tee x");
     assert.deepEqual(
       t.map((x) => (x.op ? `<${x.text}>` : x.text)),
@@ -22,11 +22,11 @@ describe("splitShell", () => {
     );
   });
 
-  test("applies backslash escapes outside and inside double quotes; single quotes are literal", () => {
+  void test("applies backslash escapes outside and inside double quotes; single quotes are literal", () => {
     assert.deepEqual(shellWords(`a\\ b "c\\"d" 'e\\f' "g\\h"`), ["a b", 'c"d', "e\\f", "g\\h"]);
   });
 
-  test("line continuations join, newlines separate commands, comments are dropped", () => {
+  void test("line continuations join, newlines separate commands, comments are dropped", () => {
     const t = splitShell("vllm serve m \\\n  --port 1 # a comment\nnext");
     assert.deepEqual(
       t.map((x) => x.text),
@@ -34,11 +34,11 @@ describe("splitShell", () => {
     );
   });
 
-  test("keeps $(...) and ${...} as part of one word", () => {
+  void test("keeps $(...) and ${...} as part of one word", () => {
     assert.deepEqual(shellWords(`--x=$(date +%s) "\${A:-b c}" y`), ["--x=$(date +%s)", "${A:-b c}", "y"]);
   });
 
-  test("fd redirections are one operator", () => {
+  void test("fd redirections are one operator", () => {
     const t = splitShell("run 2>&1 >/dev/null");
     assert.deepEqual(
       t.map((x) => [x.text, x.op]),
@@ -52,16 +52,16 @@ describe("splitShell", () => {
     );
   });
 
-  test("an unterminated quote is read to the end instead of throwing", () => {
+  void test("an unterminated quote is read to the end instead of throwing", () => {
     assert.deepEqual(shellWords(`vllm serve "meta/m --port 1`), ["vllm", "serve", "meta/m --port 1"]);
     assert.deepEqual(shellWords(`a 'b`), ["a", "b"]);
   });
 
-  test("an empty quoted word is a word", () => {
+  void test("an empty quoted word is a word", () => {
     assert.deepEqual(shellWords(`a "" b`), ["a", "", "b"]);
   });
 
-  test("quoteShellWord and joinShell round-trip through splitShell", () => {
+  void test("quoteShellWord and joinShell round-trip through splitShell", () => {
     const words = ["plain", "with space", "it's", "", "$HOME", '{"a": 1}'];
     assert.deepEqual(shellWords(words.map(quoteShellWord).join(" ")), words);
     const script = `A=1 vllm serve 'x y' && echo "z"`;

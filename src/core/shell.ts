@@ -174,6 +174,11 @@ export function looksLikeShell(s: string): boolean {
   return /\s/.test(s);
 }
 
+/** True for the option that hands a shell its script (`-c`, `-lc`, `-ec`, ...). */
+export function isScriptOption(word: string | undefined): boolean {
+  return word !== undefined && /^-[a-zA-Z]*c[a-zA-Z]*$/.test(word);
+}
+
 /** Quotes a word so that splitShell reads it back as the same single word. */
 export function quoteShellWord(w: string): string {
   if (w !== "" && /^[A-Za-z0-9_\-+=/.,:@%^]+$/.test(w)) return w;

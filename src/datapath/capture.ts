@@ -257,7 +257,7 @@ async function copyTree(
       for (const e of group) {
         const dst = `${staging}/${e.rel}`;
         if (!primary) {
-          const r = await copyFileWithDigest(`${src}/${e.rel}`, dst, buf, progress);
+          const r = await copyFileWithDigest(`${src}/${e.rel}`, dst, e, buf, progress);
           progress.fileDone();
           if (!r) {
             out.vanished.push({ path: e.rel, reason: "vanished" });
@@ -318,6 +318,7 @@ async function applyMeta(path: string, e: TreeEntry): Promise<void> {
 async function copyFileWithDigest(
   srcPath: string,
   dst: string,
+  scanned: TreeEntry,
   buf: Buffer,
   progress: Progress,
 ): Promise<{ size: number; sha256: string; digestMs: number } | undefined> {
@@ -348,7 +349,11 @@ async function copyFileWithDigest(
         await lchown(dst, Number(before.uid), Number(before.gid));
         await chmod(dst, Number(before.mode) & 0o7777);
       }
-      await setTimesNs(dst, before.atimeNs, before.mtimeNs, false);
+      // Unchanged since the walk: the walk's times, since reading the file (ours included) may
+      // have moved its atime since. Changed: the times of the content that was copied.
+      const same = before.mtimeNs === scanned.stat.mtimeNs && before.size === scanned.stat.size;
+      const times = same ? scanned.stat : before;
+      await setTimesNs(dst, times.atimeNs, times.mtimeNs, false);
       return d;
     } finally {
       await fh.close();

@@ -13,7 +13,7 @@ export class Progress {
   private bytes = 0;
   private readonly start = performance.now();
   private timer: NodeJS.Timeout | undefined;
-  private drawn = false;
+  private stopped = false;
 
   constructor(
     private readonly label: string,
@@ -36,15 +36,15 @@ export class Progress {
     this.files += 1;
   }
 
-  /** Final redraw and newline; safe to call more than once. */
+  /** Final line (on a TTY, however short the work was); safe to call more than once. */
   stop(): void {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
-    if (this.out?.isTTY && this.drawn) {
+    if (this.out?.isTTY && !this.stopped) {
       this.draw();
       this.out.write("\n");
-      this.drawn = false;
     }
+    this.stopped = true;
   }
 
   private draw(): void {
@@ -54,7 +54,6 @@ export class Progress {
       `${this.label}: ${this.files}/${this.totalFiles} files, ` +
       `${formatBytes(this.bytes)}/${formatBytes(this.totalBytes)}, ${rate.toFixed(0)} MB/s`;
     this.out?.write(`\r${line}\x1b[K`);
-    this.drawn = true;
   }
 }
 

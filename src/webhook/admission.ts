@@ -15,7 +15,16 @@ import { ANN_ADMISSION_ID, type PendingEvent } from "./events.js";
 export interface ClusterView {
   getModelCache(hashOrShort: string): Promise<ModelCacheObject | undefined>;
   tryAcquire(hash: string, electionId: string, podNamespace: string): Promise<ElectionResult>;
-  recordElection(opts: { hash: string; model?: string; inputs?: unknown; electionId: string; namespace: string; name?: string }): Promise<void>;
+  /** Returns the cache instead when it is already Ready (the caller then restores). */
+  recordElection(opts: {
+    hash: string;
+    model?: string;
+    inputs?: unknown;
+    electionId: string;
+    namespace: string;
+    name?: string;
+  }): Promise<ModelCacheObject | undefined>;
+  releaseLease(hash: string, leaseUid: string): Promise<void>;
   /** The storage profile's restore settings for a cache (backend-specific prewarm policy). */
   restoreProfile(cache: ModelCacheObject): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
   /** A restore in a namespace that has no claim yet gets one at admission. */
@@ -112,8 +121,8 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
 
   const electionId = admissionId;
   const result = await deps.cluster.tryAcquire(hash, electionId, namespace);
-  if (result === "leader") {
-    await deps.cluster.recordElection({
+  if (result.role === "leader") {
+    const ready = await deps.cluster.recordElection({
       hash,
       model: c.model,
       inputs,
@@ -121,6 +130,10 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
       namespace,
       name: pod.metadata?.name,
     });
+    if (ready) {
+      await deps.cluster.releaseLease(hash, result.leaseUid);
+      return restore(ready, "cache Ready (turned Ready during admission)");
+    }
     return {
       role: "leader",
       reason: "won the election",

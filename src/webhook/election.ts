@@ -5,7 +5,7 @@ import { isAlreadyExists, apiError, isNotFound } from "../common/kube.js";
 export const ANN_DEADLINE = "warmstart.dev/deadline";
 export const ANN_LEADER_NAMESPACE = "warmstart.dev/leader-namespace";
 
-export type ElectionResult = "leader" | "follower";
+export type ElectionResult = { role: "leader"; leaseUid: string } | { role: "follower" };
 
 /**
  * The API server is the lock: the first pod of a hash to create Lease `warmstart-capture-<short>`
@@ -36,10 +36,10 @@ export async function tryAcquire(
     },
   };
   try {
-    await coordination.createNamespacedLease({ namespace: opts.namespace, body: lease });
-    return "leader";
+    const created = await coordination.createNamespacedLease({ namespace: opts.namespace, body: lease });
+    return { role: "leader", leaseUid: created.metadata!.uid! };
   } catch (err) {
-    if (isAlreadyExists(err)) return "follower";
+    if (isAlreadyExists(err)) return { role: "follower" };
     throw apiError(`creating Lease ${lease.metadata!.name}`, err);
   }
 }
@@ -82,14 +82,30 @@ export async function getModelCache(
   }
 }
 
+/** Give up a Lease this webhook just won (only that exact object: UID precondition). */
+export async function releaseLease(
+  coordination: k8s.CoordinationV1Api,
+  namespace: string,
+  hash: string,
+  uid: string,
+): Promise<void> {
+  try {
+    await coordination.deleteNamespacedLease({ name: leaseName(hash), namespace, body: { preconditions: { uid } } });
+  } catch (err) {
+    if (!isNotFound(err)) throw apiError(`releasing Lease ${leaseName(hash)}`, err);
+  }
+}
+
 /**
  * Record a new election in the durable cache record: created in phase Electing, or (when a
- * failed earlier attempt left one) reset to Electing for this election.
+ * failed earlier attempt left one) reset to Electing for this election. A cache that turned Ready
+ * meanwhile is never reset: it is returned, and the caller restores from it instead (a pod admitted
+ * just after Ready, once the Lease was gone, must not start a second capture).
  */
 export async function recordElection(
   custom: k8s.CustomObjectsApi,
   opts: { hash: string; model?: string; inputs?: unknown; electionId: string; namespace: string; name?: string },
-): Promise<void> {
+): Promise<ModelCacheObject | undefined> {
   const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
   const name = shortHash(opts.hash);
   const spec = {
@@ -111,6 +127,8 @@ export async function recordElection(
     });
   } catch (err) {
     if (!isAlreadyExists(err)) throw apiError(`creating ModelCache ${name}`, err);
+    const existing = await getModelCache(custom, name);
+    if (existing?.status?.phase === "Ready") return existing;
     const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
     await custom.patchClusterCustomObject({ ...ref, name, body: { spec } }, merge);
   }
@@ -125,4 +143,5 @@ export async function recordElection(
     },
     merge,
   );
+  return undefined;
 }

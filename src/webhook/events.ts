@@ -1,5 +1,4 @@
 import * as k8s from "@kubernetes/client-node";
-import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "../common/log.js";
 import { LABEL_HASH } from "../core/contract.js";
 
@@ -18,12 +17,15 @@ export interface PendingEvent {
 
 /**
  * Posts an Event on each pod the webhook decided about. At admission the pod does not exist yet
- * (and a generateName pod has no name), so events wait in a bounded queue and are posted once the
- * pod can be found by its admission id. Never on the admission path.
+ * (and a generateName pod has no name), so events wait in a bounded queue; every tick, one list
+ * per namespace finds the admitted pods by admission id, and each found pod gets its Event.
+ * Events whose pod never appears (dry runs, pods refused later in the chain) are dropped after a
+ * few ticks. Never on the admission path, and O(namespaces) API calls per tick, not O(pods).
  */
 export class PodEventRecorder {
-  private queue: PendingEvent[] = [];
-  private running = false;
+  private pending: (PendingEvent & { ticks: number })[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private ticking: Promise<void> | undefined;
   private stopped = false;
 
   constructor(
@@ -31,46 +33,68 @@ export class PodEventRecorder {
     private readonly log: Logger,
     private readonly maxPending: number,
     private readonly onResult: (result: "posted" | "pod-not-found" | "dropped" | "error") => void = () => {},
+    private readonly tickMs = 500,
+    private readonly maxTicks = 10,
     private readonly component = "warmstart-webhook",
   ) {}
 
   record(ev: PendingEvent): void {
     if (this.stopped) return;
-    if (this.queue.length >= this.maxPending) {
+    if (this.pending.length >= this.maxPending) {
       this.onResult("dropped");
       return;
     }
-    this.queue.push(ev);
-    if (!this.running) void this.drain();
+    this.pending.push({ ...ev, ticks: 0 });
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.timer || this.stopped) return;
+    this.timer = setTimeout(() => {
+      this.ticking = this.tick().finally(() => {
+        this.timer = undefined;
+        this.ticking = undefined;
+        if (this.pending.length) this.schedule();
+      });
+    }, this.tickMs);
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
-    while (this.running) await sleep(10);
+    clearTimeout(this.timer);
+    await this.ticking;
   }
 
-  private async drain(): Promise<void> {
-    this.running = true;
-    try {
-      // A short delay lets the API server persist the pods admitted in this burst.
-      await sleep(200);
-      while (this.queue.length && !this.stopped) {
-        const batch = this.queue.splice(0, 50);
-        await Promise.all(batch.map((ev) => this.post(ev)));
-      }
-    } finally {
-      this.running = false;
-    }
+  private async tick(): Promise<void> {
+    const batch = this.pending;
+    this.pending = [];
+    const byNamespace = new Map<string, typeof batch>();
+    for (const ev of batch) byNamespace.set(ev.namespace, [...(byNamespace.get(ev.namespace) ?? []), ev]);
+    await Promise.all(
+      [...byNamespace].map(async ([namespace, events]) => {
+        let pods: Map<string, k8s.V1Pod>;
+        try {
+          const list = await this.core.listNamespacedPod({ namespace, labelSelector: LABEL_HASH });
+          pods = new Map(
+            list.items.map((p) => [p.metadata?.annotations?.[ANN_ADMISSION_ID] ?? "", p] as const).filter(([id]) => id),
+          );
+        } catch (err) {
+          this.log.warn({ err, namespace }, "could not list pods to post events; will retry");
+          pods = new Map();
+        }
+        for (const ev of events) {
+          const pod = pods.get(ev.admissionId);
+          if (pod) await this.post(ev, pod);
+          else if (++ev.ticks < this.maxTicks) this.pending.push(ev);
+          else this.onResult("pod-not-found");
+        }
+      }),
+    );
   }
 
-  private async post(ev: PendingEvent): Promise<void> {
+  private async post(ev: PendingEvent, pod: k8s.V1Pod): Promise<void> {
+    const now = new Date();
     try {
-      const pod = await this.findPod(ev);
-      if (!pod) {
-        this.onResult("pod-not-found");
-        return;
-      }
-      const now = new Date();
       await this.core.createNamespacedEvent({
         namespace: ev.namespace,
         body: {
@@ -96,29 +120,7 @@ export class PodEventRecorder {
       this.onResult("posted");
     } catch (err) {
       this.onResult("error");
-      this.log.warn({ err, namespace: ev.namespace, admissionId: ev.admissionId }, "could not post pod event");
+      this.log.warn({ err, namespace: ev.namespace, pod: pod.metadata?.name }, "could not post pod event");
     }
-  }
-
-  private async findPod(ev: PendingEvent): Promise<k8s.V1Pod | undefined> {
-    for (let attempt = 0; attempt < 6; attempt++) {
-      if (ev.name) {
-        try {
-          const pod = await this.core.readNamespacedPod({ name: ev.name, namespace: ev.namespace });
-          if (pod.metadata?.annotations?.[ANN_ADMISSION_ID] === ev.admissionId) return pod;
-        } catch {
-          /* not created yet, or refused by a later admission step */
-        }
-      } else {
-        const list = await this.core.listNamespacedPod({
-          namespace: ev.namespace,
-          labelSelector: ev.shortHash ? `${LABEL_HASH}=${ev.shortHash}` : undefined,
-        });
-        const pod = list.items.find((p) => p.metadata?.annotations?.[ANN_ADMISSION_ID] === ev.admissionId);
-        if (pod) return pod;
-      }
-      await sleep(250 * 2 ** attempt);
-    }
-    return undefined;
   }
 }

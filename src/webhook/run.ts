@@ -2,13 +2,13 @@ import { readFile, writeFile, mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { createLogger, type Logger } from "../common/log.js";
-import { loadKubeConfig } from "../common/kube.js";
+import { loadKubeConfig, makeApiClient } from "../common/kube.js";
 import { createCA, issueCert } from "../common/certs.js";
 import type { WebhookConfig } from "./config.js";
 import { createWebhookMetrics } from "./metrics.js";
 import { startAdmissionServer, type RunningServer } from "./server.js";
 import { PodEventRecorder } from "./events.js";
-import { getModelCache, recordElection, tryAcquire } from "./election.js";
+import { getModelCache, recordElection, releaseLease, tryAcquire } from "./election.js";
 import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
 import { registerWebhook, webhookConfiguration } from "./registration.js";
 
@@ -35,9 +35,9 @@ export async function runWebhook(
 ): Promise<RunningWebhook> {
   const log = opts.log ?? createLogger("webhook");
   const kc = opts.kubeConfig ?? loadKubeConfig();
-  const core = kc.makeApiClient(k8s.CoreV1Api);
-  const coordination = kc.makeApiClient(k8s.CoordinationV1Api);
-  const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+  const core = makeApiClient(kc, k8s.CoreV1Api);
+  const coordination = makeApiClient(kc, k8s.CoordinationV1Api);
+  const custom = makeApiClient(kc, k8s.CustomObjectsApi);
   const metrics = createWebhookMetrics();
   const events = new PodEventRecorder(core, log, cfg.maxPendingEvents, (result) => metrics.events.inc({ result }));
 
@@ -52,6 +52,7 @@ export async function runWebhook(
         podNamespace,
       }),
     recordElection: (o) => recordElection(custom, o),
+    releaseLease: (hash, uid) => releaseLease(coordination, cfg.systemNamespace, hash, uid),
     restoreProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6 }),
   };
   const deps: AdmissionDeps = { cfg, cluster, log, metrics, recordEvent: (ev) => events.record(ev) };

@@ -1,3 +1,4 @@
+import { pino, type Logger } from "pino";
 import type { Clock } from "./clock.js";
 
 /**
@@ -42,18 +43,14 @@ export class FakeClock implements Clock {
     const end = this.t + ms;
     await settle();
     for (;;) {
-      let nextId: number | undefined;
-      let next: { at: number; fn: () => void } | undefined;
-      for (const [id, timer] of this.timers) {
-        if (timer.at <= end && (!next || timer.at < next.at || (timer.at === next.at && id < nextId!))) {
-          nextId = id;
-          next = timer;
-        }
-      }
-      if (!next || nextId === undefined) break;
-      this.timers.delete(nextId);
-      this.t = Math.max(this.t, next.at);
-      next.fn();
+      const due = [...this.timers.entries()]
+        .filter(([, timer]) => timer.at <= end)
+        .sort(([ia, a], [ib, b]) => a.at - b.at || ia - ib)[0];
+      if (!due) break;
+      const [id, timer] = due;
+      this.timers.delete(id);
+      this.t = Math.max(this.t, timer.at);
+      timer.fn();
       await settle();
     }
     this.t = end;
@@ -64,4 +61,40 @@ export class FakeClock implements Clock {
 /** Let every queued microtask and immediate run (several rounds, for chains of awaits). */
 export async function settle(rounds = 5): Promise<void> {
   for (let i = 0; i < rounds; i++) await new Promise<void>((r) => setImmediate(r));
+}
+
+export interface LogEntry {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+/** A real pino logger that keeps its lines in memory, so tests can assert levels and messages. */
+export function memoryLogger(): { log: Logger; entries: LogEntry[]; warnings: () => LogEntry[]; errors: () => LogEntry[] } {
+  const entries: LogEntry[] = [];
+  const log = pino(
+    { level: "debug" },
+    {
+      write(line: string) {
+        entries.push(JSON.parse(line) as LogEntry);
+      },
+    },
+  );
+  return {
+    log,
+    entries,
+    warnings: () => entries.filter((e) => e.level === 40),
+    errors: () => entries.filter((e) => e.level >= 50),
+  };
+}
+
+/** A promise with its resolve and reject in hand. */
+export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: unknown) => void } {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
 }

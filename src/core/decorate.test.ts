@@ -1,0 +1,397 @@
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { V1Container, V1EnvVar, V1Pod } from "@kubernetes/client-node";
+import jsonpatch from "fast-json-patch";
+import { classifyPod } from "./classify.js";
+import {
+  ANN_ELECTION_ID,
+  ANN_HASH,
+  ANN_INJECTED_ENV,
+  ANN_REASON,
+  ANN_ROLE,
+  CACHE_VOLUME,
+  INIT_PREWARM,
+  INIT_SEED,
+  INIT_WAIT_READY,
+  LABEL_CAPTURE,
+  LABEL_GATED,
+  LABEL_HASH,
+  READY_MARKER,
+  RO_VOLUME,
+  SCHEDULING_GATE,
+  SHADOW_VOLUME,
+} from "./contract.js";
+import {
+  DEFAULT_CACHE_ROOT,
+  DEFAULT_RO_PATH,
+  decorateCold,
+  decorateFollower,
+  decorateLeader,
+  decorateRestore,
+  jsonPatch,
+  type FollowerOptions,
+} from "./decorate.js";
+import { cacheHash } from "./hash.js";
+
+const HASH = "ab".repeat(32);
+const SHORT = HASH.slice(0, 16);
+const IMAGE = "ghcr.io/example/warmstart:0.1.0";
+
+function pod(env: V1EnvVar[] = [], extra: Partial<V1Pod["spec"]> = {}): V1Pod {
+  return {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { generateName: "llama-", namespace: "team-a", labels: { app: "llama" } },
+    spec: {
+      initContainers: [{ name: "user-init", image: "busybox", command: ["true"] }],
+      containers: [
+        { name: "proxy", image: "envoy:1.30" },
+        {
+          name: "main",
+          image: "vllm/vllm-openai:v0.9.0",
+          command: ["vllm", "serve", "Qwen/Qwen3-0.6B"],
+          args: ["--port", "8000"],
+          env,
+          resources: { limits: { "nvidia.com/gpu": "1" } },
+          volumeMounts: [{ name: "shm", mountPath: "/dev/shm" }],
+        },
+      ],
+      volumes: [{ name: "shm", emptyDir: { medium: "Memory" } }],
+      securityContext: { runAsUser: 1234, runAsNonRoot: true },
+      ...extra,
+    },
+  };
+}
+const main = (p: V1Pod): V1Container => p.spec?.containers[1] as V1Container;
+const envOf = (c: V1Container): Record<string, string | undefined> =>
+  Object.fromEntries(
+    (c.env ?? []).map((e) => [e.name, e.value ?? `valueFrom:${JSON.stringify(e.valueFrom)}`]),
+  );
+const inits = (p: V1Pod): V1Container[] => p.spec?.initContainers ?? [];
+const initNames = (p: V1Pod): string[] => inits(p).map((c) => c.name);
+const init = (p: V1Pod, name: string): V1Container => {
+  const c = inits(p).find((x) => x.name === name);
+  assert.ok(c, `init container ${name}`);
+  return c;
+};
+const leader = (p: V1Pod): V1Pod =>
+  decorateLeader(p, { hash: HASH, electionId: "e-123", sizeLimit: "100Gi" });
+const restoreOpts = { hash: HASH, prewarm: true, prewarmParallelism: 6, image: IMAGE };
+const follower = (p: V1Pod, o: Partial<FollowerOptions> = {}): V1Pod =>
+  decorateFollower(p, { ...restoreOpts, ...o });
+
+void describe("decorateLeader", () => {
+  void test("capture volume, mount, cache env, labels and annotations", () => {
+    const d = leader(pod());
+    assert.deepEqual(
+      d.spec?.volumes?.find((v) => v.name === CACHE_VOLUME),
+      { name: CACHE_VOLUME, emptyDir: { sizeLimit: "100Gi" } },
+    );
+    assert.deepEqual(main(d).volumeMounts, [
+      { name: "shm", mountPath: "/dev/shm" },
+      { name: CACHE_VOLUME, mountPath: DEFAULT_CACHE_ROOT },
+    ]);
+    assert.deepEqual(envOf(main(d)), {
+      HF_HOME: `${DEFAULT_CACHE_ROOT}/model/huggingface`,
+      NIM_CACHE_PATH: `${DEFAULT_CACHE_ROOT}/model/nim`,
+      TORCHINDUCTOR_CACHE_DIR: `${DEFAULT_CACHE_ROOT}/cache/torchinductor`,
+      TRITON_CACHE_DIR: `${DEFAULT_CACHE_ROOT}/cache/triton`,
+      VLLM_CACHE_ROOT: `${DEFAULT_CACHE_ROOT}/cache/vllm`,
+      CUDA_CACHE_PATH: `${DEFAULT_CACHE_ROOT}/cache/nv`,
+      HOME: `${DEFAULT_CACHE_ROOT}/cache/home`,
+    });
+    assert.equal(d.metadata?.labels?.[LABEL_CAPTURE], "true");
+    assert.equal(d.metadata?.labels?.[LABEL_HASH], SHORT);
+    assert.equal(d.metadata?.labels?.app, "llama");
+    assert.equal(d.metadata?.annotations?.[ANN_HASH], HASH);
+    assert.equal(d.metadata?.annotations?.[ANN_ROLE], "leader");
+    assert.equal(d.metadata?.annotations?.[ANN_ELECTION_ID], "e-123");
+    // The sidecar, the pod's command and its init containers are untouched.
+    assert.deepEqual(d.spec?.containers[0], pod().spec?.containers[0]);
+    assert.deepEqual(main(d).command, ["vllm", "serve", "Qwen/Qwen3-0.6B"]);
+    assert.deepEqual(main(d).args, ["--port", "8000"]);
+    assert.deepEqual(d.spec?.initContainers, pod().spec?.initContainers);
+    assert.ok(!("schedulingGates" in (d.spec ?? {})));
+  });
+
+  void test("env the pod sets itself is respected, in any form", () => {
+    const own: V1EnvVar[] = [
+      { name: "HF_HOME", value: "/data/hf" },
+      { name: "HOME", valueFrom: { configMapKeyRef: { name: "c", key: "home" } } },
+    ];
+    const d = leader(pod(own));
+    const env = envOf(main(d));
+    assert.equal(env.HF_HOME, "/data/hf");
+    assert.match(env.HOME ?? "", /^valueFrom:/);
+    assert.equal(env.TRITON_CACHE_DIR, `${DEFAULT_CACHE_ROOT}/cache/triton`);
+    assert.equal(main(d).env?.filter((e) => e.name === "HF_HOME").length, 1);
+    assert.equal(
+      d.metadata?.annotations?.[ANN_INJECTED_ENV],
+      "CUDA_CACHE_PATH,NIM_CACHE_PATH,TORCHINDUCTOR_CACHE_DIR,TRITON_CACHE_DIR,VLLM_CACHE_ROOT",
+    );
+  });
+
+  void test("a configurable root and template; HF_HUB_OFFLINE is never set, even when the template asks", () => {
+    const d = decorateLeader(pod(), {
+      hash: HASH,
+      electionId: "e",
+      sizeLimit: "1Gi",
+      cacheRoot: "/c",
+      cacheEnvTemplate: [
+        { name: "HF_HOME", value: "{root}/model/hf" },
+        { name: "HF_HUB_OFFLINE", value: "1" },
+        { name: "XDG_CACHE_HOME", value: "{root}/cache/xdg" },
+      ],
+    });
+    assert.deepEqual(envOf(main(d)), { HF_HOME: "/c/model/hf", XDG_CACHE_HOME: "/c/cache/xdg" });
+    assert.deepEqual(main(d).volumeMounts?.at(-1), { name: CACHE_VOLUME, mountPath: "/c" });
+    for (const p of [leader(pod()), follower(pod()), decorateRestore(pod(), restoreOpts)]) {
+      assert.ok(!JSON.stringify(p).includes("HF_HUB_OFFLINE"));
+    }
+  });
+
+  void test("the decorated pod hashes as the original: injected env does not count", () => {
+    const p = pod([{ name: "MAX_LEN", value: "4096" }]);
+    const before = cacheHash(p, classifyPod(p)).hash;
+    const d = leader(p);
+    assert.equal(cacheHash(d, classifyPod(d)).hash, before);
+  });
+
+  void test("idempotent: decorating twice equals decorating once", () => {
+    const once = leader(pod([{ name: "HF_HOME", value: "/mine" }]));
+    assert.deepEqual(leader(once), once);
+    assert.deepEqual(jsonPatch(once, leader(once)), []);
+  });
+
+  void test("a pod without metadata maps gets them", () => {
+    const p = pod();
+    delete p.metadata;
+    const d = leader(p);
+    assert.equal(d.metadata?.labels?.[LABEL_HASH], SHORT);
+  });
+
+  void test("a pod without containers is an error, not a crash", () => {
+    assert.throws(() => leader({ spec: { containers: [] } }), /no containers/);
+  });
+});
+
+void describe("decorateRestore", () => {
+  void test("read-only claim, writable shadow, init containers in order, command untouched", () => {
+    const d = decorateRestore(pod([{ name: "NIM_CACHE_PATH", value: "/opt/nim" }]), {
+      ...restoreOpts,
+      claimName: "rox-other",
+    });
+    assert.deepEqual(
+      d.spec?.volumes?.find((v) => v.name === RO_VOLUME),
+      {
+        name: RO_VOLUME,
+        persistentVolumeClaim: { claimName: "rox-other", readOnly: true },
+      },
+    );
+    assert.deepEqual(
+      d.spec?.volumes?.find((v) => v.name === SHADOW_VOLUME),
+      { name: SHADOW_VOLUME, emptyDir: {} },
+    );
+    assert.deepEqual(main(d).volumeMounts, [
+      { name: "shm", mountPath: "/dev/shm" },
+      { name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true },
+      { name: SHADOW_VOLUME, mountPath: DEFAULT_CACHE_ROOT },
+    ]);
+    assert.deepEqual(initNames(d), [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM, "user-init"]);
+    assert.deepEqual(main(d).command, ["vllm", "serve", "Qwen/Qwen3-0.6B"]);
+    assert.deepEqual(main(d).args, ["--port", "8000"]);
+    assert.equal(d.metadata?.annotations?.[ANN_ROLE], "restore");
+    assert.equal(d.metadata?.annotations?.[ANN_HASH], HASH);
+    assert.equal(d.metadata?.labels?.[LABEL_HASH], SHORT);
+    assert.equal(d.metadata?.labels?.[LABEL_CAPTURE], undefined);
+    // The leader's cache env is replayed; the pod's own setting still wins.
+    assert.equal(envOf(main(d)).HF_HOME, `${DEFAULT_CACHE_ROOT}/model/huggingface`);
+    assert.equal(envOf(main(d)).NIM_CACHE_PATH, "/opt/nim");
+  });
+
+  void test("seed and prewarm run warmstart from the configured image, with the right mounts", () => {
+    const d = decorateRestore(pod(), { ...restoreOpts, prewarmParallelism: 12 });
+    const seed = init(d, INIT_SEED);
+    assert.equal(seed.image, IMAGE);
+    assert.deepEqual(
+      [...(seed.command ?? []), ...(seed.args ?? [])],
+      ["warmstart", "seed", "--from", DEFAULT_RO_PATH, "--to", DEFAULT_CACHE_ROOT],
+    );
+    assert.deepEqual(seed.volumeMounts, [
+      { name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true },
+      { name: SHADOW_VOLUME, mountPath: DEFAULT_CACHE_ROOT },
+    ]);
+    const pre = init(d, INIT_PREWARM);
+    assert.equal(pre.image, IMAGE);
+    assert.deepEqual(pre.args, ["warmstart", "prewarm", DEFAULT_RO_PATH, "--parallel", "12"]);
+    assert.deepEqual(pre.volumeMounts, [{ name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true }]);
+    assert.equal(init(d, INIT_WAIT_READY).image, IMAGE);
+  });
+
+  void test("init containers set no securityContext, so the pod's own (non-root, random UID) applies", () => {
+    const d = decorateRestore(pod(), restoreOpts);
+    for (const c of inits(d).filter((x) => x.name.startsWith("warmstart-"))) {
+      assert.equal(c.securityContext, undefined, c.name);
+    }
+    assert.deepEqual(d.spec?.securityContext, { runAsUser: 1234, runAsNonRoot: true });
+  });
+
+  void test("WARMSTART_PREWARM as a literal decides at admission, either way", () => {
+    const on = { ...restoreOpts, prewarm: true };
+    const off = { ...restoreOpts, prewarm: false };
+    assert.ok(initNames(decorateRestore(pod(), on)).includes(INIT_PREWARM));
+    assert.ok(!initNames(decorateRestore(pod(), off)).includes(INIT_PREWARM));
+    assert.ok(
+      !initNames(decorateRestore(pod([{ name: "WARMSTART_PREWARM", value: "0" }]), on)).includes(
+        INIT_PREWARM,
+      ),
+    );
+    const forced = decorateRestore(pod([{ name: "WARMSTART_PREWARM", value: "1" }]), off);
+    assert.ok(initNames(forced).includes(INIT_PREWARM));
+    assert.ok(!(init(forced, INIT_PREWARM).args ?? []).includes("--respect-env"));
+  });
+
+  void test("WARMSTART_PREWARM from valueFrom is resolved by the init container at run time", () => {
+    const ref = { configMapKeyRef: { name: "tuning", key: "prewarm" } };
+    for (const profile of [true, false]) {
+      const d = decorateRestore(pod([{ name: "WARMSTART_PREWARM", valueFrom: ref }]), {
+        ...restoreOpts,
+        prewarm: profile,
+      });
+      const pre = init(d, INIT_PREWARM);
+      assert.deepEqual(pre.env, [{ name: "WARMSTART_PREWARM", valueFrom: ref }]);
+      assert.deepEqual(pre.args?.slice(-4), [
+        "--respect-env",
+        "WARMSTART_PREWARM",
+        "--default",
+        profile ? "on" : "off",
+      ]);
+    }
+  });
+
+  void test("the prewarm can never fail the pod: its wrapper exits 0 when the command fails", () => {
+    const pre = init(decorateRestore(pod(), restoreOpts), INIT_PREWARM);
+    const [sh, ...rest] = pre.command ?? [];
+    assert.equal(sh, "sh");
+    const failing = spawnSync("sh", [...rest, "sh", "-c", "exit 3"], { encoding: "utf8" });
+    assert.equal(failing.status, 0);
+    assert.match(failing.stderr, /prewarm did not complete/);
+  });
+
+  void test("idempotent, and re-deciding the prewarm replaces the old init containers", () => {
+    const once = decorateRestore(pod(), restoreOpts);
+    assert.deepEqual(decorateRestore(once, restoreOpts), once);
+    const off = decorateRestore(once, { ...restoreOpts, prewarm: false });
+    assert.deepEqual(initNames(off), [INIT_WAIT_READY, INIT_SEED, "user-init"]);
+    assert.equal(off.spec?.volumes?.filter((v) => v.name === RO_VOLUME).length, 1);
+    assert.equal(main(off).volumeMounts?.filter((m) => m.name === SHADOW_VOLUME).length, 1);
+    assert.equal(main(off).env?.filter((e) => e.name === "HF_HOME").length, 1);
+  });
+});
+
+void describe("decorateFollower", () => {
+  void test("restore against rox-<short>, the gate, the gated label and the follower role", () => {
+    const d = follower(pod());
+    assert.deepEqual(d.spec?.schedulingGates, [{ name: SCHEDULING_GATE }]);
+    assert.equal(d.metadata?.labels?.[LABEL_GATED], "true");
+    assert.equal(d.metadata?.labels?.[LABEL_HASH], SHORT);
+    assert.equal(d.metadata?.annotations?.[ANN_ROLE], "follower");
+    assert.equal(d.metadata?.annotations?.[ANN_HASH], HASH);
+    assert.equal(
+      d.spec?.volumes?.find((v) => v.name === RO_VOLUME)?.persistentVolumeClaim?.claimName,
+      `rox-${SHORT}`,
+    );
+    assert.equal(initNames(d)[0], INIT_WAIT_READY);
+    assert.deepEqual(initNames(d), [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM, "user-init"]);
+  });
+
+  void test("keeps gates the pod already has and adds ours once", () => {
+    const d = follower(pod([], { schedulingGates: [{ name: "other.io/gate" }] }));
+    assert.deepEqual(d.spec?.schedulingGates, [{ name: "other.io/gate" }, { name: SCHEDULING_GATE }]);
+    assert.deepEqual(follower(d), d);
+  });
+
+  void test("the first init container refuses to start the workload until the ready marker exists", () => {
+    const dir = mkdtempSync(join(tmpdir(), "warmstart-ro-"));
+    try {
+      const d = follower(pod(), { roPath: dir, waitTimeoutSeconds: 0 });
+      const wait = inits(d)[0] as V1Container;
+      assert.equal(wait.name, INIT_WAIT_READY);
+      assert.deepEqual(wait.volumeMounts, [{ name: RO_VOLUME, mountPath: dir, readOnly: true }]);
+      assert.deepEqual(wait.args, [`${dir}/${READY_MARKER}`, "0"]);
+      const run = (): ReturnType<typeof spawnSync> =>
+        spawnSync(wait.command?.[0] ?? "", [...(wait.command ?? []).slice(1), ...(wait.args ?? [])], {
+          encoding: "utf8",
+        });
+      const missing = run();
+      assert.equal(missing.status, 1, "no marker: fails so the kubelet retries");
+      assert.match(String(missing.stderr), /not ready/);
+      writeFileSync(join(dir, READY_MARKER), "");
+      assert.equal(run().status, 0, "marker present: starts");
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  void test("it waits for a marker that appears while it polls", () => {
+    const dir = mkdtempSync(join(tmpdir(), "warmstart-ro-"));
+    try {
+      const wait = inits(follower(pod(), { roPath: dir, waitTimeoutSeconds: 10 }))[0] as V1Container;
+      const script = `(sleep 1; : > '${dir}/${READY_MARKER}') & ${wait.command?.map((w) => `'${w}'`).join(" ")} ${wait.args?.join(" ")}`;
+      const r = spawnSync("sh", ["-c", script], { encoding: "utf8", timeout: 15_000 });
+      assert.equal(r.status, 0, r.stderr);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+void describe("decorateCold", () => {
+  void test("stamps hash, role and reason only", () => {
+    const p = pod();
+    const d = decorateCold(p, { hash: HASH, reason: "cache not ready for restore-from" });
+    assert.equal(d.metadata?.annotations?.[ANN_ROLE], "cold");
+    assert.equal(d.metadata?.annotations?.[ANN_REASON], "cache not ready for restore-from");
+    assert.equal(d.metadata?.annotations?.[ANN_HASH], HASH);
+    assert.equal(d.metadata?.labels?.[LABEL_HASH], SHORT);
+    assert.deepEqual(d.spec, p.spec);
+    assert.ok(jsonPatch(p, d).every((op) => op.path.startsWith("/metadata/")));
+  });
+});
+
+void describe("jsonPatch", () => {
+  const cases: Array<[string, (p: V1Pod) => V1Pod]> = [
+    ["leader", leader],
+    ["follower", (p) => follower(p)],
+    ["restore", (p) => decorateRestore(p, restoreOpts)],
+    ["cold", (p) => decorateCold(p, { hash: HASH, reason: "r" })],
+  ];
+  for (const [name, decorate] of cases) {
+    void test(`${name}: the patch applied to the original gives the decorated pod`, () => {
+      for (const original of [
+        pod(),
+        { ...pod([{ name: "HF_HOME", value: "/x" }]), metadata: {} },
+        { spec: pod().spec },
+      ]) {
+        const decorated = decorate(original);
+        const ops = jsonPatch(original, decorated);
+        assert.ok(ops.length > 0);
+        const applied = jsonpatch.applyPatch(structuredClone(original), ops, true, false).newDocument;
+        assert.deepEqual(applied, decorated);
+      }
+    });
+  }
+
+  void test("nothing changed: an empty patch; the inputs are not mutated", () => {
+    const p = pod();
+    const copy = structuredClone(p);
+    assert.deepEqual(jsonPatch(p, structuredClone(p)), []);
+    leader(p);
+    follower(p);
+    assert.deepEqual(p, copy);
+  });
+});

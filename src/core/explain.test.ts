@@ -1,0 +1,374 @@
+import { after, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { stringify } from "yaml";
+import { classifyPod } from "./classify.js";
+import {
+  compare,
+  explain,
+  floatingImage,
+  perRunValue,
+  subjectFromText,
+  type Comparison,
+  type Explanation,
+} from "./explain.js";
+import { cacheHash } from "./hash.js";
+
+const podYaml = (opts: { args?: string; env?: string; image?: string; gpu?: boolean } = {}): string => `
+apiVersion: v1
+kind: Pod
+metadata:
+  name: worker
+spec:
+  containers:
+    - name: main
+      image: ${opts.image ?? "vllm/vllm-openai:v0.9.0"}
+      command: ["python3", "-m", "dynamo.vllm"]
+      args: [${opts.args ?? '"--model", "Qwen/Qwen3-0.6B"'}]
+      env:
+${opts.env ?? "        - {name: A, value: '1'}"}
+${opts.gpu === false ? "" : "      resources:\n        limits:\n          nvidia.com/gpu: 1"}
+`;
+
+const deploymentYaml = `
+apiVersion: v1
+kind: Service
+metadata: {name: llama}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: llama}
+spec:
+  replicas: 3
+  template:
+    metadata: {labels: {app: llama}}
+    spec:
+      containers:
+        - name: frontend
+          image: nginx:1.27
+        - name: vllm
+          image: vllm/vllm-openai:v0.9.0
+          command: ["/bin/sh", "-c"]
+          args: ["exec vllm serve meta-llama/Llama-3.1-8B-Instruct --tp 1"]
+          resources: {requests: {nvidia.com/gpu: "1"}, limits: {nvidia.com/gpu: "1"}}
+`;
+
+const single = (text: string): Explanation => explain(subjectFromText(text, "test.yaml"));
+const pair = (a: string, b: string): Comparison =>
+  compare(subjectFromText(a, "a.yaml"), subjectFromText(b, "b.yaml"));
+
+void describe("explain: one pod or workload", () => {
+  void test("a Pod in YAML", () => {
+    const out = single(podYaml());
+    assert.equal(out.downloader, true);
+    assert.equal(out.reason, "model from --model flag");
+    assert.equal(out.model, "Qwen/Qwen3-0.6B");
+    assert.equal(out.container, "main");
+    assert.match(out.hash ?? "", /^[0-9a-f]{64}$/);
+    assert.equal(out.short, out.hash?.slice(0, 16));
+    assert.deepEqual(out.warnings, []);
+  });
+
+  void test("the same Pod in JSON gives the same hash as in YAML and as the webhook would compute", () => {
+    const subject = subjectFromText(podYaml(), "p.yaml");
+    assert.equal(subject.kind, "pod");
+    if (subject.kind !== "pod") return;
+    const json = JSON.stringify(subject.pod, null, 2);
+    assert.equal(single(json).hash, single(podYaml()).hash);
+    assert.equal(single(json).hash, cacheHash(subject.pod, classifyPod(subject.pod)).hash);
+  });
+
+  void test("a Deployment (multi-document YAML): the first workload's template, its GPU container", () => {
+    const out = single(deploymentYaml);
+    assert.equal(out.downloader, true);
+    assert.equal(out.model, "meta-llama/Llama-3.1-8B-Instruct");
+    assert.equal(out.reason, "model from vllm serve positional");
+    assert.equal(out.container, "vllm");
+  });
+
+  void test("a Job, a CronJob, a StatefulSet, a List, as JSON", () => {
+    const template = {
+      spec: {
+        containers: [
+          { name: "w", image: "x:1", args: ["--model", "m"], resources: { limits: { "nvidia.com/gpu": 1 } } },
+        ],
+      },
+    };
+    const docs = [
+      { apiVersion: "batch/v1", kind: "Job", metadata: { name: "j" }, spec: { template } },
+      {
+        apiVersion: "batch/v1",
+        kind: "CronJob",
+        spec: { schedule: "* * * * *", jobTemplate: { spec: { template } } },
+      },
+      { apiVersion: "apps/v1", kind: "StatefulSet", spec: { template } },
+      {
+        apiVersion: "v1",
+        kind: "List",
+        items: [{ kind: "ConfigMap" }, { apiVersion: "apps/v1", kind: "DaemonSet", spec: { template } }],
+      },
+    ];
+    const hashes = docs.map((d) => single(JSON.stringify(d)));
+    for (const h of hashes) assert.equal(h.model, "m");
+    assert.equal(new Set(hashes.map((h) => h.hash)).size, 1);
+  });
+
+  void test("a pod left alone has no hash, and says why", () => {
+    const out = single(podYaml({ gpu: false }));
+    assert.deepEqual(
+      { ...out },
+      {
+        downloader: false,
+        reason: "no GPU requested",
+        model: null,
+        hash: null,
+        short: null,
+        container: null,
+        warnings: [],
+      },
+    );
+  });
+
+  void test("per-run inputs show up as warnings", () => {
+    const out = single(
+      podYaml({
+        image: "vllm/vllm-openai:latest",
+        args: '"--model", "m", "--served-model-name", "run-2024-06-01T10:22:33"',
+        env: "        - {name: POD_INDEX, value: '3'}\n        - {name: RUN_ID, value: 0f8e2c1a-4b5d-4e6f-8a9b-1c2d3e4f5a6b}",
+      }),
+    );
+    assert.deepEqual(
+      out.warnings.map((w) => [w.input, w.value]),
+      [
+        ["image", "vllm/vllm-openai:latest"],
+        ["args[3]", "run-2024-06-01T10:22:33"],
+        ["env.POD_INDEX", "3"],
+        ["env.RUN_ID", "0f8e2c1a-4b5d-4e6f-8a9b-1c2d3e4f5a6b"],
+      ],
+    );
+  });
+});
+
+void describe("explain: comparing two", () => {
+  void test("equal when only role flags and GROVE_/DYN_ env differ", () => {
+    const a = podYaml({
+      args: '"--model", "m", "--is-prefill-worker"',
+      env: "        - {name: GROVE_PCSG_INDEX, value: '0'}\n        - {name: DYN_COMPONENT, value: prefill}",
+    });
+    const b = podYaml({ args: '"--model", "m"', env: "        - {name: GROVE_PCSG_INDEX, value: '1'}" });
+    const out = pair(a, b);
+    assert.equal(out.equal, true);
+    assert.equal(out.a.hash, out.b.hash);
+    assert.deepEqual(out.differences, []);
+    assert.deepEqual(out.perRun, []);
+  });
+
+  void test("names each differing input, item by item", () => {
+    const a = podYaml({
+      args: '"--model", "m", "--revision", "r1"',
+      env: "        - {name: HF_HOME, value: /a}\n        - {name: X, value: '1'}",
+    });
+    const b = podYaml({
+      image: "vllm/vllm-openai:v0.9.1",
+      args: '"--model", "m", "--revision", "r2"',
+      env: "        - {name: HF_HOME, value: /b}\n        - {name: HF_TOKEN, value: hf_abcdefgh}",
+    });
+    const out = pair(a, b);
+    assert.equal(out.equal, false);
+    assert.notEqual(out.a.hash, out.b.hash);
+    assert.deepEqual(out.differences, [
+      { input: "image", a: "vllm/vllm-openai:v0.9.0", b: "vllm/vllm-openai:v0.9.1" },
+      { input: "args[3]", a: "r1", b: "r2" },
+      { input: "env.HF_HOME", a: "/a", b: "/b" },
+      { input: "env.HF_TOKEN", a: null, b: "<credential, counted by name>" },
+      { input: "env.X", a: "1", b: null },
+    ]);
+    assert.ok(!JSON.stringify(out).includes("hf_abcdefgh"));
+  });
+
+  void test("lists of different length show as one difference; models are compared too", () => {
+    const out = pair(podYaml({ args: '"--model", "a"' }), podYaml({ args: '"--model", "b", "--tp", "2"' }));
+    assert.deepEqual(
+      out.differences.map((d) => d.input),
+      ["model", "args"],
+    );
+    assert.deepEqual(out.differences[1], { input: "args", a: "--model a", b: "--model b --tp 2" });
+  });
+
+  void test("flags per-run inputs and says which pod has them", () => {
+    const a = podYaml({
+      env: "        - {name: JOB_COMPLETION_INDEX, value: '0'}\n        - {name: STARTED, value: '1718000000'}",
+    });
+    const b = podYaml({
+      image: "vllm/vllm-openai",
+      env: "        - {name: JOB_COMPLETION_INDEX, value: '1'}\n        - {name: STARTED, value: '1718000000'}",
+    });
+    const out = pair(a, b);
+    assert.equal(out.equal, false);
+    assert.deepEqual(
+      out.perRun.map((f) => [f.input, f.value, f.pod]),
+      [
+        ["env.JOB_COMPLETION_INDEX", "0", "a"],
+        ["env.STARTED", "1718000000", "both"],
+        ["image", "vllm/vllm-openai", "b"],
+        ["env.JOB_COMPLETION_INDEX", "1", "b"],
+      ],
+    );
+    assert.ok(out.perRun.every((f) => f.why.length > 0));
+  });
+
+  void test("a pod against a cache record's inputs", () => {
+    const subject = subjectFromText(podYaml(), "p.yaml");
+    assert.equal(subject.kind, "pod");
+    if (subject.kind !== "pod") return;
+    const { hash, inputs } = cacheHash(subject.pod, classifyPod(subject.pod));
+    const record = JSON.stringify({
+      apiVersion: "warmstart.dev/v1alpha1",
+      kind: "ModelCache",
+      spec: { hash, inputs },
+    });
+    const same = pair(podYaml(), record);
+    assert.equal(same.equal, true);
+    assert.equal(same.b.hash, hash);
+    const other = pair(podYaml({ args: '"--model", "other"' }), record);
+    assert.equal(other.equal, false);
+    assert.deepEqual(other.differences[0], { input: "model", a: "other", b: "Qwen/Qwen3-0.6B" });
+  });
+});
+
+void describe("explain: per-run heuristics", () => {
+  void test("values", () => {
+    assert.match(perRunValue("job-0f8e2c1a-4b5d-4e6f-8a9b-1c2d3e4f5a6b") ?? "", /UUID/);
+    assert.match(perRunValue("2024-06-01 10:22") ?? "", /timestamp/);
+    assert.match(perRunValue("out-20240601T102233") ?? "", /timestamp/);
+    assert.match(perRunValue("1718000000123") ?? "", /Unix/);
+    assert.match(perRunValue("run-3fa9c02b7d1e44") ?? "", /hex/);
+    for (const fine of [
+      "meta-llama/Llama-3.1-8B",
+      "Mistral-Small-24B-Instruct-2501",
+      "8000",
+      "0.9",
+      "deadbeef",
+      "fp8",
+    ]) {
+      assert.equal(perRunValue(fine), undefined, fine);
+    }
+  });
+
+  void test("image tags", () => {
+    assert.ok(floatingImage("vllm/vllm-openai"));
+    assert.ok(floatingImage("vllm/vllm-openai:latest"));
+    assert.ok(floatingImage("localhost:5000/img:nightly"));
+    assert.equal(floatingImage("localhost:5000/img"), floatingImage("img"));
+    assert.equal(floatingImage("vllm/vllm-openai:v0.9.0"), undefined);
+    assert.equal(floatingImage("vllm/vllm-openai@sha256:abcd"), undefined);
+  });
+
+  void test("a pinned --revision is not a random id", () => {
+    const out = single(
+      podYaml({ args: '"--model", "m", "--revision", "3fa9c02b7d1e44aa90c1e2f3a4b5c6d7e8f90123"' }),
+    );
+    assert.deepEqual(out.warnings, []);
+  });
+});
+
+void describe("explain: bad input", () => {
+  const bad: Array<[string, string, RegExp]> = [
+    ["broken YAML", "kind: Pod\nspec: [\n  - a\n b", /invalid YAML or JSON/],
+    ["empty", "  \n", /empty input/],
+    [
+      "not a workload",
+      "apiVersion: v1\nkind: ConfigMap\ndata: {a: b}\n",
+      /no Pod, workload or ModelCache found \(found ConfigMap\)/,
+    ],
+    ["a scalar", "hello", /no Pod, workload or ModelCache/],
+    ["a Pod without containers", "kind: Pod\nspec: {containers: []}\n", /has no containers/],
+    [
+      "a Deployment without a template",
+      "kind: Deployment\nmetadata: {name: d}\nspec: {replicas: 1}\n",
+      /Deployment d has no pod template/,
+    ],
+    ["a ModelCache without inputs", '{"kind":"ModelCache","spec":{"hash":"x"}}', /records no hash inputs/],
+  ];
+  for (const [name, text, re] of bad) {
+    void test(name, () => {
+      assert.throws(
+        () => single(text),
+        (err: unknown) =>
+          err instanceof Error &&
+          re.test(err.message) &&
+          !err.message.includes("\n") &&
+          err.message.startsWith("test.yaml"),
+      );
+    });
+  }
+});
+
+void describe("warmstart explain (the command)", () => {
+  const root = fileURLToPath(new URL("../../../", import.meta.url));
+  const bin = join(root, "bin/warmstart");
+  const dir = mkdtempSync(join(tmpdir(), "warmstart-explain-"));
+  after(() => rmSync(dir, { recursive: true, force: true }));
+  const run = (...args: string[]): ReturnType<typeof spawnSync> =>
+    spawnSync(process.execPath, [bin, "explain", ...args], {
+      encoding: "utf8",
+      env: { ...process.env, WARMSTART_DEBUG: "" },
+    });
+
+  void test("prints the JSON view of a Deployment file", () => {
+    const file = join(dir, "deploy.yaml");
+    writeFileSync(file, deploymentYaml);
+    const r = run(file);
+    assert.equal(r.status, 0, String(r.stderr));
+    const out = JSON.parse(String(r.stdout)) as Explanation;
+    assert.equal(out.downloader, true);
+    assert.equal(out.model, "meta-llama/Llama-3.1-8B-Instruct");
+    assert.equal(out.hash, single(deploymentYaml).hash);
+  });
+
+  void test("compares two files", () => {
+    const a = join(dir, "a.json");
+    const b = join(dir, "b.yaml");
+    writeFileSync(
+      a,
+      JSON.stringify(subjectPod(podYaml({ args: '"--model", "m", "--disaggregation-mode", "prefill"' }))),
+    );
+    writeFileSync(b, podYaml({ args: '"--model", "m", "--disaggregation-mode", "decode"' }));
+    const r = run(a, b);
+    assert.equal(r.status, 0, String(r.stderr));
+    const out = JSON.parse(String(r.stdout)) as Comparison;
+    assert.equal(out.equal, true);
+    assert.deepEqual(out.differences, []);
+  });
+
+  void test("bad input: non-zero exit and one line on stderr, no stack trace", () => {
+    const broken = join(dir, "broken.yaml");
+    writeFileSync(broken, "kind: Pod\nspec: [\n  - a\n b");
+    for (const args of [[broken], [join(dir, "missing.yaml")], [dir]]) {
+      const r = run(...args);
+      assert.notEqual(r.status, 0);
+      const err = String(r.stderr);
+      assert.equal(err.trimEnd().split("\n").length, 1, err);
+      assert.match(err, /^warmstart: /);
+      assert.doesNotMatch(err, /\n\s+at /);
+      assert.equal(String(r.stdout), "");
+    }
+    assert.match(String(run(join(dir, "missing.yaml")).stderr), /cannot read .*missing\.yaml: no such file/);
+  });
+});
+
+function subjectPod(text: string): unknown {
+  const s = subjectFromText(text, "x");
+  return s.kind === "pod" ? s.pod : undefined;
+}
+
+// YAML written back by the yaml package reads the same (guards the JSON/YAML equivalence the command relies on).
+void test("explain: YAML round-trip keeps the hash", () => {
+  const p = subjectPod(deploymentYaml);
+  assert.equal(single(stringify(p)).hash, single(deploymentYaml).hash);
+});

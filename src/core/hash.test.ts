@@ -1,0 +1,403 @@
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import type { V1Container, V1EnvVar, V1Pod } from "@kubernetes/client-node";
+import { classifyPod } from "./classify.js";
+import { REDACTED, cacheHash, hashOfInputs, stripRoleArgs } from "./hash.js";
+
+function pod(c: Partial<V1Container>, extra: V1Container[] = []): V1Pod {
+  return {
+    metadata: { generateName: "w-" },
+    spec: {
+      containers: [
+        ...extra,
+        {
+          name: "main",
+          image: "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.4.0",
+          resources: { limits: { "nvidia.com/gpu": "1" } },
+          ...c,
+        },
+      ],
+    },
+  };
+}
+const hashOf = (p: V1Pod): string => cacheHash(p, classifyPod(p)).hash;
+const inputsOf = (p: V1Pod): ReturnType<typeof cacheHash>["inputs"] => cacheHash(p, classifyPod(p)).inputs;
+
+const DYN_ENV = (component: string, index: string): V1EnvVar[] => [
+  { name: "DYN_NAMESPACE", value: "llm-demo" },
+  { name: "DYN_COMPONENT", value: component },
+  { name: "DYNAMO_PORT", value: component === "prefill" ? "9090" : "9091" },
+  { name: "ETCD_ENDPOINTS", value: "http://etcd:2379" },
+  { name: "NATS_SERVER", value: "nats://nats:4222" },
+  { name: "NATS_URL", value: "nats://nats:4222" },
+  { name: "GROVE_PCLQ_NAME", value: `llm-0-${component}` },
+  { name: "GROVE_PCLQ_POD_INDEX", value: index },
+  { name: "GROVE_PCSG_INDEX", value: index },
+  { name: "HF_HOME", value: "/cache/hf" },
+];
+
+void describe("cacheHash: shape and determinism", () => {
+  void test("full sha256 hex and the 16-char short", () => {
+    const h = cacheHash(pod({ args: ["--model", "m"] }), classifyPod(pod({ args: ["--model", "m"] })));
+    assert.match(h.hash, /^[0-9a-f]{64}$/);
+    assert.equal(h.short, h.hash.slice(0, 16));
+    assert.equal(h.hash, hashOfInputs(h.inputs));
+  });
+
+  void test("env order does not matter; the last definition of a name does", () => {
+    const a = pod({
+      args: ["--model", "m"],
+      env: [
+        { name: "A", value: "1" },
+        { name: "B", value: "2" },
+      ],
+    });
+    const b = pod({
+      args: ["--model", "m"],
+      env: [
+        { name: "B", value: "2" },
+        { name: "A", value: "1" },
+      ],
+    });
+    assert.equal(hashOf(a), hashOf(b));
+    const c = pod({
+      args: ["--model", "m"],
+      env: [
+        { name: "A", value: "0" },
+        { name: "B", value: "2" },
+        { name: "A", value: "1" },
+      ],
+    });
+    assert.equal(hashOf(c), hashOf(a));
+    assert.deepEqual(
+      inputsOf(b).env.map((e) => e.name),
+      ["A", "B"],
+    );
+  });
+
+  void test("the recipe is stable: a fixed pod keeps its hash (change v when this must change)", () => {
+    const p = pod({
+      image: "vllm/vllm-openai:v0.9.0",
+      command: ["vllm", "serve", "Qwen/Qwen3-0.6B"],
+      env: [{ name: "A", value: "1" }],
+    });
+    assert.deepEqual(inputsOf(p), {
+      v: 1,
+      image: "vllm/vllm-openai:v0.9.0",
+      command: ["vllm", "serve", "Qwen/Qwen3-0.6B"],
+      args: [],
+      env: [{ name: "A", value: "1" }],
+      envFrom: [],
+      model: "Qwen/Qwen3-0.6B",
+    });
+    // sha256 of the stable JSON, computed outside this code.
+    assert.equal(hashOf(p), "774b62ba738660ca906ed26c521d640e2421147bea9a20dab221d9faf662baf3");
+  });
+
+  void test("only the main container counts; sidecars do not", () => {
+    const side = (v: string): V1Container => ({ name: "side", image: `envoy:${v}` });
+    assert.equal(
+      hashOf(pod({ args: ["--model", "m"] }, [side("1")])),
+      hashOf(pod({ args: ["--model", "m"] }, [side("2")])),
+    );
+  });
+});
+
+void describe("cacheHash: disaggregated workers of one model hash equal", () => {
+  void test("vLLM under Dynamo: --is-prefill-worker, kv configs, DYN_/GROVE_/etcd/NATS env", () => {
+    const prefill = pod({
+      command: ["python3", "-m", "dynamo.vllm"],
+      args: [
+        "--model",
+        "Qwen/Qwen3-0.6B",
+        "--is-prefill-worker",
+        "--kv-transfer-config",
+        '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}',
+        "--kv-events-config",
+        '{"enable_kv_cache_events": true}',
+      ],
+      env: DYN_ENV("prefill", "0"),
+    });
+    const decode = pod({
+      command: ["python3", "-m", "dynamo.vllm"],
+      args: [
+        "--model",
+        "Qwen/Qwen3-0.6B",
+        "--is-decode-worker",
+        '--kv-transfer-config={"kv_connector":"NixlConnector"}',
+      ],
+      env: DYN_ENV("decode", "1"),
+    });
+    assert.equal(hashOf(prefill), hashOf(decode));
+    assert.deepEqual(inputsOf(prefill).args, ["--model", "Qwen/Qwen3-0.6B"]);
+    assert.deepEqual(
+      inputsOf(prefill).env.map((e) => e.name),
+      ["HF_HOME"],
+    );
+  });
+
+  void test("SGLang: --disaggregation-mode prefill|decode with other --disaggregation-* values", () => {
+    const mk = (mode: string, port: string): V1Pod =>
+      pod({
+        command: ["python3", "-m", "sglang.launch_server"],
+        args: [
+          "--model-path",
+          "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+          "--disaggregation-mode",
+          mode,
+          "--disaggregation-bootstrap-port",
+          port,
+          "--disaggregation-transfer-backend=nixl",
+          "--tp",
+          "2",
+        ],
+      });
+    assert.equal(hashOf(mk("prefill", "30001")), hashOf(mk("decode", "30002")));
+    assert.deepEqual(inputsOf(mk("prefill", "1")).args, [
+      "--model-path",
+      "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+      "--tp",
+      "2",
+    ]);
+  });
+
+  void test("shell-string forms (sh -c, bash -lc, one-item flag pairs)", () => {
+    const prefill = pod({
+      command: ["/bin/sh", "-c"],
+      args: [
+        "exec python3 -m dynamo.sglang --model-path Qwen/Qwen3-0.6B --disaggregation-mode prefill --disaggregation-bootstrap-port 30001 --tp 1",
+      ],
+    });
+    const decode = pod({
+      command: ["/bin/sh", "-c"],
+      args: [
+        "exec   python3 -m dynamo.sglang --model-path Qwen/Qwen3-0.6B --disaggregation-mode=decode --tp 1",
+      ],
+    });
+    assert.equal(hashOf(prefill), hashOf(decode));
+
+    const vp = pod({
+      command: [
+        "bash",
+        "-lc",
+        `cd /w && vllm serve org/m --is-prefill-worker --kv-transfer-config '{"a": 1}' 2>&1`,
+      ],
+    });
+    const vd = pod({ command: ["bash", "-lc", `cd /w && vllm serve org/m --is-decode-worker 2>&1`] });
+    assert.equal(hashOf(vp), hashOf(vd));
+
+    const one = pod({ args: ["--model org/m", "--disaggregation-mode prefill", "--is-prefill-worker"] });
+    const two = pod({ args: ["--model org/m", "--disaggregation-mode decode"] });
+    assert.equal(hashOf(one), hashOf(two));
+    assert.deepEqual(inputsOf(one).args, ["--model org/m"]);
+  });
+
+  void test("a nested sh -c script is stripped too", () => {
+    const a = pod({ command: ["bash", "-c", `sh -c "vllm serve org/m --is-prefill-worker"`] });
+    const b = pod({ command: ["bash", "-c", `sh -c "vllm serve org/m"`] });
+    assert.equal(hashOf(a), hashOf(b));
+  });
+
+  void test("two replicas differing only in GROVE_* pod index hash equal", () => {
+    const r0 = pod({ args: ["--model", "m"], env: DYN_ENV("decode", "0") });
+    const r1 = pod({ args: ["--model", "m"], env: DYN_ENV("decode", "1") });
+    assert.equal(hashOf(r0), hashOf(r1));
+  });
+
+  void test("webhook-injected WARMSTART_* env does not count", () => {
+    const a = pod({ args: ["--model", "m"], env: [{ name: "WARMSTART_PREWARM", value: "0" }] });
+    assert.equal(hashOf(a), hashOf(pod({ args: ["--model", "m"] })));
+  });
+});
+
+void describe("stripRoleArgs", () => {
+  void test("a value flag left dangling at the end is dropped without crashing", () => {
+    assert.deepEqual(stripRoleArgs([], ["--model", "m", "--disaggregation-mode"]), {
+      command: [],
+      args: ["--model", "m"],
+    });
+    assert.deepEqual(stripRoleArgs([], ["--model", "m", "--kv-transfer-config"]), {
+      command: [],
+      args: ["--model", "m"],
+    });
+    assert.deepEqual(stripRoleArgs(["sh", "-c", "serve --model m --kv-events-config"], []), {
+      command: ["sh", "-c", "serve --model m"],
+      args: [],
+    });
+  });
+
+  void test("a value flag never eats the next flag", () => {
+    assert.deepEqual(stripRoleArgs([], ["--disaggregation-mode", "--tp", "2"]).args, ["--tp", "2"]);
+  });
+
+  void test("a flag at the end of command takes its value from args", () => {
+    assert.deepEqual(stripRoleArgs(["run", "--disaggregation-mode"], ["prefill", "--model", "m"]), {
+      command: ["run"],
+      args: ["--model", "m"],
+    });
+  });
+
+  void test("boolean role flags in =value form go too; look-alike flags stay", () => {
+    assert.deepEqual(
+      stripRoleArgs([], ["--is-prefill-worker=true", "--is-prefill", "--kv-cache-dtype", "fp8"]).args,
+      ["--is-prefill", "--kv-cache-dtype", "fp8"],
+    );
+  });
+
+  void test("an empty argument as written is kept", () => {
+    assert.deepEqual(stripRoleArgs([], ["--chat-template", ""]).args, ["--chat-template", ""]);
+  });
+});
+
+void describe("cacheHash: what changes the download changes the hash", () => {
+  const base = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "1"];
+  const h = (args: string[], env: V1EnvVar[] = [], image?: string): string =>
+    hashOf(
+      pod({
+        command: ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        args,
+        env,
+        ...(image ? { image } : {}),
+      }),
+    );
+  const ref = h(base);
+
+  void test("a different model", () => {
+    assert.notEqual(h(["--model", "meta-llama/Llama-3.1-70B-Instruct", "--tp", "1"]), ref);
+  });
+  void test("--revision", () => {
+    assert.notEqual(h([...base, "--revision", "main"]), ref);
+    assert.notEqual(h([...base, "--revision", "a1b2c3"]), h([...base, "--revision", "d4e5f6"]));
+  });
+  void test("--tokenizer", () => {
+    assert.notEqual(h([...base, "--tokenizer", "org/tok"]), ref);
+  });
+  void test("quantization flags", () => {
+    assert.notEqual(h([...base, "--quantization", "fp8"]), ref);
+    assert.notEqual(h([...base, "--quantization=awq"]), h([...base, "--quantization=gptq"]));
+  });
+  void test("cache-location env", () => {
+    assert.notEqual(h(base, [{ name: "HF_HOME", value: "/a" }]), h(base, [{ name: "HF_HOME", value: "/b" }]));
+    assert.notEqual(h(base, [{ name: "TORCHINDUCTOR_CACHE_DIR", value: "/x" }]), ref);
+  });
+  void test("the image", () => {
+    assert.notEqual(h(base, [], "vllm/vllm-openai:v0.9.0"), h(base, [], "vllm/vllm-openai:v0.9.1"));
+  });
+  void test("a model inside a shell string", () => {
+    assert.notEqual(
+      hashOf(pod({ command: ["sh", "-c", "vllm serve org/a"] })),
+      hashOf(pod({ command: ["sh", "-c", "vllm serve org/b"] })),
+    );
+  });
+  void test("a different model env or NIM image", () => {
+    assert.notEqual(h([], [{ name: "MODEL_ID", value: "a" }]), h([], [{ name: "MODEL_ID", value: "b" }]));
+    assert.notEqual(
+      hashOf(pod({ image: "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8" })),
+      hashOf(pod({ image: "nvcr.io/nim/meta/llama-3.1-70b-instruct:1.8" })),
+    );
+  });
+});
+
+void describe("cacheHash: credentials count by name only and never reach the inputs", () => {
+  const SECRET = "hf_s3cr3tValue9876";
+  const CREDS = [
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "NGC_API_KEY",
+    "S3_TOKEN",
+    "OPENAI_API_KEY",
+    "DB_SECRET",
+    "ADMIN_PASSWORD",
+  ];
+
+  for (const name of CREDS) {
+    void test(`${name}: its value changes nothing, its presence does`, () => {
+      const a = pod({ args: ["--model", "m"], env: [{ name, value: SECRET }] });
+      const b = pod({ args: ["--model", "m"], env: [{ name, value: "other" }] });
+      assert.equal(hashOf(a), hashOf(b));
+      assert.notEqual(hashOf(a), hashOf(pod({ args: ["--model", "m"] })));
+      assert.deepEqual(inputsOf(a).env, [{ name, credential: true }]);
+      assert.ok(!JSON.stringify(inputsOf(a)).includes(SECRET));
+    });
+  }
+
+  void test("credential from a Secret counts by name only, not by which Secret", () => {
+    const from = (secret: string): V1EnvVar => ({
+      name: "HF_TOKEN",
+      valueFrom: { secretKeyRef: { name: secret, key: "token" } },
+    });
+    assert.equal(
+      hashOf(pod({ args: ["--model", "m"], env: [from("a")] })),
+      hashOf(pod({ args: ["--model", "m"], env: [from("b")] })),
+    );
+  });
+
+  void test("credential flags and assignments in args and shell strings are redacted", () => {
+    const a = pod({
+      command: ["sh", "-c", `HF_TOKEN=${SECRET} vllm serve org/m --api-key ${SECRET}`],
+      args: ["--hf-token", SECRET, `--ngc-api-key=${SECRET}`, `NGC_API_KEY=${SECRET}`],
+    });
+    const b = pod({
+      command: ["sh", "-c", "HF_TOKEN=x vllm serve org/m --api-key y"],
+      args: ["--hf-token", "z", "--ngc-api-key=w", "NGC_API_KEY=v"],
+    });
+    assert.equal(hashOf(a), hashOf(b));
+    const text = JSON.stringify(inputsOf(a));
+    assert.ok(!text.includes(SECRET), text);
+    assert.ok(text.includes(REDACTED));
+    assert.deepEqual(inputsOf(a).args, [
+      "--hf-token",
+      REDACTED,
+      `--ngc-api-key=${REDACTED}`,
+      `NGC_API_KEY=${REDACTED}`,
+    ]);
+  });
+
+  void test("a password inside a URL never reaches the inputs", () => {
+    const a = pod({
+      args: ["--model", "m"],
+      env: [{ name: "HF_ENDPOINT", value: `https://user:${SECRET}@mirror.local/hf` }],
+    });
+    assert.ok(!JSON.stringify(inputsOf(a)).includes(SECRET));
+    assert.deepEqual(inputsOf(a).env, [{ name: "HF_ENDPOINT", value: "https://<redacted>@mirror.local/hf" }]);
+  });
+
+  void test("TOKENIZER-like names are not credentials", () => {
+    const a = pod({ args: ["--model", "m"], env: [{ name: "TOKENIZER_PATH", value: "/a" }] });
+    const b = pod({ args: ["--model", "m"], env: [{ name: "TOKENIZER_PATH", value: "/b" }] });
+    assert.notEqual(hashOf(a), hashOf(b));
+  });
+});
+
+void describe("cacheHash: valueFrom counts by its reference", () => {
+  const withRef = (ref: V1EnvVar["valueFrom"]): V1Pod =>
+    pod({ args: ["--model", "m"], env: [{ name: "MODEL_REVISION", valueFrom: ref }] });
+
+  void test("same reference hashes equal, another reference differs", () => {
+    const a = withRef({ configMapKeyRef: { name: "rev", key: "v" } });
+    assert.equal(hashOf(a), hashOf(withRef({ configMapKeyRef: { name: "rev", key: "v" } })));
+    assert.notEqual(hashOf(a), hashOf(withRef({ configMapKeyRef: { name: "rev2", key: "v" } })));
+    assert.notEqual(hashOf(a), hashOf(withRef({ configMapKeyRef: { name: "rev", key: "w" } })));
+    assert.deepEqual(inputsOf(a).env, [{ name: "MODEL_REVISION", from: "configMapKeyRef:rev/v" }]);
+  });
+
+  void test("a fieldRef such as the pod name is the same reference in every pod", () => {
+    const a = pod({
+      args: ["--model", "m"],
+      env: [{ name: "MY_POD", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }],
+    });
+    assert.deepEqual(inputsOf(a).env, [{ name: "MY_POD", from: "fieldRef:metadata.name" }]);
+  });
+
+  void test("envFrom counts by reference", () => {
+    const a = pod({
+      args: ["--model", "m"],
+      envFrom: [{ configMapRef: { name: "engine" } }, { secretRef: { name: "s" }, prefix: "X_" }],
+    });
+    assert.deepEqual(inputsOf(a).envFrom, ["configMapRef:engine", "secretRef:s prefix=X_"]);
+    assert.notEqual(
+      hashOf(a),
+      hashOf(pod({ args: ["--model", "m"], envFrom: [{ configMapRef: { name: "other" } }] })),
+    );
+  });
+});

@@ -1,0 +1,291 @@
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
+import { join } from "node:path";
+import { test } from "node:test";
+import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
+import { AlreadyCapturedError, capture } from "./capture.js";
+import { ManifestSchema, readManifest } from "./manifest.js";
+import { exactTimes } from "./native.js";
+import {
+  BLOB_BIG,
+  BLOB_SMALL,
+  KERNEL,
+  KERNEL_META,
+  LINK_A,
+  LINK_B,
+  LOCK,
+  makeCacheTree,
+  readRel,
+  REF_MAIN,
+  runCli,
+  sha256,
+  SNAP_WEIGHTS,
+  snapshot,
+  tempDir,
+  TOP,
+} from "./testing.js";
+
+const RESERVED = [READY_MARKER, MANIFEST_FILE];
+
+/** Names in `parent` that look like a staging dir of `base`. */
+const stagingDirs = async (parent: string, base: string): Promise<string[]> =>
+  (await readdir(parent)).filter((n) => n.startsWith(`${base}.tmp-`));
+
+test("capture copies files, dirs and symlinks with atime and mtime equal to the nanosecond", async (t) => {
+  assert.ok(exactTimes, "utimensat must be reachable (koffi) for nanosecond times");
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  const { files, expected } = await makeCacheTree(src);
+  const dest = join(dir, "store", "h1");
+
+  await capture({ src, dest, hash: "a".repeat(64), model: "org/m", progress: false });
+
+  const got = await snapshot(dest, RESERVED);
+  assert.deepEqual([...got.keys()].sort(), [...expected.keys()].sort(), "same entries, nothing more");
+  for (const [rel, want] of expected) {
+    const have = got.get(rel);
+    assert.ok(have, rel);
+    assert.equal(have.kind, want.kind, `${rel} kind`);
+    assert.equal(have.atimeNs, want.atimeNs, `${rel} atime`);
+    assert.equal(have.mtimeNs, want.mtimeNs, `${rel} mtime`);
+    if (have.kind !== "symlink") assert.equal(have.mode, want.mode, `${rel} mode`);
+  }
+  // Nanosecond digits that a microsecond copy would have zeroed really are there.
+  assert.notEqual((got.get(BLOB_BIG)?.mtimeNs ?? 0n) % 1000n, 0n);
+  for (const [rel, body] of files) assert.ok((await readRel(dest, rel)).equals(body), `${rel} content`);
+
+  assert.equal(got.get(LINK_A)?.ino, got.get(LINK_B)?.ino, "hard links share an inode in the copy");
+  assert.equal(got.get(LINK_A)?.nlink, 2n);
+  assert.notEqual(got.get(KERNEL)?.ino, got.get(KERNEL_META)?.ino);
+  assert.equal(got.get(SNAP_WEIGHTS)?.target, "../../blobs/aaaa", "relative in-tree symlink kept as written");
+  assert.ok((await readFile(join(dest, SNAP_WEIGHTS))).equals(files.get(BLOB_BIG) as Buffer));
+});
+
+test("the manifest records counts, bytes, digests and the model/cache split, and no env or args", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  const { files } = await makeCacheTree(src);
+  const secret = `s3cr3t-${Date.now()}`;
+  process.env.WARMSTART_TEST_TOKEN = secret;
+  t.after(() => delete process.env.WARMSTART_TEST_TOKEN);
+  const dest = join(dir, "store", "h1");
+
+  const m = await capture({ src, dest, hash: "b".repeat(64), model: "org/m", parallel: 3, progress: false });
+
+  const onDisk = await readManifest(dest);
+  assert.deepEqual(onDisk, m, "what capture returns is what it wrote");
+  // strict(): no field beyond the schema's, so nothing else (env, args) can ride along.
+  ManifestSchema.strict().parse(JSON.parse(await readFile(join(dest, MANIFEST_FILE), "utf8")));
+  const text = await readFile(join(dest, MANIFEST_FILE), "utf8");
+  assert.ok(!text.includes(secret), "no env value in the manifest");
+  for (const a of process.argv.slice(1)) assert.ok(!text.includes(a), `no process arg (${a}) in the manifest`);
+
+  assert.equal(m.hash, "b".repeat(64));
+  assert.equal(m.model, "org/m");
+  assert.ok(["reflink", "copy_file_range", "copy"].includes(m.captureMethod));
+  assert.equal(m.fileCount, files.size, "every file path, hard links included");
+  const unique = [...files].filter(([rel]) => rel !== LINK_B).reduce((n, [, b]) => n + b.length, 0);
+  assert.equal(m.totalBytes, unique, "hard-linked data counted once");
+  for (const f of m.files) {
+    assert.equal(f.sha256, sha256(files.get(f.path) as Buffer), `${f.path} digest`);
+    assert.equal(f.size, (files.get(f.path) as Buffer).length, `${f.path} size`);
+  }
+  assert.deepEqual(
+    m.files.filter((f) => f.linkTo).map((f) => [f.path, f.linkTo]),
+    [[LINK_B, LINK_A]],
+    "the second name of the linked pair points at the first",
+  );
+  const area = (p: string): string => (p.startsWith("model/") ? "model" : p.startsWith("cache/") ? "cache" : "other");
+  const modelFiles = [...files.keys()].filter((p) => area(p) === "model");
+  assert.deepEqual(m.split.model, {
+    files: modelFiles.length,
+    bytes: modelFiles.reduce((n, p) => n + (files.get(p) as Buffer).length, 0),
+  });
+  assert.equal(m.split.cache.files, [...files.keys()].filter((p) => area(p) === "cache").length);
+  assert.equal(m.split.cache.bytes, [KERNEL, KERNEL_META, LINK_A].reduce((n, p) => n + (files.get(p) as Buffer).length, 0));
+  assert.deepEqual(m.split.other, { files: 1, bytes: (files.get(TOP) as Buffer).length });
+  assert.equal(m.split.model.bytes + m.split.cache.bytes + m.split.other.bytes, m.totalBytes);
+  assert.deepEqual(m.symlinks.map((s) => s.path).sort(), [SNAP_WEIGHTS, SNAP_WEIGHTS.replace("model.safetensors", "config.json")].sort());
+  assert.deepEqual(m.skipped, []);
+  for (const k of ["scanMs", "copyMs", "digestMs", "commitMs", "totalMs"] as const) assert.ok(m.timings[k] >= 0, k);
+  assert.ok(m.timings.totalMs >= m.timings.scanMs + m.timings.copyMs);
+  assert.ok(existsSync(join(dest, READY_MARKER)));
+});
+
+for (const [name, make] of [
+  ["absolute", async (src: string): Promise<string> => {
+    await symlink("/etc/passwd", join(src, "cache/passwd"));
+    return "cache/passwd";
+  }],
+  ["../../ relative", async (src: string): Promise<string> => {
+    await symlink("../../../outside", join(src, "cache/triton/up"));
+    return "cache/triton/up";
+  }],
+  ["chained through an in-tree link", async (src: string): Promise<string> => {
+    // `root` resolves to the tree's root (inside); `esc` is `root/..`, lexically inside, really outside.
+    await symlink("../../..", join(src, "cache/triton/abc/root"));
+    await symlink("root/..", join(src, "cache/triton/abc/esc"));
+    return "cache/triton/abc/esc";
+  }],
+] as const) {
+  test(`a symlink that escapes the tree (${name}) is refused and nothing is committed`, async (t) => {
+    const dir = tempDir(t);
+    const src = join(dir, "src");
+    await makeCacheTree(src);
+    const bad = await make(src);
+    const dest = join(dir, "store", "h1");
+    await assert.rejects(capture({ src, dest, progress: false }), (err: Error) => {
+      assert.match(err.message, /refusing to capture/);
+      assert.ok(err.message.includes(bad), `names the path: ${err.message}`);
+      assert.ok(!err.message.includes("\n"), "one line");
+      return true;
+    });
+    assert.ok(!existsSync(dest), "nothing at the destination");
+    assert.deepEqual(await stagingDirs(join(dir, "store"), "h1"), [], "no staging left behind");
+  });
+}
+
+test("FIFOs and sockets are skipped and recorded; reserved names in the source are not taken", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  assert.equal(spawnSync("mkfifo", [join(src, "cache/triton/pipe")]).status, 0, "mkfifo");
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(join(src, "cache/sock"), resolve));
+  t.after(() => server.close());
+  await writeFile(join(src, READY_MARKER), "forged");
+  const dest = join(dir, "h1");
+
+  const m = await capture({ src, dest, progress: false });
+  assert.deepEqual(m.skipped, [
+    { path: READY_MARKER, reason: "reserved" },
+    { path: "cache/sock", reason: "socket" },
+    { path: "cache/triton/pipe", reason: "fifo" },
+  ]);
+  assert.ok(!existsSync(join(dest, "cache/triton/pipe")));
+  assert.ok(!existsSync(join(dest, "cache/sock")));
+  assert.notEqual(await readFile(join(dest, READY_MARKER), "utf8"), "forged", "the marker is the capture's own");
+});
+
+test("a file deleted after the walk, before its copy, is tolerated and recorded", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  const { files } = await makeCacheTree(src);
+  const dest = join(dir, "h1");
+  const m = await capture({
+    src,
+    dest,
+    progress: false,
+    hooks: { afterScan: (scan) => rm(join(src, KERNEL_META)).then(() => assert.ok(scan.entries.some((e) => e.rel === KERNEL_META))) },
+  });
+  assert.deepEqual(m.skipped, [{ path: KERNEL_META, reason: "vanished" }]);
+  assert.equal(m.fileCount, files.size - 1);
+  assert.ok(!m.files.some((f) => f.path === KERNEL_META));
+  assert.ok(!existsSync(join(dest, KERNEL_META)));
+  assert.ok(existsSync(join(dest, READY_MARKER)));
+});
+
+test("a crash before commit leaves nothing that looks ready; the next capture cleans up and succeeds", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  const store = join(dir, "store");
+  const dest = join(store, "h1");
+  const captureJs = new URL("./capture.js", import.meta.url).href;
+  // A real crash: the process kills itself with SIGKILL once the staging tree is complete.
+  const script = `
+    const { capture } = await import(${JSON.stringify(captureJs)});
+    await capture({ src: ${JSON.stringify(src)}, dest: ${JSON.stringify(dest)}, progress: false,
+      hooks: { beforeCommit: () => process.kill(process.pid, "SIGKILL") } });`;
+  const r = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
+  assert.equal(r.signal, "SIGKILL", r.stderr);
+  assert.ok(!existsSync(dest), "nothing at the destination");
+  const stale = await stagingDirs(store, "h1");
+  assert.equal(stale.length, 1, "the dead run's staging dir is still there");
+  assert.ok(!existsSync(join(store, stale[0] as string, READY_MARKER)), "and it carries no ready marker");
+
+  const m = await capture({ src, dest, progress: false });
+  assert.ok(existsSync(join(dest, READY_MARKER)));
+  assert.equal(m.fileCount, 9);
+  assert.deepEqual(await stagingDirs(store, "h1"), [], "stale staging removed");
+});
+
+test("a failure before commit removes the staging dir and commits nothing", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  const dest = join(dir, "h1");
+  await assert.rejects(
+    capture({ src, dest, progress: false, hooks: { beforeCommit: () => Promise.reject(new Error("injected")) } }),
+    /injected/,
+  );
+  assert.ok(!existsSync(dest));
+  assert.deepEqual(await stagingDirs(dir, "h1"), []);
+});
+
+test("a committed destination is never overwritten; a foreign one is refused; an unmarked one of ours is redone", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  const dest = join(dir, "h1");
+  const first = await capture({ src, dest, hash: "c".repeat(64), progress: false });
+  await writeFile(join(src, TOP), "changed since");
+  await assert.rejects(capture({ src, dest, progress: false }), (err: unknown) => {
+    assert.ok(err instanceof AlreadyCapturedError);
+    assert.equal(err.manifest?.createdAt, first.createdAt);
+    assert.match(err.message, /already captured \(hash c{64}\)/);
+    return true;
+  });
+  assert.equal(await readFile(join(dest, TOP), "utf8"), "top\n", "committed tree untouched");
+
+  const foreign = join(dir, "foreign");
+  await mkdir(foreign);
+  await writeFile(join(foreign, "precious"), "keep me");
+  await assert.rejects(capture({ src, dest: foreign, progress: false }), /is not a capture; refusing to overwrite/);
+  assert.equal(await readFile(join(foreign, "precious"), "utf8"), "keep me");
+
+  // Committed but not marked (died between rename and marker): redone from the source.
+  await rm(join(dest, READY_MARKER));
+  const again = await capture({ src, dest, progress: false });
+  assert.notEqual(again.createdAt, first.createdAt);
+  assert.equal(await readFile(join(dest, TOP), "utf8"), "changed since");
+});
+
+test("progress is drawn on a TTY and silent otherwise", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  const drawn: string[] = [];
+  await capture({ src, dest: join(dir, "a"), progress: { isTTY: true, write: (s) => drawn.push(s) > 0 } });
+  // The final line is always drawn on a TTY, however short the copy.
+  assert.match(drawn.at(-2) ?? "", /^\rcapture: 9\/9 files, 5\.3 MB\/5\.3 MB, \d+ MB\/s/);
+  assert.equal(drawn.at(-1), "\n");
+  const quiet: string[] = [];
+  await capture({ src, dest: join(dir, "b"), progress: { isTTY: false, write: (s) => quiet.push(s) > 0 } });
+  assert.deepEqual(quiet, []);
+});
+
+test("the capture command: one-line errors for bad input, a summary on success", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  const missing = runCli(["capture", join(dir, "nope"), join(dir, "x")]);
+  assert.equal(missing.status, 1);
+  assert.equal(missing.stderr, `warmstart: cannot capture ${join(dir, "nope")}: no such directory\n`);
+  const bad = runCli(["capture", src, join(dir, "x"), "--parallel", "0"]);
+  assert.equal(bad.status, 1);
+  assert.equal(bad.stderr, 'warmstart: --parallel must be an integer from 1 to 256, got "0"\n');
+
+  const ok = runCli(["capture", src, join(dir, "x"), "--hash", "d".repeat(64), "--model", "org/m"]);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /^captured .*: 9 files, .*, (reflink|copy_file_range|copy)\)\n$/);
+  assert.equal(ok.stderr, "", "no progress when stderr is not a TTY");
+  const twice = runCli(["capture", src, join(dir, "x")]);
+  assert.equal(twice.status, 0);
+  assert.match(twice.stdout, /already captured/);
+  assert.equal((await readManifest(join(dir, "x"))).model, "org/m");
+  assert.ok(existsSync(join(dir, "x", BLOB_SMALL)) && existsSync(join(dir, "x", REF_MAIN)) && existsSync(join(dir, "x", LOCK)));
+});
