@@ -263,26 +263,32 @@ test("a renewal refused with 401 leads to a new registration", async () => {
   await s.mgr.stop();
 });
 
-test("renewal racing a re-registration: serialized, and the older response never wins", async () => {
-  const s = setup({ refreshIntervalMs: TTL - TTL / 4 });
+test("renewal racing a re-registration: serialized, and the newest response is what stays installed", async () => {
+  const s = setup();
   s.mgr.start();
   await settle();
-  // Periodic refresh and renewal fall due at the same instant; the control plane is slow.
+  // The renewal falls due and the control plane is slow to answer it.
   const slow = deferred();
   s.setHold(slow.promise);
   await s.clock.advance(TTL - TTL / 4);
-  assert.equal(s.mgr.gate.locked, true);
+  assert.equal(s.calls.at(-1)?.kind, "renew");
+  // Meanwhile the inventory changes: the re-registration must wait for the renewal.
+  s.setInventory(gpus(8));
+  await settle();
+  assert.equal(s.mgr.gate.waiting, 1);
+  assert.equal(s.calls.length, 2, "the registration has not started");
   slow.resolve();
   s.setHold(undefined);
   await settle();
-  assert.equal(s.maxInFlight(), 1, "never two credential calls at once");
-  // Whatever ran second saw the first one's fresh credentials and did not need to call again.
-  assert.equal(s.calls.length, 2);
-  assert.equal(s.mgr.token, "token-2");
   assert.deepEqual(
-    s.persisted.map((p) => p.generation),
-    [...s.persisted.map((p) => p.generation)].sort((a, b) => a - b),
+    s.calls.map((c) => c.kind),
+    ["register", "renew", "register"],
   );
+  assert.equal(s.maxInFlight(), 1, "never two credential calls at once");
+  assert.equal(s.mgr.token, "token-3", "the last issued credentials are installed");
+  assert.deepEqual(s.mgr.installed?.capacity, [{ gpuType: "H100", count: 8 }]);
+  const generations = s.persisted.map((p) => p.generation);
+  assert.deepEqual(generations, [1, 2, 3]);
   await s.mgr.stop();
 });
 
@@ -304,17 +310,21 @@ test("without the gate, the generation guard still refuses the older response", 
         await renewing.promise;
         return { token: "from-renewal", expiresAt: 1e15, renewBeforeMs: 1 };
       },
-      register: () => Promise.resolve({ token: `from-registration`, expiresAt: 2e15, renewBeforeMs: 1 }),
+      register: () => Promise.resolve({ token: "from-registration", expiresAt: 2e15, renewBeforeMs: 1 }),
     },
   });
-  s.mgr.restore({ token: "old", expiresAt: s.clock.now() + TTL, renewBeforeMs: 1, generation: 7, capacity: [], issuer: "cp" });
+  const capacity = [{ gpuType: "H100", count: 4 }];
+  s.mgr.restore({ token: "old", expiresAt: s.clock.now() + TTL, renewBeforeMs: 1, generation: 7, capacity, issuer: "cp" });
   s.mgr.start();
-  await settle();
+  await s.clock.advance(0);
   assert.equal(renewCalls, 1, "renewal in flight");
+  s.setInventory(gpus(8));
+  await settle();
   assert.equal(s.mgr.token, "from-registration");
   renewing.resolve();
   await settle();
   assert.equal(s.mgr.token, "from-registration", "the stale renewal did not overwrite it");
+  assert.equal(s.persisted.length, 1);
   assert.ok(s.logs.warnings().some((e) => e.msg === "ignoring credentials older than the installed ones"));
   await s.mgr.stop();
 });
@@ -340,7 +350,7 @@ test("a waiter cancelled while a registration holds the gate runs no side effect
   s.setHold(slow.promise);
   s.mgr.restore({ token: "saved", expiresAt: s.clock.now() + TTL, renewBeforeMs: 1, generation: 3, capacity: [], issuer: "cp" });
   s.mgr.start();
-  await settle();
+  await s.clock.advance(0);
   // The registration (inventory differs from the saved capacity) holds the gate; renewal waits.
   assert.equal(s.mgr.gate.locked, true);
   assert.equal(s.mgr.gate.waiting, 1);
