@@ -3,11 +3,13 @@
  * the same run. Pass names to run only some: `npm run bench -- admission`.
  */
 import { runAdmissionBench } from "./admission.js";
+import { runDatapathBench } from "./datapath.js";
 
 type Bench = { name: string; run: () => Promise<void> };
 
 const benches: Bench[] = [
   { name: "admission", run: runAdmissionBench },
+  { name: "datapath", run: runDatapathBench },
 ];
 
 const wanted = process.argv.slice(2);

@@ -2,9 +2,11 @@ import { Command, CommanderError } from "commander";
 import { registerClusterCommands } from "../localcluster/cli.js";
 import { registerExplainCommands } from "./explain.js";
 import { registerWebhookCommands } from "../webhook/cli.js";
+import { registerServerCommands } from "../server/cli.js";
 import { registerControlPlaneCommands } from "../control-plane/cli.js";
 import { registerDatapathCommands } from "../datapath/cli.js";
 import { registerClusterAgentCommands } from "../cluster-agent/cli.js";
+import { registerNodeAgentCommands } from "../node-agent/cli.js";
 
 const program = new Command("warmstart")
   .description("Start GPU model-serving workloads warm on Kubernetes")
@@ -14,9 +16,11 @@ const program = new Command("warmstart")
 registerClusterCommands(program);
 registerExplainCommands(program);
 registerWebhookCommands(program);
+registerServerCommands(program);
 registerControlPlaneCommands(program);
 registerDatapathCommands(program);
 registerClusterAgentCommands(program);
+registerNodeAgentCommands(program);
 
 try {
   await program.parseAsync(process.argv);

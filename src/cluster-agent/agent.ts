@@ -29,16 +29,26 @@ import { RegistrationManager, type IssuedCredentials, type RegistrationState } f
 import { formatSelector } from "./selector.js";
 import { startHttp, type Health, type HttpHandle } from "./server.js";
 import { StatusReporter } from "./status.js";
-import { isTerminalApiError, LABEL_REQUEST_ID, OwnershipError, Workloads, type RequestRecord } from "./workloads.js";
+import {
+  isTerminalApiError,
+  LABEL_REQUEST_ID,
+  OwnershipError,
+  Workloads,
+  type RequestRecord,
+} from "./workloads.js";
 
 /** How long a request this cluster cannot hold stays invisible before it is offered again. */
 const NO_CAPACITY_RELEASE_S = 10;
 /** How soon a request that failed for a passing reason is offered again. */
 const RETRY_RELEASE_S = 5;
+/** Message ids remembered in memory; older ones fall back on the durable record. */
+const HANDLED_MEMORY = 10_000;
 
 export function agentVersion(): string {
   try {
-    const pkg = JSON.parse(readFileSync(new URL("../../../package.json", import.meta.url), "utf8")) as { version?: string };
+    const pkg = JSON.parse(readFileSync(new URL("../../../package.json", import.meta.url), "utf8")) as {
+      version?: string;
+    };
     return pkg.version ?? "0.0.0";
   } catch {
     return "0.0.0";
@@ -72,6 +82,8 @@ export class ClusterAgent {
   private readonly heartbeat: Heartbeat;
   private readonly nodeWatch: ResilientWatch<k8s.V1Node>;
   private readonly podWatch: ResilientWatch<k8s.V1Pod>;
+  /** The node selector in the API server's syntax (undefined: every node). */
+  private readonly selector: string | undefined;
   private readonly nodeSeen = new Map<string, string>();
   /** Message ids handled to the end in this run; the durable record covers restarts. */
   private readonly handled = new Set<string>();
@@ -146,7 +158,10 @@ export class ClusterAgent {
       visibilityTimeoutSeconds: Math.ceil(cfg.visibilityTimeout / 1000),
       gpuTypes: () => this.deployTypes(),
       hasCredentials: () => this.registration.token !== undefined,
-      api: { receive: (req, signal) => this.withQueueToken(async (c) => (await c.receive(cfg.clusterId, req, { signal })).messages) },
+      api: {
+        receive: (req, signal) =>
+          this.withQueueToken(async (c) => (await c.receive(cfg.clusterId, req, { signal })).messages),
+      },
       handle: (queue, msg) => this.handle(queue, msg),
     });
 
@@ -171,12 +186,17 @@ export class ClusterAgent {
       onInstruction: (i) => this.applyInstruction(i),
     });
 
-    const selector = formatSelector(cfg.nodeSelector.requirements) || undefined;
+    const selector = (this.selector = formatSelector(cfg.nodeSelector.requirements) || undefined);
     this.nodeWatch = new ResilientWatch<k8s.V1Node>({
       name: "nodes",
       clock: this.clock,
       log: log.child({ component: "node-watch" }),
-      informer: k8s.makeInformer(kc, "/api/v1/nodes", () => this.core.listNode({ labelSelector: selector }), selector),
+      informer: k8s.makeInformer(
+        kc,
+        "/api/v1/nodes",
+        () => this.core.listNode({ labelSelector: selector }),
+        selector,
+      ),
       onChange: (node, kind) => this.nodeEvent(node, kind),
       onConnect: () => this.monitor.trigger(),
     });
@@ -264,7 +284,12 @@ export class ClusterAgent {
     this.stopping ??= (async () => {
       this.log.info("stopping");
       await this.queue.stop();
-      await Promise.all([this.heartbeat.stop(), this.status.stop(), this.registration.stop(), this.monitor.stop()]);
+      await Promise.all([
+        this.heartbeat.stop(),
+        this.status.stop(),
+        this.registration.stop(),
+        this.monitor.stop(),
+      ]);
       await Promise.all([this.nodeWatch.stop(), this.podWatch.stop()]);
       await this.http?.close();
       this.log.info("stopped");
@@ -275,8 +300,7 @@ export class ClusterAgent {
   // --- inventory ---------------------------------------------------------------------------
 
   private async lookupInventory(): Promise<GpuInventory> {
-    const selector = formatSelector(this.cfg.nodeSelector.requirements) || undefined;
-    const nodes = await this.core.listNode({ labelSelector: selector });
+    const nodes = await this.core.listNode({ labelSelector: this.selector });
     return inventoryFromNodes(nodes.items, this.cfg.gpuTypeLabel);
   }
 
@@ -313,7 +337,10 @@ export class ClusterAgent {
 
   private registrationState(s: RegistrationState): void {
     this.metrics.ready.set(s.ready ? 1 : 0);
-    this.log.info({ ready: s.ready, reason: s.reason, credentials: s.credentials }, s.ready ? "ready" : "not ready");
+    this.log.info(
+      { ready: s.ready, reason: s.reason, hasCredentials: s.hasCredentials },
+      s.ready ? "ready" : "not ready",
+    );
     if (s.ready) {
       this.queue.resume();
       this.heartbeat.now();
@@ -365,7 +392,8 @@ export class ClusterAgent {
     try {
       return await fn(this.client(token));
     } catch (err) {
-      if (err instanceof ControlPlaneError && err.status === 401) this.registration.credentialsRejected(token);
+      if (err instanceof ControlPlaneError && err.status === 401)
+        this.registration.credentialsRejected(token);
       throw err;
     }
   }
@@ -374,7 +402,11 @@ export class ClusterAgent {
     const installed = this.registration.installed;
     if (!installed || this.registration.token === undefined) return undefined;
     // The registered capacity, not the live one: capacity changes go through registration only.
-    return { inventory: installed.capacity, ready: this.registration.state.ready, paused: !this.queue.takingDeployments };
+    return {
+      inventory: installed.capacity,
+      ready: this.registration.state.ready,
+      paused: !this.queue.takingDeployments,
+    };
   }
 
   private async applyInstruction(i: Instruction): Promise<void> {
@@ -390,10 +422,19 @@ export class ClusterAgent {
       await this.workloads.remove(rec.requestId, rec.namespace, rec.name);
       await this.workloads.writeRecord({ ...rec, state: "terminated", updatedAt: new Date().toISOString() });
       this.status.forget(rec.requestId);
-      this.log.info({ requestId: rec.requestId, name: rec.name, namespace: rec.namespace }, "drained: workload removed");
+      this.log.info(
+        { requestId: rec.requestId, name: rec.name, namespace: rec.namespace },
+        "drained: workload removed",
+      );
       await this.status
-        .reportNow(rec.requestId, { phase: "Failed", message: "removed: the cluster was drained", instances: [] })
-        .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, "could not report the drained request"));
+        .reportNow(rec.requestId, {
+          phase: "Failed",
+          message: "removed: the cluster was drained",
+          instances: [],
+        })
+        .catch((err: unknown) =>
+          this.log.warn({ err: (err as Error).message }, "could not report the drained request"),
+        );
     }
   }
 
@@ -416,7 +457,10 @@ export class ClusterAgent {
     } catch (err) {
       // A passing failure (API server or control plane unreachable): offer it again soon.
       outcome = "retry";
-      log.warn({ err: err instanceof Error ? err.message : String(err) }, "could not handle the message; it will be retried");
+      log.warn(
+        { err: err instanceof Error ? err.message : String(err) },
+        "could not handle the message; it will be retried",
+      );
       await this.release(msg, RETRY_RELEASE_S, log);
     }
     this.metrics.messages.inc({ queue, outcome });
@@ -435,7 +479,12 @@ export class ClusterAgent {
     const inv = this.monitor.current;
     if (!inv || !fits(inv, req.gpuType, req.gpus, req.replicas)) {
       log.info(
-        { gpuType: req.gpuType, gpus: req.gpus, replicas: req.replicas, have: inv ? describe(inv) : "unknown" },
+        {
+          gpuType: req.gpuType,
+          gpus: req.gpus,
+          replicas: req.replicas,
+          have: inv ? describe(inv) : "unknown",
+        },
         "no capacity for this request here; released",
       );
       await this.release(msg, NO_CAPACITY_RELEASE_S, log);
@@ -448,7 +497,7 @@ export class ClusterAgent {
       // earlier run of the agent. Never create it again.
       log.info({ state: existing.state }, "request already handled; acknowledging without creating it again");
       await this.ack(msg, log);
-      this.handled.add(msg.messageId);
+      this.remember(msg.messageId);
       return "duplicate";
     }
     const rec: RequestRecord = {
@@ -469,16 +518,22 @@ export class ClusterAgent {
       await this.workloads.writeRecord({ ...rec, state: "failed", updatedAt: new Date().toISOString() });
       await this.status.reportNow(req.requestId, { phase: "Failed", message, instances: [] });
       await this.ack(msg, log);
-      this.handled.add(msg.messageId);
+      this.remember(msg.messageId);
       return "failed";
     }
     await this.workloads.writeRecord({ ...rec, state: "applied", updatedAt: new Date().toISOString() });
     log.info({ replicas: req.replicas, gpus: req.gpus, gpuType: req.gpuType }, "workload applied");
     await this.ack(msg, log);
-    this.handled.add(msg.messageId);
+    this.remember(msg.messageId);
     await this.status
-      .reportNow(req.requestId, { phase: "Accepted", message: `Deployment ${namespace}/${req.name}`, instances: [] })
-      .catch((err: unknown) => log.warn({ err: (err as Error).message }, "could not report acceptance; the next report will"));
+      .reportNow(req.requestId, {
+        phase: "Accepted",
+        message: `Deployment ${namespace}/${req.name}`,
+        instances: [],
+      })
+      .catch((err: unknown) =>
+        log.warn({ err: (err as Error).message }, "could not report acceptance; the next report will"),
+      );
     this.status.enqueue(req.requestId);
     return "accepted";
   }
@@ -506,6 +561,11 @@ export class ClusterAgent {
     return "terminated";
   }
 
+  private remember(messageId: string): void {
+    this.handled.add(messageId);
+    if (this.handled.size > HANDLED_MEMORY) this.handled.delete(this.handled.values().next().value!);
+  }
+
   private async ack(msg: QueueMessage, log: Logger): Promise<void> {
     const r = await this.withQueueToken((c) => c.ack(this.cfg.clusterId, [msg.receiptHandle]));
     for (const f of r.failed) log.warn({ reason: f.reason }, "acknowledgement refused");
@@ -516,7 +576,10 @@ export class ClusterAgent {
       await this.withQueueToken((c) => c.release(this.cfg.clusterId, msg.receiptHandle, { delaySeconds }));
     } catch (err) {
       // The visibility timeout makes it visible again anyway.
-      log.warn({ err: (err as Error).message }, "could not release the message; it returns after its visibility timeout");
+      log.warn(
+        { err: (err as Error).message },
+        "could not release the message; it returns after its visibility timeout",
+      );
     }
   }
 }

@@ -8,7 +8,7 @@ const required = {
   WARMSTART_CLUSTER_ID: "local",
 };
 
-test("durations: units, compounds, and bare seconds", () => {
+void test("durations: units, compounds, and bare seconds", () => {
   assert.equal(parseDuration("250ms"), 250);
   assert.equal(parseDuration("30s"), 30_000);
   assert.equal(parseDuration("1m30s"), 90_000);
@@ -20,7 +20,7 @@ test("durations: units, compounds, and bare seconds", () => {
   assert.throws(() => parseDuration("-1s"), /invalid duration/);
 });
 
-test("defaults from the spec", () => {
+void test("defaults from the spec", () => {
   const c = loadConfig({}, required);
   assert.equal(c.gpuPollInterval, 60_000);
   assert.equal(c.debounce, 30_000);
@@ -33,10 +33,16 @@ test("defaults from the spec", () => {
   assert.equal(c.renewBefore, undefined, "the control plane's value unless set");
 });
 
-test("flags win over the environment; env values are parsed", () => {
+void test("flags win over the environment; env values are parsed", () => {
   const c = loadConfig(
     { debounce: "2s", nodeSelector: "pool=test" },
-    { ...required, WARMSTART_DEBOUNCE: "10s", WARMSTART_GRACEFUL_NO_GPU: "false", WARMSTART_QUEUE_BATCH: "10", WARMSTART_PORT: "0" },
+    {
+      ...required,
+      WARMSTART_DEBOUNCE: "10s",
+      WARMSTART_GRACEFUL_NO_GPU: "false",
+      WARMSTART_QUEUE_BATCH: "10",
+      WARMSTART_PORT: "0",
+    },
   );
   assert.equal(c.debounce, 2000);
   assert.equal(c.gracefulNoGpu, false);
@@ -45,12 +51,16 @@ test("flags win over the environment; env values are parsed", () => {
   assert.deepEqual(c.nodeSelector.requirements, [{ key: "pool", operator: "In", values: ["test"] }]);
 });
 
-test("every bad setting is named by flag and variable in one error", () => {
+void test("every bad setting is named by flag and variable in one error", () => {
   assert.throws(
     () =>
       loadConfig(
         { queueWait: "30s", port: "http", gpuPollInterval: "0s" },
-        { WARMSTART_CONTROL_PLANE_URL: "ftp://x", WARMSTART_CLUSTER_ID: "bad id", WARMSTART_GRACEFUL_NO_GPU: "maybe" },
+        {
+          WARMSTART_CONTROL_PLANE_URL: "ftp://x",
+          WARMSTART_CLUSTER_ID: "bad id",
+          WARMSTART_GRACEFUL_NO_GPU: "maybe",
+        },
       ),
     (err: Error) => {
       for (const s of [

@@ -53,9 +53,15 @@ const Bool = z.union([z.boolean(), z.string()]).transform((v, ctx) => {
 });
 
 const Int = (min: number, max: number): z.ZodType<number, string | number> =>
-  z.union([z.number(), z.string().regex(/^\s*-?\d+\s*$/, { message: "expected a whole number" }).transform(Number)]).pipe(
-    z.int().min(min).max(max),
-  );
+  z
+    .union([
+      z.number(),
+      z
+        .string()
+        .regex(/^\s*-?\d+\s*$/, { message: "expected a whole number" })
+        .transform(Number),
+    ])
+    .pipe(z.int().min(min).max(max));
 
 const Selector = z.string().transform((v, ctx) => {
   try {
@@ -85,7 +91,9 @@ export const AgentConfigSchema = z
     refreshInterval: positive(Duration, "refresh interval").default(600_000),
     renewBefore: positive(Duration, "renew-before").optional(),
     heartbeatInterval: positive(Duration, "heartbeat interval").optional(),
-    queueWait: Duration.refine((ms) => ms <= 20_000, { message: "queue wait is at most 20s" }).default(20_000),
+    queueWait: Duration.refine((ms) => ms <= 20_000, { message: "queue wait is at most 20s" }).default(
+      20_000,
+    ),
     queueBatch: Int(1, 10).default(5),
     visibilityTimeout: positive(Duration, "visibility timeout")
       .refine((ms) => ms <= 43_200_000, { message: "visibility timeout is at most 12h" })
@@ -111,37 +119,172 @@ export interface OptionSpec {
 }
 
 export const OPTIONS: readonly OptionSpec[] = [
-  { key: "controlPlaneUrl", flag: "--control-plane-url <url>", env: "WARMSTART_CONTROL_PLANE_URL", help: "control plane base URL" },
-  { key: "clusterToken", flag: "--cluster-token <token>", env: "WARMSTART_CLUSTER_TOKEN", help: "token for registration (prefer the env var)" },
-  { key: "clusterId", flag: "--cluster-id <id>", env: "WARMSTART_CLUSTER_ID", help: "this cluster's id at the control plane" },
+  {
+    key: "controlPlaneUrl",
+    flag: "--control-plane-url <url>",
+    env: "WARMSTART_CONTROL_PLANE_URL",
+    help: "control plane base URL",
+  },
+  {
+    key: "clusterToken",
+    flag: "--cluster-token <token>",
+    env: "WARMSTART_CLUSTER_TOKEN",
+    help: "token for registration (prefer the env var)",
+  },
+  {
+    key: "clusterId",
+    flag: "--cluster-id <id>",
+    env: "WARMSTART_CLUSTER_ID",
+    help: "this cluster's id at the control plane",
+  },
   { key: "clusterName", flag: "--cluster-name <name>", env: "WARMSTART_CLUSTER_NAME", help: "display name" },
-  { key: "kubeconfig", flag: "--kubeconfig <path>", env: "KUBECONFIG", help: "kubeconfig (default: in-cluster)" },
-  { key: "namespace", flag: "--namespace <ns>", env: "WARMSTART_NAMESPACE", help: "the agent's namespace (request records)", defaultText: SYSTEM_NAMESPACE },
-  { key: "workloadNamespace", flag: "--workload-namespace <ns>", env: "WARMSTART_WORKLOAD_NAMESPACE", help: "put every workload here instead of the request's namespace" },
-  { key: "secretName", flag: "--secret-name <name>", env: "WARMSTART_SECRET_NAME", help: "Secret holding the queue credentials", defaultText: CREDENTIALS_SECRET },
-  { key: "secretNamespace", flag: "--secret-namespace <ns>", env: "WARMSTART_SECRET_NAMESPACE", help: "namespace of that Secret", defaultText: "--namespace" },
-  { key: "nodeSelector", flag: "--node-selector <selector>", env: "WARMSTART_NODE_SELECTOR", help: "count only nodes matching this label selector (a node pool)" },
-  { key: "gpuTypeLabel", flag: "--gpu-type-label <label>", env: "WARMSTART_GPU_TYPE_LABEL", help: "node label that overrides nvidia.com/gpu.product", defaultText: GPU_TYPE_OVERRIDE_LABEL },
-  { key: "gpuPollInterval", flag: "--gpu-poll-interval <duration>", env: "WARMSTART_GPU_POLL_INTERVAL", help: "GPU poll period; also the first registration retry wait", defaultText: "60s" },
-  { key: "debounce", flag: "--debounce <duration>", env: "WARMSTART_DEBOUNCE", help: "how long a GPU change must hold before it counts", defaultText: "30s" },
-  { key: "backoffCap", flag: "--backoff-cap <duration>", env: "WARMSTART_BACKOFF_CAP", help: "longest registration retry wait", defaultText: "5m" },
-  { key: "refreshInterval", flag: "--refresh-interval <duration>", env: "WARMSTART_REFRESH_INTERVAL", help: "periodic re-registration", defaultText: "10m" },
-  { key: "renewBefore", flag: "--renew-before <duration>", env: "WARMSTART_RENEW_BEFORE", help: "renew credentials this long before expiry", defaultText: "the control plane's" },
-  { key: "heartbeatInterval", flag: "--heartbeat-interval <duration>", env: "WARMSTART_HEARTBEAT_INTERVAL", help: "heartbeat period", defaultText: "the control plane's" },
-  { key: "queueWait", flag: "--queue-wait <duration>", env: "WARMSTART_QUEUE_WAIT", help: "long-poll wait per receive (max 20s)", defaultText: "20s" },
-  { key: "queueBatch", flag: "--queue-batch <n>", env: "WARMSTART_QUEUE_BATCH", help: "messages per receive (1-10)", defaultText: "5" },
-  { key: "visibilityTimeout", flag: "--visibility-timeout <duration>", env: "WARMSTART_VISIBILITY_TIMEOUT", help: "how long a received message stays invisible", defaultText: "5m" },
-  { key: "statusInterval", flag: "--status-interval <duration>", env: "WARMSTART_STATUS_INTERVAL", help: "resync period of workload status reports", defaultText: "15s" },
-  { key: "gracefulNoGpu", flag: "--graceful-no-gpu <bool>", env: "WARMSTART_GRACEFUL_NO_GPU", help: "with no GPUs stay alive and not ready (false: exit 1)", defaultText: "true" },
-  { key: "listenHost", flag: "--listen-host <host>", env: "WARMSTART_LISTEN_HOST", help: "HTTP listen address", defaultText: "0.0.0.0" },
-  { key: "port", flag: "--port <port>", env: "WARMSTART_PORT", help: "HTTP port (0: any free port)", defaultText: "8080" },
+  {
+    key: "kubeconfig",
+    flag: "--kubeconfig <path>",
+    env: "KUBECONFIG",
+    help: "kubeconfig (default: in-cluster)",
+  },
+  {
+    key: "namespace",
+    flag: "--namespace <ns>",
+    env: "WARMSTART_NAMESPACE",
+    help: "the agent's namespace (request records)",
+    defaultText: SYSTEM_NAMESPACE,
+  },
+  {
+    key: "workloadNamespace",
+    flag: "--workload-namespace <ns>",
+    env: "WARMSTART_WORKLOAD_NAMESPACE",
+    help: "put every workload here instead of the request's namespace",
+  },
+  {
+    key: "secretName",
+    flag: "--secret-name <name>",
+    env: "WARMSTART_SECRET_NAME",
+    help: "Secret holding the queue credentials",
+    defaultText: CREDENTIALS_SECRET,
+  },
+  {
+    key: "secretNamespace",
+    flag: "--secret-namespace <ns>",
+    env: "WARMSTART_SECRET_NAMESPACE",
+    help: "namespace of that Secret",
+    defaultText: "--namespace",
+  },
+  {
+    key: "nodeSelector",
+    flag: "--node-selector <selector>",
+    env: "WARMSTART_NODE_SELECTOR",
+    help: "count only nodes matching this label selector (a node pool)",
+  },
+  {
+    key: "gpuTypeLabel",
+    flag: "--gpu-type-label <label>",
+    env: "WARMSTART_GPU_TYPE_LABEL",
+    help: "node label that overrides nvidia.com/gpu.product",
+    defaultText: GPU_TYPE_OVERRIDE_LABEL,
+  },
+  {
+    key: "gpuPollInterval",
+    flag: "--gpu-poll-interval <duration>",
+    env: "WARMSTART_GPU_POLL_INTERVAL",
+    help: "GPU poll period; also the first registration retry wait",
+    defaultText: "60s",
+  },
+  {
+    key: "debounce",
+    flag: "--debounce <duration>",
+    env: "WARMSTART_DEBOUNCE",
+    help: "how long a GPU change must hold before it counts",
+    defaultText: "30s",
+  },
+  {
+    key: "backoffCap",
+    flag: "--backoff-cap <duration>",
+    env: "WARMSTART_BACKOFF_CAP",
+    help: "longest registration retry wait",
+    defaultText: "5m",
+  },
+  {
+    key: "refreshInterval",
+    flag: "--refresh-interval <duration>",
+    env: "WARMSTART_REFRESH_INTERVAL",
+    help: "periodic re-registration",
+    defaultText: "10m",
+  },
+  {
+    key: "renewBefore",
+    flag: "--renew-before <duration>",
+    env: "WARMSTART_RENEW_BEFORE",
+    help: "renew credentials this long before expiry",
+    defaultText: "the control plane's",
+  },
+  {
+    key: "heartbeatInterval",
+    flag: "--heartbeat-interval <duration>",
+    env: "WARMSTART_HEARTBEAT_INTERVAL",
+    help: "heartbeat period",
+    defaultText: "the control plane's",
+  },
+  {
+    key: "queueWait",
+    flag: "--queue-wait <duration>",
+    env: "WARMSTART_QUEUE_WAIT",
+    help: "long-poll wait per receive (max 20s)",
+    defaultText: "20s",
+  },
+  {
+    key: "queueBatch",
+    flag: "--queue-batch <n>",
+    env: "WARMSTART_QUEUE_BATCH",
+    help: "messages per receive (1-10)",
+    defaultText: "5",
+  },
+  {
+    key: "visibilityTimeout",
+    flag: "--visibility-timeout <duration>",
+    env: "WARMSTART_VISIBILITY_TIMEOUT",
+    help: "how long a received message stays invisible",
+    defaultText: "5m",
+  },
+  {
+    key: "statusInterval",
+    flag: "--status-interval <duration>",
+    env: "WARMSTART_STATUS_INTERVAL",
+    help: "resync period of workload status reports",
+    defaultText: "15s",
+  },
+  {
+    key: "gracefulNoGpu",
+    flag: "--graceful-no-gpu <bool>",
+    env: "WARMSTART_GRACEFUL_NO_GPU",
+    help: "with no GPUs stay alive and not ready (false: exit 1)",
+    defaultText: "true",
+  },
+  {
+    key: "listenHost",
+    flag: "--listen-host <host>",
+    env: "WARMSTART_LISTEN_HOST",
+    help: "HTTP listen address",
+    defaultText: "0.0.0.0",
+  },
+  {
+    key: "port",
+    flag: "--port <port>",
+    env: "WARMSTART_PORT",
+    help: "HTTP port (0: any free port)",
+    defaultText: "8080",
+  },
 ];
 
 /**
  * Merge flags over environment and validate. Throws one error listing every bad setting by its
  * flag and variable name.
  */
-export function loadConfig(flags: Partial<Record<string, unknown>>, env: NodeJS.ProcessEnv = process.env): AgentConfig {
+export function loadConfig(
+  flags: Partial<Record<string, unknown>>,
+  env: NodeJS.ProcessEnv = process.env,
+): AgentConfig {
   const raw: Record<string, unknown> = {};
   for (const o of OPTIONS) {
     const v = flags[o.key] ?? env[o.env];
@@ -152,7 +295,8 @@ export function loadConfig(flags: Partial<Record<string, unknown>>, env: NodeJS.
   const lines = parsed.error.issues.map((i) => {
     const spec = OPTIONS.find((o) => o.key === i.path[0]);
     const name = spec ? `${spec.flag.split(" ")[0]} (${spec.env})` : i.path.join(".");
-    const message = i.code === "invalid_type" && raw[String(i.path[0])] === undefined ? "is required" : i.message;
+    const message =
+      i.code === "invalid_type" && raw[String(i.path[0])] === undefined ? "is required" : i.message;
     return `  ${name}: ${message}`;
   });
   throw new Error(`invalid cluster-agent configuration:\n${lines.join("\n")}`);

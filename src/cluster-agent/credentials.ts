@@ -24,7 +24,10 @@ export interface InstalledCredentials {
 }
 
 /** The guard against stale responses: a strictly newer request wins, nothing else does. */
-export function isNewer(candidate: InstalledCredentials, installed: InstalledCredentials | undefined): boolean {
+export function isNewer(
+  candidate: InstalledCredentials,
+  installed: InstalledCredentials | undefined,
+): boolean {
   return installed === undefined || candidate.generation > installed.generation;
 }
 
@@ -106,12 +109,17 @@ export class SecretStore {
           return;
         }
         const stored = Number(Buffer.from(current.data?.generation ?? "", "base64").toString("utf8"));
-        const sameIssuer = Buffer.from(current.data?.issuer ?? "", "base64").toString("utf8") === creds.issuer;
+        const sameIssuer =
+          Buffer.from(current.data?.issuer ?? "", "base64").toString("utf8") === creds.issuer;
         if (sameIssuer && Number.isFinite(stored) && stored > creds.generation) return;
         await this.core.replaceNamespacedSecret({
           name: this.name,
           namespace: this.namespace,
-          body: { ...body, data: {}, metadata: { ...body.metadata, resourceVersion: current.metadata?.resourceVersion } },
+          body: {
+            ...body,
+            data: {},
+            metadata: { ...body.metadata, resourceVersion: current.metadata?.resourceVersion },
+          },
         });
         return;
       } catch (err) {

@@ -16,7 +16,6 @@ export interface HeartbeatOptions {
   snapshot: () => HeartbeatRequest | undefined;
   send: (hb: HeartbeatRequest, signal: AbortSignal) => Promise<Instruction>;
   onInstruction: (i: Instruction) => Promise<void>;
-  onError?: (err: unknown) => void;
 }
 
 export class Heartbeat {
@@ -72,8 +71,10 @@ export class Heartbeat {
       await this.o.onInstruction(instruction);
     } catch (err) {
       if (this.stopping.signal.aborted || isAbortError(err)) return;
-      this.o.onError?.(err);
-      this.o.log.warn({ err: err instanceof Error ? err.message : String(err) }, "heartbeat failed; will retry");
+      this.o.log.warn(
+        { err: err instanceof Error ? err.message : String(err) },
+        "heartbeat failed; will retry",
+      );
     }
   }
 }

@@ -56,7 +56,8 @@ export class ResilientWatch<T extends k8s.KubernetesObject> {
   }
 
   private failed(err: unknown): void {
-    if (this.stopped) return;
+    // One failure can surface twice (error callback and rejected start): restart once.
+    if (this.stopped || this.restart.armed) return;
     if (this.o.clock.now() - this.startedAt >= (this.o.healthyAfterMs ?? 60_000)) this.backoff.reset();
     const delay = this.backoff.next();
     this.o.log.warn(

@@ -1,7 +1,15 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
-import { fits, GPU_PRODUCT_LABEL, GPU_RESOURCE, inventoryFromNodes, nodeGpus, sameNodes, UNKNOWN_GPU_TYPE } from "./inventory.js";
+import {
+  fits,
+  GPU_PRODUCT_LABEL,
+  GPU_RESOURCE,
+  inventoryFromNodes,
+  nodeGpus,
+  sameNodes,
+  UNKNOWN_GPU_TYPE,
+} from "./inventory.js";
 import { GPU_TYPE_OVERRIDE_LABEL } from "./config.js";
 
 function node(
@@ -18,9 +26,13 @@ function node(
   };
 }
 
-test("a node counts when Ready, schedulable and with allocatable GPUs", () => {
+void test("a node counts when Ready, schedulable and with allocatable GPUs", () => {
   const L = GPU_TYPE_OVERRIDE_LABEL;
-  assert.deepEqual(nodeGpus(node("a", { gpus: "4" }), L), { node: "a", gpuType: "NVIDIA-H100-80GB-HBM3", count: 4 });
+  assert.deepEqual(nodeGpus(node("a", { gpus: "4" }), L), {
+    node: "a",
+    gpuType: "NVIDIA-H100-80GB-HBM3",
+    count: 4,
+  });
   assert.equal(nodeGpus(node("a", { gpus: "4", ready: "False" }), L), undefined);
   assert.equal(nodeGpus(node("a", { gpus: "4", ready: "Unknown" }), L), undefined);
   assert.equal(nodeGpus(node("a", { gpus: "4", unschedulable: true }), L), undefined);
@@ -32,14 +44,14 @@ test("a node counts when Ready, schedulable and with allocatable GPUs", () => {
   assert.equal(nodeGpus(noConditions, L), undefined);
 });
 
-test("the agent's label overrides the product label; no label at all is 'unknown'", () => {
+void test("the agent's label overrides the product label; no label at all is 'unknown'", () => {
   const L = GPU_TYPE_OVERRIDE_LABEL;
   const both = node("a", { gpus: "2", labels: { [GPU_PRODUCT_LABEL]: "NVIDIA-A100", [L]: "a100-pool" } });
   assert.equal(nodeGpus(both, L)?.gpuType, "a100-pool");
   assert.equal(nodeGpus(node("a", { gpus: "2", labels: {} }), L)?.gpuType, UNKNOWN_GPU_TYPE);
 });
 
-test("inventory sums by type, sorted, and compares node by node", () => {
+void test("inventory sums by type, sorted, and compares node by node", () => {
   const nodes = [
     node("b", { gpus: "4" }),
     node("a", { gpus: "8", labels: { [GPU_PRODUCT_LABEL]: "A100" } }),
@@ -58,13 +70,19 @@ test("inventory sums by type, sorted, and compares node by node", () => {
   );
   const reordered = inventoryFromNodes([...nodes].reverse(), GPU_TYPE_OVERRIDE_LABEL);
   assert.ok(sameNodes(inv, reordered), "list order does not matter");
-  const moved = inventoryFromNodes([node("a", { gpus: "8", labels: { [GPU_PRODUCT_LABEL]: "A100" } }), node("b", { gpus: "6" })], GPU_TYPE_OVERRIDE_LABEL);
+  const moved = inventoryFromNodes(
+    [node("a", { gpus: "8", labels: { [GPU_PRODUCT_LABEL]: "A100" } }), node("b", { gpus: "6" })],
+    GPU_TYPE_OVERRIDE_LABEL,
+  );
   assert.deepEqual(moved.byType, inv.byType);
   assert.equal(sameNodes(inv, moved), false, "same totals, different nodes: a change");
 });
 
-test("fits: one node must hold a replica and the type's total all of them", () => {
-  const inv = inventoryFromNodes([node("a", { gpus: "4" }), node("b", { gpus: "4" })], GPU_TYPE_OVERRIDE_LABEL);
+void test("fits: one node must hold a replica and the type's total all of them", () => {
+  const inv = inventoryFromNodes(
+    [node("a", { gpus: "4" }), node("b", { gpus: "4" })],
+    GPU_TYPE_OVERRIDE_LABEL,
+  );
   const t = "NVIDIA-H100-80GB-HBM3";
   assert.equal(fits(inv, t, 4, 2), true);
   assert.equal(fits(inv, t, 1, 8), true);

@@ -49,7 +49,9 @@ export function summarize(nodes: readonly NodeGpus[]): GpuInventory {
   for (const n of sorted) byType.set(n.gpuType, (byType.get(n.gpuType) ?? 0) + n.count);
   return {
     total: sorted.reduce((s, n) => s + n.count, 0),
-    byType: [...byType.entries()].sort(([a], [b]) => (a < b ? -1 : 1)).map(([gpuType, count]) => ({ gpuType, count })),
+    byType: [...byType.entries()]
+      .sort(([a], [b]) => (a < b ? -1 : 1))
+      .map(([gpuType, count]) => ({ gpuType, count })),
     nodes: sorted,
   };
 }

@@ -37,7 +37,7 @@ function setup(debounceMs = 30_000, pollIntervalMs = 60_000) {
   };
 }
 
-test("the first state counts at once; a change counts only after holding for the debounce time", async () => {
+void test("the first state counts at once; a change counts only after holding for the debounce time", async () => {
   const s = setup(30_000);
   s.monitor.start();
   await settle();
@@ -56,7 +56,7 @@ test("the first state counts at once; a change counts only after holding for the
   await s.monitor.stop();
 });
 
-test("a change that reverts within the debounce time never counts", async () => {
+void test("a change that reverts within the debounce time never counts", async () => {
   const s = setup(30_000);
   s.set(gpus(4));
   s.monitor.start();
@@ -73,7 +73,7 @@ test("a change that reverts within the debounce time never counts", async () => 
   await s.monitor.stop();
 });
 
-test("a new different state restarts the hold time", async () => {
+void test("a new different state restarts the hold time", async () => {
   const s = setup(30_000);
   s.monitor.start();
   await settle();
@@ -89,7 +89,7 @@ test("a new different state restarts the hold time", async () => {
   await s.monitor.stop();
 });
 
-test("a burst of node events is coalesced into one lookup", async () => {
+void test("a burst of node events is coalesced into one lookup", async () => {
   const s = setup(0);
   s.monitor.start();
   await settle();
@@ -103,7 +103,7 @@ test("a burst of node events is coalesced into one lookup", async () => {
   await s.monitor.stop();
 });
 
-test("events during a slow lookup lead to exactly one more lookup, never two at once", async () => {
+void test("events during a slow lookup lead to exactly one more lookup, never two at once", async () => {
   const clock = new FakeClock();
   const slow = deferred<GpuInventory>();
   let inFlight = 0;
@@ -141,7 +141,7 @@ test("events during a slow lookup lead to exactly one more lookup, never two at 
   await monitor.stop();
 });
 
-test("a failed lookup keeps the last known state and warns", async () => {
+void test("a failed lookup keeps the last known state and warns", async () => {
   const s = setup(0);
   s.set(gpus(4));
   s.monitor.start();
@@ -159,7 +159,7 @@ test("a failed lookup keeps the last known state and warns", async () => {
   await s.monitor.stop();
 });
 
-test("the poll runs every interval and stop leaves no timer behind", async () => {
+void test("the poll runs every interval and stop leaves no timer behind", async () => {
   const s = setup(30_000, 5_000);
   s.monitor.start();
   await settle();

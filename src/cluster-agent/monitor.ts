@@ -138,7 +138,10 @@ export class GpuMonitor {
     this.accepted = inv;
     this.candidate = undefined;
     this.debounce.clear();
-    this.opts.log.info({ gpus: describe(inv), total: inv.total }, previous ? "GPU state changed" : "GPU state known");
+    this.opts.log.info(
+      { gpus: describe(inv), total: inv.total },
+      previous ? "GPU state changed" : "GPU state known",
+    );
     this.opts.onChange(inv, previous);
   }
 }

@@ -26,8 +26,6 @@ export interface QueueOptions {
   hasCredentials: () => boolean;
   /** Handle one message; it acknowledges or releases it itself. Must not throw. */
   handle: (queue: QueueName, msg: QueueMessage) => Promise<void>;
-  /** A receive failed (the caller may recognise refused credentials). */
-  onError?: (queue: QueueName, err: unknown) => void;
   retry?: { initialMs: number; maxMs: number };
 }
 
@@ -149,7 +147,6 @@ export class QueueConsumer {
         backoff.reset();
       } catch (err) {
         if (signal.aborted || isAbortError(err)) continue;
-        this.o.onError?.(queue, err);
         const delay = backoff.next();
         this.o.log.warn(
           { queue, err: err instanceof Error ? err.message : String(err), retryInMs: delay },

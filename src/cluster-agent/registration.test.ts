@@ -91,7 +91,7 @@ function setup(o: Partial<RegistrationOptions> & { inv?: GpuInventory | undefine
   };
 }
 
-test("registration failures back off from the poll interval, doubling up to the cap, as warnings", async () => {
+void test("registration failures back off from the poll interval, doubling up to the cap, as warnings", async () => {
   const s = setup();
   s.setFail(true);
   s.mgr.start();
@@ -114,7 +114,7 @@ test("registration failures back off from the poll interval, doubling up to the 
   await s.mgr.stop();
 });
 
-test("backoff resets after a success", async () => {
+void test("backoff resets after a success", async () => {
   const s = setup();
   s.setFail(true);
   s.mgr.start();
@@ -134,7 +134,7 @@ test("backoff resets after a success", async () => {
   await s.mgr.stop();
 });
 
-test("backoff resets on every new GPU state change, and the change is tried at once", async () => {
+void test("backoff resets on every new GPU state change, and the change is tried at once", async () => {
   const s = setup();
   s.setFail(true);
   s.mgr.start();
@@ -151,7 +151,7 @@ test("backoff resets on every new GPU state change, and the change is tried at o
   await s.mgr.stop();
 });
 
-test("a poll interval slower than the cap is kept, before and after a reset", async () => {
+void test("a poll interval slower than the cap is kept, before and after a reset", async () => {
   const s = setup({ pollIntervalMs: 600_000, backoffCapMs: 300_000 });
   s.setFail(true);
   s.mgr.start();
@@ -165,13 +165,17 @@ test("a poll interval slower than the cap is kept, before and after a reset", as
   await s.mgr.stop();
 });
 
-test("ready only once registered and the credentials are installed (persisted first)", async () => {
+void test("ready only once registered and the credentials are installed (persisted first)", async () => {
   const saving = deferred();
   const s = setup({ inv: gpus(0), persist: () => saving.promise });
   s.mgr.start();
   await settle();
   assert.equal(s.calls.length, 0, "no GPUs and never registered: nothing to tell the control plane");
-  assert.deepEqual(s.states.at(-1), { ready: false, reason: "no GPUs in the cluster", credentials: false });
+  assert.deepEqual(s.states.at(-1), {
+    ready: false,
+    reason: "no GPUs in the cluster",
+    hasCredentials: false,
+  });
 
   s.setInventory(gpus(4));
   await settle();
@@ -185,7 +189,7 @@ test("ready only once registered and the credentials are installed (persisted fi
   await s.mgr.stop();
 });
 
-test("losing the last GPU: not ready at once, then capacity zero is reported", async () => {
+void test("losing the last GPU: not ready at once, then capacity zero is reported", async () => {
   const s = setup();
   s.mgr.start();
   await settle();
@@ -206,7 +210,7 @@ test("losing the last GPU: not ready at once, then capacity zero is reported", a
   await s.mgr.stop();
 });
 
-test("three 0 → GPUs → 0 cycles without a restart", async () => {
+void test("three 0 → GPUs → 0 cycles without a restart", async () => {
   const s = setup({ inv: gpus(0) });
   s.mgr.start();
   await settle();
@@ -228,7 +232,7 @@ test("three 0 → GPUs → 0 cycles without a restart", async () => {
   assert.equal(s.clock.pending, 0);
 });
 
-test("renewal runs renew-before ahead of expiry, through the gate", async () => {
+void test("renewal runs renew-before ahead of expiry, through the gate", async () => {
   const s = setup();
   s.mgr.start();
   await settle();
@@ -246,7 +250,7 @@ test("renewal runs renew-before ahead of expiry, through the gate", async () => 
   await s.mgr.stop();
 });
 
-test("a renewal refused with 401 leads to a new registration", async () => {
+void test("a renewal refused with 401 leads to a new registration", async () => {
   const s = setup();
   s.mgr.start();
   await settle();
@@ -263,7 +267,7 @@ test("a renewal refused with 401 leads to a new registration", async () => {
   await s.mgr.stop();
 });
 
-test("renewal racing a re-registration: serialized, and the newest response is what stays installed", async () => {
+void test("renewal racing a re-registration: serialized, and the newest response is what stays installed", async () => {
   const s = setup();
   s.mgr.start();
   await settle();
@@ -292,7 +296,7 @@ test("renewal racing a re-registration: serialized, and the newest response is w
   await s.mgr.stop();
 });
 
-test("without the gate, the generation guard still refuses the older response", async () => {
+void test("without the gate, the generation guard still refuses the older response", async () => {
   class OpenGate extends Gate {
     override async run<T>(fn: () => Promise<T> | T): Promise<T> {
       return fn();
@@ -314,7 +318,14 @@ test("without the gate, the generation guard still refuses the older response", 
     },
   });
   const capacity = [{ gpuType: "H100", count: 4 }];
-  s.mgr.restore({ token: "old", expiresAt: s.clock.now() + TTL, renewBeforeMs: 1, generation: 7, capacity, issuer: "cp" });
+  s.mgr.restore({
+    token: "old",
+    expiresAt: s.clock.now() + TTL,
+    renewBeforeMs: 1,
+    generation: 7,
+    capacity,
+    issuer: "cp",
+  });
   s.mgr.start();
   await s.clock.advance(0);
   assert.equal(renewCalls, 1, "renewal in flight");
@@ -329,7 +340,7 @@ test("without the gate, the generation guard still refuses the older response", 
   await s.mgr.stop();
 });
 
-test("isNewer: only a strictly higher generation replaces the installed credentials", () => {
+void test("isNewer: only a strictly higher generation replaces the installed credentials", () => {
   const c = (generation: number): InstalledCredentials => ({
     token: `t${generation}`,
     expiresAt: 1,
@@ -344,11 +355,18 @@ test("isNewer: only a strictly higher generation replaces the installed credenti
   assert.equal(isNewer(c(2), c(2)), false);
 });
 
-test("a waiter cancelled while a registration holds the gate runs no side effect", async () => {
+void test("a waiter cancelled while a registration holds the gate runs no side effect", async () => {
   const slow = deferred();
   const s = setup({ renewBeforeMs: TTL });
   s.setHold(slow.promise);
-  s.mgr.restore({ token: "saved", expiresAt: s.clock.now() + TTL, renewBeforeMs: 1, generation: 3, capacity: [], issuer: "cp" });
+  s.mgr.restore({
+    token: "saved",
+    expiresAt: s.clock.now() + TTL,
+    renewBeforeMs: 1,
+    generation: 3,
+    capacity: [],
+    issuer: "cp",
+  });
   s.mgr.start();
   await s.clock.advance(0);
   // The registration (inventory differs from the saved capacity) holds the gate; renewal waits.
@@ -373,7 +391,7 @@ test("a waiter cancelled while a registration holds the gate runs no side effect
   assert.equal(s.clock.pending, 0, "no timer left behind");
 });
 
-test("restored credentials: ready without registering when the capacity matches", async () => {
+void test("restored credentials: ready without registering when the capacity matches", async () => {
   const s = setup();
   s.mgr.restore({
     token: "saved",
@@ -393,7 +411,7 @@ test("restored credentials: ready without registering when the capacity matches"
   await s.mgr.stop();
 });
 
-test("credentials from another control plane, or expired, are not reused", async () => {
+void test("credentials from another control plane, or expired, are not reused", async () => {
   const s = setup();
   const base = { token: "x", renewBeforeMs: 1, generation: 1, capacity: [{ gpuType: "H100", count: 4 }] };
   assert.equal(s.mgr.restore({ ...base, expiresAt: s.clock.now() + TTL, issuer: "elsewhere" }), false);
@@ -404,7 +422,7 @@ test("credentials from another control plane, or expired, are not reused", async
   await s.mgr.stop();
 });
 
-test("stop while backing off with a renewal armed leaves no timer", async () => {
+void test("stop while backing off with a renewal armed leaves no timer", async () => {
   const s = setup({ refreshIntervalMs: 10_000 });
   s.mgr.start();
   await settle();

@@ -32,7 +32,7 @@ export interface RegistrationState {
   ready: boolean;
   reason: string;
   /** Whether valid credentials are installed (terminations can be processed even when not ready). */
-  credentials: boolean;
+  hasCredentials: boolean;
 }
 
 export interface RegistrationEvents {
@@ -124,18 +124,19 @@ export class RegistrationManager {
 
   get state(): RegistrationState {
     const inv = this.o.inventory();
-    const credentials = this.token !== undefined;
+    const hasCredentials = this.token !== undefined;
     const failing = this.lastError ? `: ${this.lastError}` : "";
-    if (!inv) return { ready: false, reason: "GPU inventory not known yet", credentials };
-    if (inv.total === 0) return { ready: false, reason: "no GPUs in the cluster", credentials };
+    if (!inv) return { ready: false, reason: "GPU inventory not known yet", hasCredentials };
+    if (inv.total === 0) return { ready: false, reason: "no GPUs in the cluster", hasCredentials };
     if (!this.creds || this.creds.capacity.every((c) => c.count === 0))
       return {
         ready: false,
         reason: this.lastError ? `registration failing${failing}` : "registering with the control plane",
-        credentials,
+        hasCredentials,
       };
-    if (!credentials) return { ready: false, reason: `queue credentials expired${failing}`, credentials };
-    return { ready: true, reason: `registered: ${describe(inv)}`, credentials };
+    if (!hasCredentials)
+      return { ready: false, reason: `queue credentials expired${failing}`, hasCredentials };
+    return { ready: true, reason: `registered: ${describe(inv)}`, hasCredentials };
   }
 
   /**
@@ -304,7 +305,10 @@ export class RegistrationManager {
       if (signal.aborted) return;
       await this.install({ ...issued, generation, capacity: c.capacity, issuer: this.o.issuer });
       this.renewBackoff.reset();
-      this.o.log.info({ generation, expiresAt: new Date(issued.expiresAt).toISOString() }, "queue credentials renewed");
+      this.o.log.info(
+        { generation, expiresAt: new Date(issued.expiresAt).toISOString() },
+        "queue credentials renewed",
+      );
     } catch (err) {
       if (signal.aborted) return;
       if (isRejected(err)) {
@@ -360,7 +364,7 @@ export class RegistrationManager {
     if (!this.started) return;
     const s = this.state;
     const l = this.lastState;
-    if (l && l.ready === s.ready && l.reason === s.reason && l.credentials === s.credentials) return;
+    if (l && l.ready === s.ready && l.reason === s.reason && l.hasCredentials === s.hasCredentials) return;
     this.lastState = s;
     this.o.onState(s);
   }

@@ -2,8 +2,10 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { formatSelector, matches, parseSelector } from "./selector.js";
 
-test("parses every kubectl selector form and writes it back", () => {
-  const reqs = parseSelector("pool=a, tier==gold,zone!=z1,gpu in (h100, a100),spot notin (yes),ready,!draining");
+void test("parses every kubectl selector form and writes it back", () => {
+  const reqs = parseSelector(
+    "pool=a, tier==gold,zone!=z1,gpu in (h100, a100),spot notin (yes),ready,!draining",
+  );
   assert.deepEqual(reqs, [
     { key: "pool", operator: "In", values: ["a"] },
     { key: "tier", operator: "In", values: ["gold"] },
@@ -13,13 +15,18 @@ test("parses every kubectl selector form and writes it back", () => {
     { key: "ready", operator: "Exists" },
     { key: "draining", operator: "DoesNotExist" },
   ]);
-  assert.equal(formatSelector(reqs), "pool=a,tier=gold,zone!=z1,gpu in (h100,a100),spot!=yes,ready,!draining");
-  assert.deepEqual(parseSelector(formatSelector(reqs)), reqs.map((r) => (r.key === "spot" ? r : r)));
+  assert.equal(
+    formatSelector(reqs),
+    "pool=a,tier=gold,zone!=z1,gpu in (h100,a100),spot!=yes,ready,!draining",
+  );
+  assert.deepEqual(parseSelector(formatSelector(reqs)), reqs);
   assert.deepEqual(parseSelector(""), []);
-  assert.deepEqual(parseSelector("example.com/pool=a"), [{ key: "example.com/pool", operator: "In", values: ["a"] }]);
+  assert.deepEqual(parseSelector("example.com/pool=a"), [
+    { key: "example.com/pool", operator: "In", values: ["a"] },
+  ]);
 });
 
-test("matches labels", () => {
+void test("matches labels", () => {
   const reqs = parseSelector("pool=a,!draining,gpu in (h100,a100)");
   assert.equal(matches(reqs, { pool: "a", gpu: "h100" }), true);
   assert.equal(matches(reqs, { pool: "a", gpu: "h100", draining: "" }), false);
@@ -29,7 +36,7 @@ test("matches labels", () => {
   assert.equal(matches([], undefined), true);
 });
 
-test("bad selectors are refused with the offending term", () => {
+void test("bad selectors are refused with the offending term", () => {
   assert.throws(() => parseSelector("a in ("), /unbalanced/);
   assert.throws(() => parseSelector("a=b,,c"), /empty term/);
   assert.throws(() => parseSelector("a in ()"), /at least one value/);

@@ -11,7 +11,8 @@ export interface Requirement {
 }
 
 // A qualified name with an optional DNS prefix, as Kubernetes allows for label keys.
-const KEY = /^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
+const KEY =
+  /^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
 const VALUE = /^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/;
 
 /** Parse a selector; throws with the offending term on bad syntax. An empty string selects everything. */
@@ -27,9 +28,17 @@ export function parseSelector(selector: string): Requirement[] {
         .map((v) => v.trim())
         .filter((v) => v !== "");
       if (values.length === 0) throw new Error(`"${t}": a set needs at least one value`);
-      out.push({ key: checkKey(m[1]!, t), operator: m[2] === "in" ? "In" : "NotIn", values: values.map((v) => checkValue(v, t)) });
+      out.push({
+        key: checkKey(m[1]!, t),
+        operator: m[2] === "in" ? "In" : "NotIn",
+        values: values.map((v) => checkValue(v, t)),
+      });
     } else if ((m = t.match(/^([^=!\s]+)\s*(==|=|!=)\s*(\S*)$/))) {
-      out.push({ key: checkKey(m[1]!, t), operator: m[2] === "!=" ? "NotIn" : "In", values: [checkValue(m[3]!, t)] });
+      out.push({
+        key: checkKey(m[1]!, t),
+        operator: m[2] === "!=" ? "NotIn" : "In",
+        values: [checkValue(m[3]!, t)],
+      });
     } else if ((m = t.match(/^!\s*(\S+)$/))) {
       out.push({ key: checkKey(m[1]!, t), operator: "DoesNotExist" });
     } else if (KEY.test(t)) {

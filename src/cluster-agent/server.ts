@@ -42,8 +42,7 @@ export async function startHttp(o: HttpOptions): Promise<HttpHandle> {
           return json(200, { version: o.version });
         case "/livez":
           return json(200, { live: true });
-        case "/healthz":
-        case "/readyz": {
+        case "/healthz": {
           const h = o.health();
           return json(h.ready ? 200 : 503, h);
         }
@@ -59,7 +58,11 @@ export async function startHttp(o: HttpOptions): Promise<HttpHandle> {
         return json(500, { error: "internal error" });
       })
       .then(([status, type, body]) => {
-        res.writeHead(status, { "content-type": type, "content-length": Buffer.byteLength(body), "cache-control": "no-store" });
+        res.writeHead(status, {
+          "content-type": type,
+          "content-length": Buffer.byteLength(body),
+          "cache-control": "no-store",
+        });
         res.end(req.method === "HEAD" ? undefined : body);
       })
       .catch((err: unknown) => o.log.debug({ err }, "could not answer"));
@@ -75,10 +78,13 @@ export async function startHttp(o: HttpOptions): Promise<HttpHandle> {
       resolve();
     });
   }).catch((err: unknown) => {
-    throw new Error(`cluster agent cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`, { cause: err });
+    throw new Error(`cluster agent cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`, {
+      cause: err,
+    });
   });
   const addr = server.address() as AddressInfo;
-  const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address === "0.0.0.0" ? "127.0.0.1" : addr.address;
+  const host =
+    addr.family === "IPv6" ? `[${addr.address}]` : addr.address === "0.0.0.0" ? "127.0.0.1" : addr.address;
   return {
     url: `http://${host}:${addr.port}`,
     close: () =>

@@ -99,7 +99,11 @@ export class StatusReporter {
 
   private async reconcile(rec: RequestRecord): Promise<void> {
     const s = await this.o.workloads.status(rec);
-    const report: StatusReport = { phase: s.phase, instances: s.instances, ...(s.message ? { message: s.message } : {}) };
+    const report: StatusReport = {
+      phase: s.phase,
+      instances: s.instances,
+      ...(s.message ? { message: s.message } : {}),
+    };
     const key = JSON.stringify(report);
     if (this.last.get(rec.requestId) === key) return;
     await this.send(rec.requestId, report);
@@ -120,7 +124,10 @@ export class StatusReporter {
     const next = prev
       .then(fn)
       .catch((err: unknown) => {
-        this.o.log.warn({ err: err instanceof Error ? err.message : String(err) }, "status report pass failed; will retry");
+        this.o.log.warn(
+          { err: err instanceof Error ? err.message : String(err) },
+          "status report pass failed; will retry",
+        );
       })
       .finally(() => {
         if (this.running === next) this.running = undefined;

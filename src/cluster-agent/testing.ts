@@ -70,7 +70,12 @@ export interface LogEntry {
 }
 
 /** A real pino logger that keeps its lines in memory, so tests can assert levels and messages. */
-export function memoryLogger(): { log: Logger; entries: LogEntry[]; warnings: () => LogEntry[]; errors: () => LogEntry[] } {
+export function memoryLogger(): {
+  log: Logger;
+  entries: LogEntry[];
+  warnings: () => LogEntry[];
+  errors: () => LogEntry[];
+} {
   const entries: LogEntry[] = [];
   const log = pino(
     { level: "debug" },
@@ -89,7 +94,11 @@ export function memoryLogger(): { log: Logger; entries: LogEntry[]; warnings: ()
 }
 
 /** A promise with its resolve and reject in hand. */
-export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: unknown) => void } {
+export function deferred<T = void>(): {
+  promise: Promise<T>;
+  resolve: (v: T) => void;
+  reject: (e: unknown) => void;
+} {
   let resolve!: (v: T) => void;
   let reject!: (e: unknown) => void;
   const promise = new Promise<T>((res, rej) => {

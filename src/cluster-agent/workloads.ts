@@ -63,7 +63,11 @@ export function buildDeployment(
   messageId: string,
   p: PlacementOptions,
 ): k8s.V1Deployment {
-  const labels = { [LABEL_REQUEST_ID]: req.requestId, [LABEL_MANAGED_BY]: MANAGED_BY, "app.kubernetes.io/name": req.name };
+  const labels = {
+    [LABEL_REQUEST_ID]: req.requestId,
+    [LABEL_MANAGED_BY]: MANAGED_BY,
+    "app.kubernetes.io/name": req.name,
+  };
   const gpus = String(req.gpus);
   return {
     apiVersion: "apps/v1",
@@ -105,7 +109,11 @@ export function buildService(req: DeploymentRequest, namespace: string): k8s.V1S
     metadata: {
       name: req.name,
       namespace,
-      labels: { [LABEL_REQUEST_ID]: req.requestId, [LABEL_MANAGED_BY]: MANAGED_BY, "app.kubernetes.io/name": req.name },
+      labels: {
+        [LABEL_REQUEST_ID]: req.requestId,
+        [LABEL_MANAGED_BY]: MANAGED_BY,
+        "app.kubernetes.io/name": req.name,
+      },
     },
     spec: {
       selector: { [LABEL_REQUEST_ID]: req.requestId },
@@ -137,7 +145,8 @@ export function workloadStatus(
   if (stalled) return { phase: "Failed", message: stalled.message ?? "rollout stalled", instances };
   const want = deployment.spec?.replicas ?? 1;
   const ready = instances.filter((i) => i.ready).length;
-  if (ready >= want && instances.length >= want) return { phase: "Running", message: `${ready}/${want} ready`, instances };
+  if (ready >= want && instances.length >= want)
+    return { phase: "Running", message: `${ready}/${want} ready`, instances };
   return { phase: "Deploying", message: `${ready}/${want} ready`, instances };
 }
 
@@ -160,6 +169,19 @@ export interface RequestRecord {
   namespace: string;
   state: RecordState;
   updatedAt: string;
+}
+
+function recordFrom(cm: k8s.V1ConfigMap): RequestRecord | undefined {
+  const d = cm.data ?? {};
+  if (!d.requestId || !d.state) return undefined;
+  return {
+    requestId: d.requestId,
+    messageId: d.messageId ?? "",
+    name: d.name ?? "",
+    namespace: d.namespace ?? "",
+    state: d.state as RecordState,
+    updatedAt: d.updatedAt ?? "",
+  };
 }
 
 /** Thrown when the target name already belongs to something this request does not own. */
@@ -185,17 +207,11 @@ export class Workloads {
 
   async readRecord(requestId: string): Promise<RequestRecord | undefined> {
     try {
-      const cm = await this.core.readNamespacedConfigMap({ name: recordName(requestId), namespace: this.recordNamespace });
-      const d = cm.data ?? {};
-      if (!d.requestId || !d.state) return undefined;
-      return {
-        requestId: d.requestId,
-        messageId: d.messageId ?? "",
-        name: d.name ?? "",
-        namespace: d.namespace ?? "",
-        state: d.state as RecordState,
-        updatedAt: d.updatedAt ?? "",
-      };
+      const cm = await this.core.readNamespacedConfigMap({
+        name: recordName(requestId),
+        namespace: this.recordNamespace,
+      });
+      return recordFrom(cm);
     } catch (err) {
       if (isNotFound(err)) return undefined;
       throw apiError(`read record of request ${requestId}`, err);
@@ -207,20 +223,7 @@ export class Workloads {
       namespace: this.recordNamespace,
       labelSelector: `${LABEL_MANAGED_BY}=${MANAGED_BY},${LABEL_REQUEST_ID}`,
     });
-    return list.items.flatMap((cm) => {
-      const d = cm.data ?? {};
-      if (!d.requestId || !d.state) return [];
-      return [
-        {
-          requestId: d.requestId,
-          messageId: d.messageId ?? "",
-          name: d.name ?? "",
-          namespace: d.namespace ?? "",
-          state: d.state as RecordState,
-          updatedAt: d.updatedAt ?? "",
-        },
-      ];
-    });
+    return list.items.flatMap((cm) => recordFrom(cm) ?? []);
   }
 
   async writeRecord(rec: RequestRecord): Promise<void> {
@@ -236,7 +239,13 @@ export class Workloads {
     };
     try {
       await this.core.patchNamespacedConfigMap(
-        { name: recordName(rec.requestId), namespace: this.recordNamespace, body, fieldManager: FIELD_MANAGER, force: true },
+        {
+          name: recordName(rec.requestId),
+          namespace: this.recordNamespace,
+          body,
+          fieldManager: FIELD_MANAGER,
+          force: true,
+        },
         k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.ServerSideApply),
       );
     } catch (err) {
@@ -246,7 +255,10 @@ export class Workloads {
 
   async deleteRecord(requestId: string): Promise<void> {
     try {
-      await this.core.deleteNamespacedConfigMap({ name: recordName(requestId), namespace: this.recordNamespace });
+      await this.core.deleteNamespacedConfigMap({
+        name: recordName(requestId),
+        namespace: this.recordNamespace,
+      });
     } catch (err) {
       if (!isNotFound(err)) throw apiError(`delete record of request ${requestId}`, err);
     }
@@ -269,7 +281,13 @@ export class Workloads {
         opts,
       );
       await this.core.patchNamespacedService(
-        { name: req.name, namespace, body: buildService(req, namespace), fieldManager: FIELD_MANAGER, force: true },
+        {
+          name: req.name,
+          namespace,
+          body: buildService(req, namespace),
+          fieldManager: FIELD_MANAGER,
+          force: true,
+        },
         opts,
       );
     } catch (err) {
@@ -324,10 +342,12 @@ export class Workloads {
   }
 
   async status(rec: RequestRecord): Promise<ReturnType<typeof workloadStatus>> {
-    const dep = await this.apps.readNamespacedDeployment({ name: rec.name, namespace: rec.namespace }).catch((err: unknown) => {
-      if (isNotFound(err)) return undefined;
-      throw apiError(`read Deployment ${rec.namespace}/${rec.name}`, err);
-    });
+    const dep = await this.apps
+      .readNamespacedDeployment({ name: rec.name, namespace: rec.namespace })
+      .catch((err: unknown) => {
+        if (isNotFound(err)) return undefined;
+        throw apiError(`read Deployment ${rec.namespace}/${rec.name}`, err);
+      });
     const owned = dep?.metadata?.labels?.[LABEL_REQUEST_ID] === rec.requestId ? dep : undefined;
     const pods = await this.core.listNamespacedPod({
       namespace: rec.namespace,
@@ -336,4 +356,3 @@ export class Workloads {
     return workloadStatus(owned, pods.items);
   }
 }
-

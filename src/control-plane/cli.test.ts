@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -156,7 +156,7 @@ void test("the URL and token come from the local cluster's state when not given"
   assert.deepEqual(JSON.parse(r.stdout), []);
 });
 
-void test("warmstart control-plane serves, mints its operator token file, and stops on SIGTERM", async (t) => {
+void test("warmstart control-plane serves, mints its token files, and stops on SIGTERM", async (t) => {
   const dir = await mkdtemp(join(tmpdir(), "warmstart-cp-cli-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
   const bad = await warmstart([
@@ -172,6 +172,7 @@ void test("warmstart control-plane serves, mints its operator token file, and st
   assert.match(bad.stderr, /at least one cluster token is needed/);
 
   const tokenFile = join(dir, "control-plane", "operator-token");
+  const clusterTokenFile = join(dir, "control-plane", "cluster-token");
   const child = spawn(
     process.execPath,
     [
@@ -183,6 +184,8 @@ void test("warmstart control-plane serves, mints its operator token file, and st
       "0",
       "--operator-token-file",
       tokenFile,
+      "--cluster-token-file",
+      clusterTokenFile,
     ],
     {
       env: {
@@ -205,18 +208,20 @@ void test("warmstart control-plane serves, mints its operator token file, and st
     });
     child.once("exit", (code) => reject(new Error(`exited early with ${code}`)));
   });
-  const { readFile } = await import("node:fs/promises");
   const minted = (await readFile(tokenFile, "utf8")).trim();
   assert.ok(minted.length >= 16);
   const listed = await warmstart(["clusters", "-o", "json", "--control-plane", url, "--token", minted]);
   assert.equal(listed.code, 0, listed.stderr);
-  // Both env cluster tokens register.
-  const reg = await fetch(`${url}/v1/clusters/register`, {
-    method: "POST",
-    headers: { authorization: "Bearer other-cluster-token-0002", "content-type": "application/json" },
-    body: JSON.stringify({ clusterId: "c", inventory: [] }),
-  });
-  assert.equal(reg.status, 200);
+  // Every env cluster token and the minted one register.
+  const mintedClusterToken = (await readFile(clusterTokenFile, "utf8")).trim();
+  for (const token of [CLUSTER_TOKEN, "other-cluster-token-0002", mintedClusterToken]) {
+    const reg = await fetch(`${url}/v1/clusters/register`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: JSON.stringify({ clusterId: "c", inventory: [] }),
+    });
+    assert.equal(reg.status, 200, token);
+  }
 
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   child.kill("SIGTERM");

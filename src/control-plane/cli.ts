@@ -20,6 +20,11 @@ export function localOperatorTokenFile(): string {
   return join(stateDir(), "control-plane", "operator-token");
 }
 
+/** Where the local cluster keeps the cluster token its agent registers with. */
+export function localClusterTokenFile(): string {
+  return join(stateDir(), "control-plane", "cluster-token");
+}
+
 const int =
   (what: string) =>
   (v: string): number => {
@@ -49,26 +54,30 @@ interface ServeOptions {
   clusterToken?: string[];
   operatorToken?: string;
   operatorTokenFile?: string;
+  clusterTokenFile?: string;
   credentialTtl?: number;
   visibilityTimeout?: number;
   heartbeatInterval?: number;
 }
 
+/** The token in `file`; on first start (no file yet) one is minted and written there, 0600. */
+async function tokenFromFile(file: string): Promise<string> {
+  const existing = await readTokenFile(file);
+  if (existing) return existing;
+  const minted = randomBytes(24).toString("base64url");
+  await mkdir(dirname(file), { recursive: true });
+  await writeFile(file, `${minted}\n`, { mode: 0o600 });
+  return minted;
+}
+
 async function serve(opts: ServeOptions): Promise<void> {
   let operatorToken = opts.operatorToken ?? process.env.WARMSTART_OPERATOR_TOKEN;
-  if (!operatorToken && opts.operatorTokenFile) {
-    operatorToken = await readTokenFile(opts.operatorTokenFile);
-    if (!operatorToken) {
-      // First start with a token file: mint one so operators (and the CLI) can read it there.
-      operatorToken = randomBytes(24).toString("base64url");
-      await mkdir(dirname(opts.operatorTokenFile), { recursive: true });
-      await writeFile(opts.operatorTokenFile, `${operatorToken}\n`, { mode: 0o600 });
-    }
-  }
+  if (!operatorToken && opts.operatorTokenFile) operatorToken = await tokenFromFile(opts.operatorTokenFile);
   const dbPath = opts.db ?? process.env.WARMSTART_CONTROL_PLANE_DB ?? "warmstart-control-plane.db";
   const clusterTokens = opts.clusterToken?.length
-    ? opts.clusterToken
+    ? [...opts.clusterToken]
     : csv(process.env.WARMSTART_CLUSTER_TOKENS);
+  if (opts.clusterTokenFile) clusterTokens.push(await tokenFromFile(opts.clusterTokenFile));
   const config = parseConfig({
     dbPath,
     port: opts.port,
@@ -213,6 +222,10 @@ export function registerControlPlaneCommands(program: Command): void {
     )
     .option("--operator-token <token>", "operator token (or $WARMSTART_OPERATOR_TOKEN)")
     .option("--operator-token-file <file>", "read the operator token here; minted and written on first start")
+    .option(
+      "--cluster-token-file <file>",
+      "also accept the cluster token kept here; minted and written on first start",
+    )
     .option("--credential-ttl <seconds>", "lifetime of queue credentials", int("--credential-ttl"))
     .option(
       "--visibility-timeout <seconds>",

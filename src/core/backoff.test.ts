@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { Backoff, backoffDelay } from "./backoff.js";
 
-test("starts at the initial wait, doubles, and stops at the cap", () => {
+void test("starts at the initial wait, doubles, and stops at the cap", () => {
   const b = new Backoff({ initialMs: 1000, maxMs: 10_000 });
   assert.deepEqual(
     Array.from({ length: 7 }, () => b.next()),
@@ -11,7 +11,7 @@ test("starts at the initial wait, doubles, and stops at the cap", () => {
   assert.equal(b.failures, 7);
 });
 
-test("reset starts over from the initial wait", () => {
+void test("reset starts over from the initial wait", () => {
   const b = new Backoff({ initialMs: 500, maxMs: 60_000 });
   b.next();
   b.next();
@@ -22,7 +22,7 @@ test("reset starts over from the initial wait", () => {
   assert.equal(b.next(), 1000);
 });
 
-test("a cap below the initial wait never shortens a deliberately slow interval", () => {
+void test("a cap below the initial wait never shortens a deliberately slow interval", () => {
   const b = new Backoff({ initialMs: 600_000, maxMs: 300_000 });
   assert.equal(b.next(), 600_000);
   assert.equal(b.next(), 600_000);
@@ -30,13 +30,13 @@ test("a cap below the initial wait never shortens a deliberately slow interval",
   assert.equal(b.next(), 600_000);
 });
 
-test("a long outage stays at the cap instead of overflowing", () => {
+void test("a long outage stays at the cap instead of overflowing", () => {
   assert.equal(backoffDelay(10_000, { initialMs: 5, maxMs: 30_000 }), 30_000);
   assert.equal(backoffDelay(0, { initialMs: 5, maxMs: 30_000, factor: 3 }), 5);
   assert.equal(backoffDelay(2, { initialMs: 5, maxMs: 30_000, factor: 3 }), 45);
 });
 
-test("refuses nonsense settings", () => {
+void test("refuses nonsense settings", () => {
   assert.throws(() => new Backoff({ initialMs: 0, maxMs: 10 }), /positive/);
   assert.throws(() => new Backoff({ initialMs: 10, maxMs: 10, factor: 0.5 }), /factor/);
 });

@@ -23,8 +23,10 @@ export class Backoff {
   private attempt = 0;
 
   constructor(private readonly opts: BackoffOptions) {
-    if (!(opts.initialMs > 0) || !(opts.maxMs > 0)) throw new Error("backoff: initialMs and maxMs must be positive");
-    if (opts.factor !== undefined && !(opts.factor >= 1)) throw new Error("backoff: factor must be at least 1");
+    if (!(opts.initialMs > 0) || !(opts.maxMs > 0))
+      throw new Error("backoff: initialMs and maxMs must be positive");
+    if (opts.factor !== undefined && !(opts.factor >= 1))
+      throw new Error("backoff: factor must be at least 1");
   }
 
   /** The wait to use now; the following call returns the next, longer one. */

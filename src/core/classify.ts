@@ -95,7 +95,7 @@ export function argvTokens(container: V1Container): ArgvToken[] {
   return out;
 }
 
-interface ModelHit {
+export interface ModelHit {
   model: string;
   reason: string;
 }

@@ -46,3 +46,8 @@ export const MANIFEST_FILE = ".warmstart-manifest.json";
 export const ANN_INJECTED_ENV = "warmstart.dev/injected-env";
 export const RO_VOLUME = "warmstart-ro"; // the read-only rox-<short> claim, on restores and followers
 export const SHADOW_VOLUME = "warmstart-shadow"; // the writable per-pod cache root of a restore
+
+/** Annotation on a ModelCache: where its promoted tree lives and how to claim it (JSON, written before Ready). */
+export const ANN_CACHE_SOURCE = "warmstart.dev/source";
+/** The storage profile key of a node-local cache store (the host-path backend). */
+export const HOST_PATH_PROVISIONER = "warmstart.dev/host-path";

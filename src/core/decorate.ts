@@ -22,7 +22,6 @@ import {
   LABEL_CAPTURE,
   LABEL_GATED,
   LABEL_HASH,
-  READY_MARKER,
   RO_VOLUME,
   SCHEDULING_GATE,
   SHADOW_VOLUME,
@@ -36,6 +35,7 @@ import { injectedEnvNames } from "./hash.js";
 export const DEFAULT_CACHE_ROOT = "/warmstart/cache-root";
 /** Where a restore mounts the read-only cache tree. */
 export const DEFAULT_RO_PATH = "/warmstart/ro";
+/** How long the wait-ready init container waits for the marker before failing (the kubelet then retries). */
 export const DEFAULT_WAIT_TIMEOUT_SECONDS = 600;
 export const DEFAULT_PREWARM_PARALLELISM = 6;
 
@@ -170,8 +170,8 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   const inits: V1Container[] = [
     {
       ...base(INIT_WAIT_READY, [roMount]),
-      command: ["sh", "-c", WAIT_READY_SCRIPT, INIT_WAIT_READY],
-      args: [`${ro}/${READY_MARKER}`, String(timeout)],
+      command: [...cmd],
+      args: ["wait-ready", ro, "--timeout", String(timeout)],
     },
     {
       ...base(INIT_SEED, [roMount, { name: SHADOW_VOLUME, mountPath: root }]),
@@ -183,17 +183,17 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   if (decision.run) {
     const n = opts.prewarmParallelism;
     const parallel = Number.isFinite(n) && n >= 1 ? Math.floor(n) : DEFAULT_PREWARM_PARALLELISM;
-    const args = [...cmd, "prewarm", ro, "--parallel", String(parallel)];
+    // `warmstart prewarm` is best effort by contract: it exits 0 whatever it could not read.
     const init: V1Container = {
       ...base(INIT_PREWARM, [roMount]),
-      command: ["sh", "-c", PREWARM_SCRIPT, INIT_PREWARM],
+      command: [...cmd],
+      args: ["prewarm", ro, "--parallel", String(parallel)],
     };
     if (decision.runtimeEnv) {
       // Only known at run time: the init container reads the same reference and decides there.
-      args.push("--respect-env", ENV_PREWARM, "--default", opts.prewarm ? "on" : "off");
+      init.args?.push("--respect-env", ENV_PREWARM, "--default", opts.prewarm ? "on" : "off");
       init.env = [structuredClone(decision.runtimeEnv)];
     }
-    init.args = args;
     inits.push(init);
   }
   const spec = p.spec as NonNullable<V1Pod["spec"]>;
@@ -230,19 +230,6 @@ export function prewarmDecision(
   if (["1", "true", "yes", "on"].includes(v)) return { run: true, source: "env" };
   return { run: profile, source: "profile" };
 }
-
-// $1 = marker path, $2 = timeout in seconds. Failing makes the kubelet retry the init container.
-const WAIT_READY_SCRIPT = [
-  'marker="$1"; timeout="$2"; waited=0',
-  'while [ ! -e "$marker" ]; do',
-  '  if [ "$waited" -ge "$timeout" ]; then echo "cache not ready after ${timeout}s: $marker is missing" >&2; exit 1; fi',
-  "  sleep 2; waited=$((waited + 2))",
-  "done",
-  'echo "cache ready: $marker"',
-].join("\n");
-
-// Prewarm is best effort: whatever happens to it (even a crash), the workload starts.
-const PREWARM_SCRIPT = '"$@" || echo "prewarm did not complete; starting without it" >&2';
 
 function stamp(
   p: V1Pod,

@@ -331,6 +331,12 @@ void describe("warmstart explain (the command)", () => {
     assert.equal(out.hash, single(deploymentYaml).hash);
   });
 
+  void test("reads stdin for -", () => {
+    const r = spawnSync(process.execPath, [bin, "explain", "-"], { encoding: "utf8", input: podYaml() });
+    assert.equal(r.status, 0, String(r.stderr));
+    assert.equal((JSON.parse(String(r.stdout)) as Explanation).hash, single(podYaml()).hash);
+  });
+
   void test("compares two files", () => {
     const a = join(dir, "a.json");
     const b = join(dir, "b.yaml");

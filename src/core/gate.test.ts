@@ -8,7 +8,7 @@ function deferred(): { promise: Promise<void>; resolve: () => void } {
   return { promise, resolve };
 }
 
-test("one holder at a time, first come first served", async () => {
+void test("one holder at a time, first come first served", async () => {
   const gate = new Gate();
   const order: string[] = [];
   const hold = deferred();
@@ -32,7 +32,7 @@ test("one holder at a time, first come first served", async () => {
   assert.equal(gate.locked, false);
 });
 
-test("a waiter cancelled while another holds the gate leaves without running", async () => {
+void test("a waiter cancelled while another holds the gate leaves without running", async () => {
   const gate = new Gate();
   const hold = deferred();
   let sideEffects = 0;
@@ -53,7 +53,7 @@ test("a waiter cancelled while another holds the gate leaves without running", a
   assert.equal(gate.locked, false);
 });
 
-test("a waiter whose signal aborts as the gate is handed over still does not run", async () => {
+void test("a waiter whose signal aborts as the gate is handed over still does not run", async () => {
   const gate = new Gate();
   const ac = new AbortController();
   let ran = false;
@@ -69,13 +69,16 @@ test("a waiter whose signal aborts as the gate is handed over still does not run
   assert.equal(gate.locked, false, "the gate was released, not leaked");
 });
 
-test("an already aborted signal is refused at once", async () => {
+void test("an already aborted signal is refused at once", async () => {
   const gate = new Gate();
-  await assert.rejects(gate.run(() => 1, AbortSignal.abort()), (err) => isAbortError(err));
+  await assert.rejects(
+    gate.run(() => 1, AbortSignal.abort()),
+    (err) => isAbortError(err),
+  );
   assert.equal(gate.locked, false);
 });
 
-test("the holder's failure releases the gate; release is idempotent", async () => {
+void test("the holder's failure releases the gate; release is idempotent", async () => {
   const gate = new Gate();
   await assert.rejects(
     gate.run(() => {

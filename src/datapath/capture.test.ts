@@ -34,7 +34,7 @@ const RESERVED = [READY_MARKER, MANIFEST_FILE];
 const stagingDirs = async (parent: string, base: string): Promise<string[]> =>
   (await readdir(parent)).filter((n) => n.startsWith(`${base}.tmp-`));
 
-test("capture copies files, dirs and symlinks with atime and mtime equal to the nanosecond", async (t) => {
+void test("capture copies files, dirs and symlinks with atime and mtime equal to the nanosecond", async (t) => {
   assert.ok(exactTimes, "utimensat must be reachable (koffi) for nanosecond times");
   const dir = tempDir(t);
   const src = join(dir, "src");
@@ -64,7 +64,7 @@ test("capture copies files, dirs and symlinks with atime and mtime equal to the 
   assert.ok((await readFile(join(dest, SNAP_WEIGHTS))).equals(files.get(BLOB_BIG) as Buffer));
 });
 
-test("the manifest records counts, bytes, digests and the model/cache split, and no env or args", async (t) => {
+void test("the manifest records counts, bytes, digests and the model/cache split, and no env or args", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   const { files } = await makeCacheTree(src);
@@ -81,7 +81,8 @@ test("the manifest records counts, bytes, digests and the model/cache split, and
   ManifestSchema.strict().parse(JSON.parse(await readFile(join(dest, MANIFEST_FILE), "utf8")));
   const text = await readFile(join(dest, MANIFEST_FILE), "utf8");
   assert.ok(!text.includes(secret), "no env value in the manifest");
-  for (const a of process.argv.slice(1)) assert.ok(!text.includes(a), `no process arg (${a}) in the manifest`);
+  for (const a of process.argv.slice(1))
+    assert.ok(!text.includes(a), `no process arg (${a}) in the manifest`);
 
   assert.equal(m.hash, "b".repeat(64));
   assert.equal(m.model, "org/m");
@@ -98,40 +99,57 @@ test("the manifest records counts, bytes, digests and the model/cache split, and
     [[LINK_B, LINK_A]],
     "the second name of the linked pair points at the first",
   );
-  const area = (p: string): string => (p.startsWith("model/") ? "model" : p.startsWith("cache/") ? "cache" : "other");
+  const area = (p: string): string =>
+    p.startsWith("model/") ? "model" : p.startsWith("cache/") ? "cache" : "other";
   const modelFiles = [...files.keys()].filter((p) => area(p) === "model");
   assert.deepEqual(m.split.model, {
     files: modelFiles.length,
     bytes: modelFiles.reduce((n, p) => n + (files.get(p) as Buffer).length, 0),
   });
   assert.equal(m.split.cache.files, [...files.keys()].filter((p) => area(p) === "cache").length);
-  assert.equal(m.split.cache.bytes, [KERNEL, KERNEL_META, LINK_A].reduce((n, p) => n + (files.get(p) as Buffer).length, 0));
+  assert.equal(
+    m.split.cache.bytes,
+    [KERNEL, KERNEL_META, LINK_A].reduce((n, p) => n + (files.get(p) as Buffer).length, 0),
+  );
   assert.deepEqual(m.split.other, { files: 1, bytes: (files.get(TOP) as Buffer).length });
   assert.equal(m.split.model.bytes + m.split.cache.bytes + m.split.other.bytes, m.totalBytes);
-  assert.deepEqual(m.symlinks.map((s) => s.path).sort(), [SNAP_WEIGHTS, SNAP_WEIGHTS.replace("model.safetensors", "config.json")].sort());
+  assert.deepEqual(
+    m.symlinks.map((s) => s.path).sort(),
+    [SNAP_WEIGHTS, SNAP_WEIGHTS.replace("model.safetensors", "config.json")].sort(),
+  );
   assert.deepEqual(m.skipped, []);
-  for (const k of ["scanMs", "copyMs", "digestMs", "commitMs", "totalMs"] as const) assert.ok(m.timings[k] >= 0, k);
+  for (const k of ["scanMs", "copyMs", "digestMs", "commitMs", "totalMs"] as const)
+    assert.ok(m.timings[k] >= 0, k);
   assert.ok(m.timings.totalMs >= m.timings.scanMs + m.timings.copyMs);
   assert.ok(existsSync(join(dest, READY_MARKER)));
 });
 
 for (const [name, make] of [
-  ["absolute", async (src: string): Promise<string> => {
-    await symlink("/etc/passwd", join(src, "cache/passwd"));
-    return "cache/passwd";
-  }],
-  ["../../ relative", async (src: string): Promise<string> => {
-    await symlink("../../../outside", join(src, "cache/triton/up"));
-    return "cache/triton/up";
-  }],
-  ["chained through an in-tree link", async (src: string): Promise<string> => {
-    // `root` resolves to the tree's root (inside); `esc` is `root/..`, lexically inside, really outside.
-    await symlink("../../..", join(src, "cache/triton/abc/root"));
-    await symlink("root/..", join(src, "cache/triton/abc/esc"));
-    return "cache/triton/abc/esc";
-  }],
+  [
+    "absolute",
+    async (src: string): Promise<string> => {
+      await symlink("/etc/passwd", join(src, "cache/passwd"));
+      return "cache/passwd";
+    },
+  ],
+  [
+    "../../ relative",
+    async (src: string): Promise<string> => {
+      await symlink("../../../outside", join(src, "cache/triton/up"));
+      return "cache/triton/up";
+    },
+  ],
+  [
+    "chained through an in-tree link",
+    async (src: string): Promise<string> => {
+      // `root` resolves to the tree's root (inside); `esc` is `root/..`, lexically inside, really outside.
+      await symlink("../../..", join(src, "cache/triton/abc/root"));
+      await symlink("root/..", join(src, "cache/triton/abc/esc"));
+      return "cache/triton/abc/esc";
+    },
+  ],
 ] as const) {
-  test(`a symlink that escapes the tree (${name}) is refused and nothing is committed`, async (t) => {
+  void test(`a symlink that escapes the tree (${name}) is refused and nothing is committed`, async (t) => {
     const dir = tempDir(t);
     const src = join(dir, "src");
     await makeCacheTree(src);
@@ -148,7 +166,7 @@ for (const [name, make] of [
   });
 }
 
-test("FIFOs and sockets are skipped and recorded; reserved names in the source are not taken", async (t) => {
+void test("FIFOs and sockets are skipped and recorded; reserved names in the source are not taken", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   await makeCacheTree(src);
@@ -167,10 +185,14 @@ test("FIFOs and sockets are skipped and recorded; reserved names in the source a
   ]);
   assert.ok(!existsSync(join(dest, "cache/triton/pipe")));
   assert.ok(!existsSync(join(dest, "cache/sock")));
-  assert.notEqual(await readFile(join(dest, READY_MARKER), "utf8"), "forged", "the marker is the capture's own");
+  assert.notEqual(
+    await readFile(join(dest, READY_MARKER), "utf8"),
+    "forged",
+    "the marker is the capture's own",
+  );
 });
 
-test("a file deleted after the walk, before its copy, is tolerated and recorded", async (t) => {
+void test("a file deleted after the walk, before its copy, is tolerated and recorded", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   const { files } = await makeCacheTree(src);
@@ -179,7 +201,10 @@ test("a file deleted after the walk, before its copy, is tolerated and recorded"
     src,
     dest,
     progress: false,
-    hooks: { afterScan: (scan) => rm(join(src, KERNEL_META)).then(() => assert.ok(scan.entries.some((e) => e.rel === KERNEL_META))) },
+    hooks: {
+      afterScan: (scan) =>
+        rm(join(src, KERNEL_META)).then(() => assert.ok(scan.entries.some((e) => e.rel === KERNEL_META))),
+    },
   });
   assert.deepEqual(m.skipped, [{ path: KERNEL_META, reason: "vanished" }]);
   assert.equal(m.fileCount, files.size - 1);
@@ -188,7 +213,7 @@ test("a file deleted after the walk, before its copy, is tolerated and recorded"
   assert.ok(existsSync(join(dest, READY_MARKER)));
 });
 
-test("a crash before commit leaves nothing that looks ready; the next capture cleans up and succeeds", async (t) => {
+void test("a crash before commit leaves nothing that looks ready; the next capture cleans up and succeeds", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   await makeCacheTree(src);
@@ -213,20 +238,25 @@ test("a crash before commit leaves nothing that looks ready; the next capture cl
   assert.deepEqual(await stagingDirs(store, "h1"), [], "stale staging removed");
 });
 
-test("a failure before commit removes the staging dir and commits nothing", async (t) => {
+void test("a failure before commit removes the staging dir and commits nothing", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   await makeCacheTree(src);
   const dest = join(dir, "h1");
   await assert.rejects(
-    capture({ src, dest, progress: false, hooks: { beforeCommit: () => Promise.reject(new Error("injected")) } }),
+    capture({
+      src,
+      dest,
+      progress: false,
+      hooks: { beforeCommit: () => Promise.reject(new Error("injected")) },
+    }),
     /injected/,
   );
   assert.ok(!existsSync(dest));
   assert.deepEqual(await stagingDirs(dir, "h1"), []);
 });
 
-test("a committed destination is never overwritten; a foreign one is refused; an unmarked one of ours is redone", async (t) => {
+void test("a committed destination is never overwritten; a foreign one is refused; an unmarked one of ours is redone", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   await makeCacheTree(src);
@@ -244,7 +274,10 @@ test("a committed destination is never overwritten; a foreign one is refused; an
   const foreign = join(dir, "foreign");
   await mkdir(foreign);
   await writeFile(join(foreign, "precious"), "keep me");
-  await assert.rejects(capture({ src, dest: foreign, progress: false }), /is not a capture; refusing to overwrite/);
+  await assert.rejects(
+    capture({ src, dest: foreign, progress: false }),
+    /is not a capture; refusing to overwrite/,
+  );
   assert.equal(await readFile(join(foreign, "precious"), "utf8"), "keep me");
 
   // Committed but not marked (died between rename and marker): redone from the source.
@@ -254,7 +287,7 @@ test("a committed destination is never overwritten; a foreign one is refused; an
   assert.equal(await readFile(join(dest, TOP), "utf8"), "changed since");
 });
 
-test("progress is drawn on a TTY and silent otherwise", async (t) => {
+void test("progress is drawn on a TTY and silent otherwise", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   await makeCacheTree(src);
@@ -268,7 +301,7 @@ test("progress is drawn on a TTY and silent otherwise", async (t) => {
   assert.deepEqual(quiet, []);
 });
 
-test("the capture command: one-line errors for bad input, a summary on success", async (t) => {
+void test("the capture command: one-line errors for bad input, a summary on success", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
   await makeCacheTree(src);
@@ -287,5 +320,9 @@ test("the capture command: one-line errors for bad input, a summary on success",
   assert.equal(twice.status, 0);
   assert.match(twice.stdout, /already captured/);
   assert.equal((await readManifest(join(dir, "x"))).model, "org/m");
-  assert.ok(existsSync(join(dir, "x", BLOB_SMALL)) && existsSync(join(dir, "x", REF_MAIN)) && existsSync(join(dir, "x", LOCK)));
+  assert.ok(
+    existsSync(join(dir, "x", BLOB_SMALL)) &&
+      existsSync(join(dir, "x", REF_MAIN)) &&
+      existsSync(join(dir, "x", LOCK)),
+  );
 });

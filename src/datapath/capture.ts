@@ -7,33 +7,27 @@
  * filesystem shares extents, copy_file_range otherwise) while the same open file is hashed in
  * parallel, so each byte is read once by user space and never held whole in memory.
  */
-import { createHash, randomBytes } from "node:crypto";
-import { constants as fsc } from "node:fs";
-import {
-  chmod,
-  copyFile,
-  lchown,
-  link,
-  lstat,
-  mkdir,
-  open,
-  readdir,
-  realpath,
-  rename,
-  rm,
-  symlink,
-  writeFile,
-  type FileHandle,
-} from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { chmodSync, constants as fsc, lchownSync, mkdirSync, symlinkSync } from "node:fs";
+import { lstat, mkdir, open, readdir, realpath, rename, rm, writeFile } from "node:fs/promises";
+import { Worker } from "node:worker_threads";
 import { basename, dirname, join, resolve } from "node:path";
 import type { Logger } from "../common/log.js";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { areaOf, MANIFEST_VERSION, readManifest, type Manifest } from "./manifest.js";
-import { exactTimes, probeCopyMethod, setTimesNs, syncFilesystem, type CopyMethod } from "./native.js";
-import { runPool } from "./pool.js";
+import type { CopiedFile, CopyMember, CopyTask, CopyWorkerData, FromWorker } from "./copy-worker.js";
+import { exactTimes, probeCopyMethod, setTimesNs, setTimesNsSync, syncFilesystem, type CopyMethod } from "./native.js";
 import { Progress, type ProgressSink } from "./progress.js";
 import { fsyncDir, isReady, writeReadyMarker } from "./ready.js";
-import { isMissing, refuseEscapingLinks, scanTree, type Scan, type Skipped, type TreeEntry } from "./tree.js";
+import {
+  isMissing,
+  refuseEscapingLinks,
+  scanTree,
+  yieldNow,
+  type Scan,
+  type Skipped,
+  type TreeEntry,
+} from "./tree.js";
 
 export interface CaptureHooks {
   /** After the walk, before anything is copied (tests remove files here to see them vanish). */
@@ -73,13 +67,15 @@ export class AlreadyCapturedError extends Error {
 
 export const DEFAULT_CAPTURE_PARALLEL = 8;
 const CHUNK = 2 << 20;
+const BATCH_BYTES = 8n << 20n;
 const isRoot = (): boolean => process.getuid?.() === 0;
 
 /** Staging directories this process is writing now; anything else with our name pattern is stale. */
 const active = new Set<string>();
 
 export function checkParallel(n: number, what = "parallel"): number {
-  if (!Number.isInteger(n) || n < 1 || n > 256) throw new Error(`${what} must be an integer from 1 to 256, got ${n}`);
+  if (!Number.isInteger(n) || n < 1 || n > 256)
+    throw new Error(`${what} must be an integer from 1 to 256, got ${n}`);
   return n;
 }
 
@@ -87,19 +83,22 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
   const t0 = performance.now();
   const parallel = checkParallel(opts.parallel ?? DEFAULT_CAPTURE_PARALLEL);
   const src = await realpath(opts.src).catch((err: unknown) => {
-    throw new Error(`cannot capture ${opts.src}: ${isMissing(err) ? "no such directory" : (err as Error).message}`);
+    throw new Error(
+      `cannot capture ${opts.src}: ${isMissing(err) ? "no such directory" : (err as Error).message}`,
+    );
   });
   const destAbs = resolve(opts.dest);
   await mkdir(dirname(destAbs), { recursive: true });
   const parent = await realpath(dirname(destAbs));
   const dest = join(parent, basename(destAbs));
-  if (dest === src || dest.startsWith(`${src}/`)) throw new Error(`destination ${dest} is inside the source ${src}`);
+  if (dest === src || dest.startsWith(`${src}/`))
+    throw new Error(`destination ${dest} is inside the source ${src}`);
   if (src.startsWith(`${dest}/`)) throw new Error(`source ${src} is inside the destination ${dest}`);
 
   await removeStaleStaging(parent, basename(dest));
   await prepareDest(dest);
 
-  const scan = await scanTree(src, { parallel, reserved: [READY_MARKER, MANIFEST_FILE] });
+  const scan = await scanTree(src, { reserved: [READY_MARKER, MANIFEST_FILE] });
   if (opts.hooks?.afterScan) await opts.hooks.afterScan(scan);
   refuseEscapingLinks(scan.entries, src);
   const tScan = performance.now();
@@ -123,7 +122,7 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     });
     await writeDurably(`${staging}/${MANIFEST_FILE}`, `${JSON.stringify(manifest, null, 1)}\n`);
     const root = scan.entries[0] as TreeEntry;
-    await applyMeta(staging, root);
+    applyMeta(staging, root);
     await fsyncDir(staging);
 
     if (opts.hooks?.beforeCommit) await opts.hooks.beforeCommit(staging);
@@ -139,7 +138,10 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     }
     active.delete(staging);
     await fsyncDir(parent);
-    await writeReadyMarker(dest, `${JSON.stringify({ hash: manifest.hash, capturedAt: manifest.createdAt })}\n`);
+    await writeReadyMarker(
+      dest,
+      `${JSON.stringify({ hash: manifest.hash, capturedAt: manifest.createdAt })}\n`,
+    );
     // The marker changed the root's mtime; put the captured one back.
     await setTimesNs(dest, root.stat.atimeNs, root.stat.mtimeNs, false);
     await fsyncDir(dest);
@@ -189,7 +191,8 @@ async function prepareDest(dest: string): Promise<void> {
     throw err;
   }
   if (!st.isDirectory()) throw new Error(`${dest} exists and is not a directory; refusing to overwrite it`);
-  if (await isReady(dest)) throw new AlreadyCapturedError(dest, await readManifest(dest).catch(() => undefined));
+  if (await isReady(dest))
+    throw new AlreadyCapturedError(dest, await readManifest(dest).catch(() => undefined));
   const names = await readdir(dest);
   if (names.length === 0) return;
   if (!names.includes(MANIFEST_FILE)) {
@@ -201,13 +204,6 @@ async function prepareDest(dest: string): Promise<void> {
   const trash = `${dest}.tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
   await rename(dest, trash);
   await rm(trash, { recursive: true, force: true });
-}
-
-interface CopiedFile {
-  path: string;
-  size: number;
-  sha256: string;
-  linkTo?: string;
 }
 
 interface Copied {
@@ -229,168 +225,145 @@ async function copyTree(
   const dirs = scan.entries.filter((e) => e.kind === "dir");
   const links = scan.entries.filter((e) => e.kind === "symlink");
   // Files sharing an inode in the tree are one copy plus hard links to it.
-  const groups = new Map<string, TreeEntry[]>();
+  const groups = new Map<string, CopyTask>();
   for (const e of scan.entries) {
     if (e.kind !== "file") continue;
     const key = e.stat.nlink > 1n ? `${e.stat.dev}:${e.stat.ino}` : e.rel;
+    const m = { rel: e.rel, atimeNs: e.stat.atimeNs, mtimeNs: e.stat.mtimeNs, size: e.stat.size };
     const g = groups.get(key);
-    if (g) g.push(e);
-    else groups.set(key, [e]);
+    if (g) g.push(m);
+    else groups.set(key, [m]);
   }
   // Largest first, so one big file does not start last and run alone.
-  const tasks = [...groups.values()].sort((a, b) => Number((b[0] as TreeEntry).stat.size - (a[0] as TreeEntry).stat.size));
-  const totalBytes = tasks.reduce((n, g) => n + Number((g[0] as TreeEntry).stat.size), 0);
-  const fileCount = tasks.reduce((n, g) => n + g.length, 0);
+  const size = (t: CopyTask): bigint => (t[0] as CopyMember).size;
+  const tasks = [...groups.values()].sort((a, b) => (size(b) > size(a) ? 1 : size(b) < size(a) ? -1 : 0));
 
-  for (const d of dirs) if (d.rel !== "") await mkdir(`${staging}/${d.rel}`, { mode: 0o700 });
-
-  const sample = tasks.find((g) => (g[0] as TreeEntry).stat.size > 0n)?.[0];
-  const method: CopyMethod = sample ? await probeCopyMethod(`${src}/${sample.rel}`, staging) : "copy";
-
-  const out: Copied = { files: [], symlinks: [], dirs: dirs.length, vanished: [], method, digestMs: 0 };
-  const progress = new Progress("capture", fileCount, totalBytes, progressOut === false ? undefined : progressOut);
-  const buffers = Array.from({ length: Math.min(parallel, tasks.length) }, () => Buffer.allocUnsafe(CHUNK));
-  try {
-    await runPool(tasks, parallel, async (group, worker) => {
-      const buf = buffers[worker] as Buffer;
-      let primary: CopiedFile | undefined;
-      for (const e of group) {
-        const dst = `${staging}/${e.rel}`;
-        if (!primary) {
-          const r = await copyFileWithDigest(`${src}/${e.rel}`, dst, e, buf, progress);
-          progress.fileDone();
-          if (!r) {
-            out.vanished.push({ path: e.rel, reason: "vanished" });
-            continue;
-          }
-          out.digestMs += r.digestMs;
-          primary = { path: e.rel, size: r.size, sha256: r.sha256 };
-          out.files.push(primary);
-          continue;
-        }
-        progress.fileDone();
-        // Still there under this name? A name removed since the walk is not recreated.
-        if (!(await lstat(`${src}/${e.rel}`).catch(() => undefined))) {
-          out.vanished.push({ path: e.rel, reason: "vanished" });
-          continue;
-        }
-        await link(`${staging}/${primary.path}`, dst);
-        out.files.push({ ...primary, path: e.rel, linkTo: primary.path });
-      }
-    });
-  } finally {
-    progress.stop();
+  let n = 0;
+  for (const d of dirs) {
+    if (d.rel !== "") mkdirSync(`${staging}/${d.rel}`, { mode: 0o700 });
+    if (++n % 256 === 0) await yieldNow();
   }
 
+  const sample = tasks.find((t) => size(t) > 0n)?.[0];
+  const method: CopyMethod = sample ? await probeCopyMethod(`${src}/${sample.rel}`, staging) : "copy";
+  const flags = method === "reflink" ? fsc.COPYFILE_FICLONE : 0;
+  const copied = await copyFiles(src, staging, tasks, parallel, flags, progressOut);
+
+  const symlinks: Copied["symlinks"] = [];
   for (const e of links) {
     const dst = `${staging}/${e.rel}`;
-    await symlink(e.target as string, dst);
-    if (isRoot()) await lchown(dst, Number(e.stat.uid), Number(e.stat.gid));
-    await setTimesNs(dst, e.stat.atimeNs, e.stat.mtimeNs, true);
-    out.symlinks.push({ path: e.rel, target: e.target as string });
+    symlinkSync(e.target as string, dst);
+    if (isRoot()) lchownSync(dst, Number(e.stat.uid), Number(e.stat.gid));
+    setTimesNsSync(dst, e.stat.atimeNs, e.stat.mtimeNs, true);
+    symlinks.push({ path: e.rel, target: e.target as string });
+    if (++n % 256 === 0) await yieldNow();
   }
 
   // Directory times last, deepest first: creating anything inside a directory moves its mtime.
   const byDepth = dirs.filter((d) => d.rel !== "").sort((a, b) => depth(b.rel) - depth(a.rel));
-  for (const d of byDepth) await applyMeta(`${staging}/${d.rel}`, d);
+  for (const d of byDepth) {
+    applyMeta(`${staging}/${d.rel}`, d);
+    if (++n % 256 === 0) await yieldNow();
+  }
 
   const byPath = (a: { path: string }, b: { path: string }): number => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
-  out.files.sort(byPath);
-  out.vanished.sort(byPath);
-  return out;
+  return {
+    files: copied.files.sort(byPath),
+    symlinks,
+    dirs: dirs.length,
+    vanished: copied.vanished.map((path): Skipped => ({ path, reason: "vanished" })).sort(byPath),
+    method,
+    digestMs: copied.digestMs,
+  };
 }
 
 const depth = (rel: string): number => rel.split("/").length;
 
 /** Mode, owner (when we may) and nanosecond times of a directory. */
-async function applyMeta(path: string, e: TreeEntry): Promise<void> {
-  if (isRoot()) await lchown(path, Number(e.stat.uid), Number(e.stat.gid));
-  await chmod(path, Number(e.stat.mode) & 0o7777);
-  await setTimesNs(path, e.stat.atimeNs, e.stat.mtimeNs, false);
+function applyMeta(path: string, e: TreeEntry): void {
+  if (isRoot()) lchownSync(path, Number(e.stat.uid), Number(e.stat.gid));
+  chmodSync(path, Number(e.stat.mode) & 0o7777);
+  setTimesNsSync(path, e.stat.atimeNs, e.stat.mtimeNs, false);
 }
 
 /**
- * Copies one file and hashes it in the same pass over the same open file, then sets its owner,
- * mode and times. Returns undefined when the file vanished. The source is opened once with
- * O_NOFOLLOW, and the kernel copy reads it through /proc/self/fd, so a name swapped for a symlink
- * mid-capture is never followed. A file rewritten while it is copied is copied again.
+ * Runs the file copies on `parallel` worker threads, handing out batches (up to 64 files or
+ * 8 MiB, so one batch never holds two big files). The first error stops the handing out; every
+ * worker finishes its batch before this returns, so nothing writes into staging afterwards.
  */
-async function copyFileWithDigest(
-  srcPath: string,
-  dst: string,
-  scanned: TreeEntry,
-  buf: Buffer,
-  progress: Progress,
-): Promise<{ size: number; sha256: string; digestMs: number } | undefined> {
-  for (let attempt = 1; ; attempt++) {
-    let fh: FileHandle;
-    try {
-      fh = await openNoFollow(srcPath);
-    } catch (err) {
-      if (isMissing(err) || (err as NodeJS.ErrnoException).code === "ELOOP") return undefined;
-      throw err;
-    }
-    try {
-      const before = await fh.stat({ bigint: true });
-      if (!before.isFile()) return undefined;
-      const [, d] = await Promise.all([
-        copyFile(`/proc/self/fd/${fh.fd}`, dst, fsc.COPYFILE_FICLONE).catch((err: unknown) =>
-          isMissing(err) ? copyFile(srcPath, dst, fsc.COPYFILE_FICLONE) : Promise.reject(err),
-        ),
-        digest(fh, buf, progress),
-      ]);
-      const after = await fh.stat({ bigint: true });
-      const copiedSize = (await lstat(dst, { bigint: true })).size;
-      if (after.mtimeNs !== before.mtimeNs || after.size !== before.size || copiedSize !== BigInt(d.size)) {
-        if (attempt < 3) continue;
-        throw new Error(`${srcPath} kept changing while it was copied`);
-      }
-      if (isRoot()) {
-        await lchown(dst, Number(before.uid), Number(before.gid));
-        await chmod(dst, Number(before.mode) & 0o7777);
-      }
-      // Unchanged since the walk: the walk's times, since reading the file (ours included) may
-      // have moved its atime since. Changed: the times of the content that was copied.
-      const same = before.mtimeNs === scanned.stat.mtimeNs && before.size === scanned.stat.size;
-      const times = same ? scanned.stat : before;
-      await setTimesNs(dst, times.atimeNs, times.mtimeNs, false);
-      return d;
-    } finally {
-      await fh.close();
-    }
-  }
-}
+async function copyFiles(
+  src: string,
+  staging: string,
+  tasks: CopyTask[],
+  parallel: number,
+  copyFlags: number,
+  progressOut: ProgressSink | false | undefined,
+): Promise<{ files: CopiedFile[]; vanished: string[]; digestMs: number }> {
+  const counters = new SharedArrayBuffer(16);
+  const filesDone = new Int32Array(counters, 0, 1);
+  const bytesRead = new BigInt64Array(counters, 8, 1);
+  const totalBytes = tasks.reduce((n, t) => n + Number((t[0] as CopyMember).size), 0);
+  const fileCount = tasks.reduce((n, t) => n + t.length, 0);
+  const progress = new Progress(
+    "capture",
+    fileCount,
+    totalBytes,
+    progressOut === false ? undefined : progressOut,
+    () => ({ files: Atomics.load(filesDone, 0), bytes: Number(Atomics.load(bytesRead, 0)) }),
+  );
 
-async function openNoFollow(path: string): Promise<FileHandle> {
-  const flags = fsc.O_RDONLY | fsc.O_NOFOLLOW;
+  let next = 0;
+  let failure: Error | undefined;
+  const batch = (): CopyTask[] | null => {
+    if (failure || next >= tasks.length) return null;
+    const out: CopyTask[] = [];
+    let bytes = 0n;
+    while (next < tasks.length && out.length < 64 && bytes < BATCH_BYTES) {
+      const t = tasks[next++] as CopyTask;
+      out.push(t);
+      bytes += (t[0] as CopyMember).size;
+    }
+    return out;
+  };
+  const workerData: CopyWorkerData = { src, staging, chunkBytes: CHUNK, copyFlags, counters };
+  const run = (): Promise<Extract<FromWorker, { kind: "done" }> | undefined> =>
+    new Promise((resolve) => {
+      const w = new Worker(new URL("./copy-worker.js", import.meta.url), { workerData, execArgv: workerExecArgv() });
+      let result: Extract<FromWorker, { kind: "done" }> | undefined;
+      w.on("message", (m: FromWorker) => {
+        if (m.kind === "done") result = m;
+        else {
+          if (m.kind === "error") failure ??= new Error(m.message);
+          w.postMessage(batch());
+        }
+      });
+      w.once("error", (err) => (failure ??= err));
+      w.once("exit", () => resolve(result));
+      w.postMessage(batch());
+    });
+
+  // A worker costs tens of milliseconds to start on a small machine: no more of them than the
+  // work can use, one per big file and one per 64 small ones, at most `parallel`.
+  const big = tasks.filter((t) => (t[0] as CopyMember).size >= BATCH_BYTES).length;
+  const workers = Math.max(1, Math.min(parallel, Math.max(big + 1, Math.ceil(tasks.length / 64))));
   try {
-    // O_NOATIME keeps the source's atime as it was; allowed for the owner and for root only.
-    return await open(path, flags | fsc.O_NOATIME);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== "EPERM") throw err;
-    return await open(path, flags);
+    const results = await Promise.all(Array.from({ length: workers }, run));
+    if (failure) throw failure;
+    const out = { files: [] as CopiedFile[], vanished: [] as string[], digestMs: 0 };
+    for (const r of results) {
+      if (!r) throw new Error("a copy worker stopped without reporting");
+      out.files.push(...r.files);
+      out.vanished.push(...r.vanished);
+      out.digestMs += r.digestMs;
+    }
+    return out;
+  } finally {
+    progress.stop();
   }
 }
 
-async function digest(
-  fh: FileHandle,
-  buf: Buffer,
-  progress: Progress,
-): Promise<{ size: number; sha256: string; digestMs: number }> {
-  const h = createHash("sha256");
-  let pos = 0;
-  let digestMs = 0;
-  for (;;) {
-    const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
-    if (bytesRead === 0) break;
-    const t = performance.now();
-    h.update(buf.subarray(0, bytesRead));
-    digestMs += performance.now() - t;
-    pos += bytesRead;
-    progress.addBytes(bytesRead);
-  }
-  return { size: pos, sha256: h.digest("hex"), digestMs };
-}
+/** The parent's node flags, less those that only make sense for a main script. */
+export const workerExecArgv = (): string[] => process.execArgv.filter((a) => !a.startsWith("--input-type"));
 
 async function writeDurably(path: string, body: string): Promise<void> {
   await writeFile(path, body, { mode: 0o444 });

@@ -29,27 +29,34 @@ export function registerDatapathCommands(program: Command): void {
     .option("--model <model>", "model name recorded in the manifest")
     .option("--parallel <n>", `files copied at once (default ${DEFAULT_CAPTURE_PARALLEL})`)
     .option("--no-sync", "do not flush the copy to disk before committing (faster, not crash-safe)")
-    .action(async (src: string, dest: string, o: { hash?: string; model?: string; parallel?: string; sync: boolean }) => {
-      if (o.hash !== undefined && !/^[0-9a-f]{64}$/.test(o.hash)) {
-        throw new Error(`--hash must be a sha256 in lowercase hex (64 characters), got "${o.hash}"`);
-      }
-      const parallel = intFlag("--parallel", o.parallel, DEFAULT_CAPTURE_PARALLEL);
-      if (!exactTimes) process.stderr.write("warmstart: utimensat unavailable; times are kept to the microsecond\n");
-      try {
-        const m = await capture({ src, dest, hash: o.hash, model: o.model, parallel, durable: o.sync });
-        const secs = m.timings.totalMs / 1000;
-        process.stdout.write(
-          `captured ${dest}: ${m.fileCount} files, ${formatBytes(m.totalBytes)} ` +
-            `(model ${formatBytes(m.split.model.bytes)}, cache ${formatBytes(m.split.cache.bytes)}) ` +
-            `in ${secs.toFixed(2)} s (${(m.totalBytes / 1e6 / Math.max(secs, 1e-3)).toFixed(0)} MB/s, ` +
-            `${m.captureMethod})${m.skipped.length ? `, ${m.skipped.length} skipped` : ""}\n`,
-        );
-      } catch (err) {
-        // Already there is success for a retry: the committed tree is never touched.
-        if (!(err instanceof AlreadyCapturedError)) throw err;
-        process.stdout.write(`${err.message}\n`);
-      }
-    });
+    .action(
+      async (
+        src: string,
+        dest: string,
+        o: { hash?: string; model?: string; parallel?: string; sync: boolean },
+      ) => {
+        if (o.hash !== undefined && !/^[0-9a-f]{64}$/.test(o.hash)) {
+          throw new Error(`--hash must be a sha256 in lowercase hex (64 characters), got "${o.hash}"`);
+        }
+        const parallel = intFlag("--parallel", o.parallel, DEFAULT_CAPTURE_PARALLEL);
+        if (!exactTimes)
+          process.stderr.write("warmstart: utimensat unavailable; times are kept to the microsecond\n");
+        try {
+          const m = await capture({ src, dest, hash: o.hash, model: o.model, parallel, durable: o.sync });
+          const secs = m.timings.totalMs / 1000;
+          process.stdout.write(
+            `captured ${dest}: ${m.fileCount} files, ${formatBytes(m.totalBytes)} ` +
+              `(model ${formatBytes(m.split.model.bytes)}, cache ${formatBytes(m.split.cache.bytes)}) ` +
+              `in ${secs.toFixed(2)} s (${(m.totalBytes / 1e6 / Math.max(secs, 1e-3)).toFixed(0)} MB/s, ` +
+              `${m.captureMethod})${m.skipped.length ? `, ${m.skipped.length} skipped` : ""}\n`,
+          );
+        } catch (err) {
+          // Already there is success for a retry: the committed tree is never touched.
+          if (!(err instanceof AlreadyCapturedError)) throw err;
+          process.stdout.write(`${err.message}\n`);
+        }
+      },
+    );
 
   program
     .command("seed")
@@ -70,21 +77,27 @@ export function registerDatapathCommands(program: Command): void {
     .description("read a tree with parallel readers to warm the page cache (best effort, never fails)")
     .argument("<dir>", "the tree to read")
     .option("--parallel <n>", `parallel readers (default ${DEFAULT_PREWARM_PARALLEL})`)
-    .option("--respect-env <name>", "an env var that turns the prewarm off (0/false/no/off) or on (1/true/yes/on)")
+    .option(
+      "--respect-env <name>",
+      "an env var that turns the prewarm off (0/false/no/off) or on (1/true/yes/on)",
+    )
     .option("--default <on|off>", "what to do when that env var is unset", "on")
     .option("--skip", "do nothing (the workload starts cold from the volume)")
-    .action(async (dir: string, o: { parallel?: string; respectEnv?: string; default: string; skip?: boolean }) => {
-      const parallel = intFlag("--parallel", o.parallel, DEFAULT_PREWARM_PARALLEL);
-      if (o.default !== "on" && o.default !== "off") throw new Error(`--default must be on or off, got "${o.default}"`);
-      const r = await prewarm({
-        dir,
-        parallel,
-        skip: o.skip ?? false,
-        respectEnv: o.respectEnv,
-        defaultOn: o.default === "on",
-      });
-      process.stdout.write(`${describePrewarm(r)}\n`);
-    });
+    .action(
+      async (dir: string, o: { parallel?: string; respectEnv?: string; default: string; skip?: boolean }) => {
+        const parallel = intFlag("--parallel", o.parallel, DEFAULT_PREWARM_PARALLEL);
+        if (o.default !== "on" && o.default !== "off")
+          throw new Error(`--default must be on or off, got "${o.default}"`);
+        const r = await prewarm({
+          dir,
+          parallel,
+          skip: o.skip ?? false,
+          respectEnv: o.respectEnv,
+          defaultOn: o.default === "on",
+        });
+        process.stdout.write(`${describePrewarm(r)}\n`);
+      },
+    );
 
   program
     .command("wait-ready")

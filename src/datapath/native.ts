@@ -2,11 +2,12 @@
  * The few system calls Node's fs module cannot make exactly, reached through koffi (a C FFI with
  * prebuilt binaries shipped in its npm package). Node's utimes/lutimes go through libuv, which
  * takes a double in seconds and truncates to microseconds, so nanosecond times need utimensat
- * itself (docs/adr/0001-nanosecond-times.md). When koffi cannot load (an unusual platform), the
+ * itself (docs/adr/0002-nanosecond-times.md). When koffi cannot load (an unusual platform), the
  * fallbacks keep working at microsecond precision and `exactTimes` says so.
  */
 import { constants as fsc } from "node:fs";
-import { copyFile, lutimes, open, rm } from "node:fs/promises";
+import { lutimesSync } from "node:fs";
+import { copyFile, open, rm } from "node:fs/promises";
 import { constants as osConstants } from "node:os";
 
 type Utimensat = (dirfd: number, path: string, times: Buffer, flags: number) => number;
@@ -67,8 +68,9 @@ function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoExce
 /**
  * Sets access and modification times to the nanosecond, on the link itself when `noFollow`
  * (symlinks). Times are nanoseconds since the epoch, as `stat(..., { bigint: true })` gives them.
+ * Synchronous: one short system call, which also lets worker threads use it.
  */
-export async function setTimesNs(path: string, atimeNs: bigint, mtimeNs: bigint, noFollow: boolean): Promise<void> {
+export function setTimesNsSync(path: string, atimeNs: bigint, mtimeNs: bigint, noFollow: boolean): void {
   if (libc) {
     const buf = Buffer.allocUnsafe(32);
     writeTimespec(buf, 0, atimeNs);
@@ -79,7 +81,16 @@ export async function setTimesNs(path: string, atimeNs: bigint, mtimeNs: bigint,
     return;
   }
   // Fallback: microseconds. lutimes works on files and directories as well as links.
-  await lutimes(path, Number(atimeNs) / 1e9, Number(mtimeNs) / 1e9);
+  lutimesSync(path, Number(atimeNs) / 1e9, Number(mtimeNs) / 1e9);
+}
+
+/** setTimesNsSync with a promise, for async callers. */
+export function setTimesNs(path: string, atimeNs: bigint, mtimeNs: bigint, noFollow: boolean): Promise<void> {
+  // A throw inside the executor becomes the rejection.
+  return new Promise((resolve) => {
+    setTimesNsSync(path, atimeNs, mtimeNs, noFollow);
+    resolve();
+  });
 }
 
 function writeTimespec(buf: Buffer, offset: number, ns: bigint): void {

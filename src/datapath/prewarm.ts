@@ -5,6 +5,7 @@
  */
 import { readdir } from "node:fs/promises";
 import { Worker } from "node:worker_threads";
+import { workerExecArgv } from "./capture.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
 
 export const DEFAULT_PREWARM_PARALLEL = 6;
@@ -84,7 +85,12 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   const paths = await listFiles(opts.dir, note);
 
   const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
-  const work: PrewarmWork = { paths, shared, chunkBytes: opts.chunkBytes ?? 4 << 20, holdMs: opts.holdMs ?? 0 };
+  const work: PrewarmWork = {
+    paths,
+    shared,
+    chunkBytes: opts.chunkBytes ?? 4 << 20,
+    holdMs: opts.holdMs ?? 0,
+  };
   const readers = Math.max(1, Math.min(parallel, paths.length));
   const reports = paths.length
     ? await Promise.all(Array.from({ length: readers }, () => runReader(work)))
@@ -104,7 +110,10 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
 
 function runReader(work: PrewarmWork): Promise<PrewarmReport> {
   return new Promise((resolve) => {
-    const w = new Worker(new URL("./prewarm-worker.js", import.meta.url), { workerData: work });
+    const w = new Worker(new URL("./prewarm-worker.js", import.meta.url), {
+      workerData: work,
+      execArgv: workerExecArgv(),
+    });
     let report: PrewarmReport | undefined;
     w.once("message", (r: PrewarmReport) => (report = r));
     // A reader that dies is one more error, not a failed prewarm.

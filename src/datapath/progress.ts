@@ -20,6 +20,8 @@ export class Progress {
     private readonly totalFiles: number,
     private readonly totalBytes: number,
     private readonly out: ProgressSink | undefined = process.stderr,
+    /** Where the counts come from when others (worker threads) keep them. */
+    private readonly sample?: () => { files: number; bytes: number },
     intervalMs = 250,
   ) {
     if (this.out?.isTTY) {
@@ -48,6 +50,7 @@ export class Progress {
   }
 
   private draw(): void {
+    if (this.sample) ({ files: this.files, bytes: this.bytes } = this.sample());
     const secs = (performance.now() - this.start) / 1000;
     const rate = secs > 0 ? this.bytes / 1e6 / secs : 0;
     const line =

@@ -35,7 +35,7 @@ async function readOnlyCapture(dir: string): Promise<{ ro: string; tree: CacheTr
   return { ro: await realpath(ro), tree };
 }
 
-test("which files are used in place and which are copied", () => {
+void test("which files are used in place and which are copied", () => {
   assert.equal(usedInPlace(BLOB_BIG), true);
   assert.equal(usedInPlace(SNAP_WEIGHTS), true);
   assert.equal(usedInPlace(REF_MAIN), false, "refs are written by the hub");
@@ -45,7 +45,7 @@ test("which files are used in place and which are copied", () => {
   assert.equal(usedInPlace("modelx/file"), false);
 });
 
-test("seed links model files in place and copies compile caches with their times (as a non-root UID)", async (t) => {
+void test("seed links model files in place and copies compile caches with their times (as a non-root UID)", async (t) => {
   const dir = tempDir(t);
   const { ro, tree } = await readOnlyCapture(dir);
   const shadowParent = join(dir, "pod");
@@ -59,7 +59,8 @@ test("seed links model files in place and copies compile caches with their times
   const r = runCli(["seed", "--from", ro, "--to", shadow], { uid });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /2 model files linked in place, 7 files copied/);
-  if (uid !== undefined) assert.equal((await lstat(join(shadow, KERNEL))).uid, UID, "the shadow belongs to the pod's UID");
+  if (uid !== undefined)
+    assert.equal((await lstat(join(shadow, KERNEL))).uid, UID, "the shadow belongs to the pod's UID");
 
   // Model data: symlinks into the read-only tree, never copies.
   for (const rel of [BLOB_BIG, BLOB_SMALL]) {
@@ -67,7 +68,11 @@ test("seed links model files in place and copies compile caches with their times
     assert.equal(await readlink(join(shadow, rel)), join(ro, rel));
     assert.ok((await readFile(join(shadow, rel))).equals(tree.files.get(rel) as Buffer));
   }
-  assert.equal(await readlink(join(shadow, SNAP_WEIGHTS)), "../../blobs/aaaa", "the hub's own links as they are");
+  assert.equal(
+    await readlink(join(shadow, SNAP_WEIGHTS)),
+    "../../blobs/aaaa",
+    "the hub's own links as they are",
+  );
   assert.ok((await readFile(join(shadow, SNAP_WEIGHTS))).equals(tree.files.get(BLOB_BIG) as Buffer));
 
   // Compile caches, refs and .locks: real files with the captured nanosecond times.
@@ -93,9 +98,13 @@ test("seed links model files in place and copies compile caches with their times
     fs.writeFileSync(s + "/cache/empty/first", "x");
     fs.writeFileSync(s + "/brand-new-at-root", "x");`;
   const argv = uid === undefined ? [] : ["setpriv", `--reuid=${uid}`, `--regid=${uid}`, "--clear-groups"];
-  const w = spawnSync(argv[0] ?? process.execPath, [...argv.slice(1), ...(argv.length ? [process.execPath] : []), "-e", writes], {
-    encoding: "utf8",
-  });
+  const w = spawnSync(
+    argv[0] ?? process.execPath,
+    [...argv.slice(1), ...(argv.length ? [process.execPath] : []), "-e", writes],
+    {
+      encoding: "utf8",
+    },
+  );
   assert.equal(w.status, 0, w.stderr);
   assert.equal(await readFile(join(ro, REF_MAIN), "utf8"), "rev1", "the read-only tree is untouched");
 
@@ -106,19 +115,22 @@ test("seed links model files in place and copies compile caches with their times
   assert.equal(await readFile(join(shadow, REF_MAIN), "utf8"), "rev2");
 });
 
-test("seed refuses a tree without the ready marker, with one line", async (t) => {
+void test("seed refuses a tree without the ready marker, with one line", async (t) => {
   const dir = tempDir(t);
   await makeCacheTree(join(dir, "src"));
   await capture({ src: join(dir, "src"), dest: join(dir, "ro"), progress: false });
   await rm(join(dir, "ro", READY_MARKER));
-  await assert.rejects(seed({ from: join(dir, "ro"), to: join(dir, "shadow") }), /has no \.warmstart-ready: the capture is not complete/);
+  await assert.rejects(
+    seed({ from: join(dir, "ro"), to: join(dir, "shadow") }),
+    /has no \.warmstart-ready: the capture is not complete/,
+  );
   const r = runCli(["seed", "--from", join(dir, "ro"), "--to", join(dir, "shadow")]);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /^warmstart: .*has no \.warmstart-ready.*\n$/);
   assert.ok(!existsSync(join(dir, "shadow", "cache")), "nothing seeded");
 });
 
-test("seed in-process: counts, and a stale link to elsewhere is replaced", async (t) => {
+void test("seed in-process: counts, and a stale link to elsewhere is replaced", async (t) => {
   const dir = tempDir(t);
   const { ro } = await readOnlyCapture(dir);
   const shadow = join(dir, "shadow");

@@ -53,7 +53,9 @@ export function usedInPlace(rel: string): boolean {
 export async function seed(opts: SeedOptions): Promise<SeedResult> {
   const parallel = checkParallel(opts.parallel ?? 8);
   const from = await realpath(opts.from).catch((err: unknown) => {
-    throw new Error(`cannot seed from ${opts.from}: ${isMissing(err) ? "no such directory" : (err as Error).message}`);
+    throw new Error(
+      `cannot seed from ${opts.from}: ${isMissing(err) ? "no such directory" : (err as Error).message}`,
+    );
   });
   if (!(await isReady(from))) {
     throw new Error(`${from} has no ${READY_MARKER}: the capture is not complete; refusing to seed from it`);
@@ -65,7 +67,7 @@ export async function seed(opts: SeedOptions): Promise<SeedResult> {
     throw new Error(`the shadow ${to} and the captured tree ${from} must not contain one another`);
   }
 
-  const scan = await scanTree(from, { parallel, reserved: [READY_MARKER, MANIFEST_FILE] });
+  const scan = await scanTree(from, { reserved: [READY_MARKER, MANIFEST_FILE] });
   refuseEscapingLinks(scan.entries, from);
   const res: SeedResult = { linked: 0, copied: 0, bytesCopied: 0, dirs: 0, symlinks: 0, kept: 0 };
 

@@ -4,9 +4,9 @@
  * that a symlink stays inside the tree, done on the whole walk before anything is copied.
  */
 import type { BigIntStats } from "node:fs";
-import { lstat, readdir, readlink } from "node:fs/promises";
+import { lstatSync, readdirSync, readlinkSync } from "node:fs";
+import { lstat } from "node:fs/promises";
 import { posix } from "node:path";
-import { runPool } from "./pool.js";
 
 export type EntryKind = "dir" | "file" | "symlink" | "special";
 export type SkipReason = "fifo" | "socket" | "char-device" | "block-device" | "vanished" | "reserved";
@@ -44,68 +44,73 @@ function specialReason(st: BigIntStats): SkipReason {
 
 const join = (dir: string, name: string): string => (dir === "" ? name : `${dir}/${name}`);
 
+/** Lets other work run on the event loop between stretches of synchronous file-system calls. */
+export const yieldNow = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
 /**
  * Lists every entry under `root` (which must be a directory). Entries that vanish during the walk
  * are recorded as skipped; `reserved` names the root-level files a walk must not take from the
  * source (the ready marker and manifest belong to the copy, never to what is copied).
+ *
+ * The calls are synchronous: a walk is tens of thousands of lstat calls, and a round trip through
+ * libuv's thread pool costs more than the call itself. The loop yields every few hundred entries
+ * so a server running it keeps answering.
  */
-export async function scanTree(
-  root: string,
-  opts: { parallel?: number; reserved?: readonly string[] } = {},
-): Promise<Scan> {
+export async function scanTree(root: string, opts: { reserved?: readonly string[] } = {}): Promise<Scan> {
   const rootStat = await lstat(root, { bigint: true });
   if (!rootStat.isDirectory()) throw new Error(`${root} is not a directory`);
   const entries: TreeEntry[] = [{ rel: "", kind: "dir", stat: rootStat }];
   const skipped: Skipped[] = [];
   const reserved = new Set(opts.reserved ?? []);
   const gone = new Set<string>();
+  const pending: string[] = [""];
+  let sinceYield = 0;
 
-  let level: string[] = [""];
-  while (level.length > 0) {
-    const nextLevel: string[] = [];
-    await runPool(level, opts.parallel ?? 8, async (dir) => {
-      let names: string[];
+  for (let dir = pending.pop(); dir !== undefined; dir = pending.pop()) {
+    let names: string[];
+    try {
+      names = readdirSync(dir === "" ? root : `${root}/${dir}`);
+    } catch (err) {
+      if (!isMissing(err)) throw err;
+      gone.add(dir);
+      skipped.push({ path: dir, reason: "vanished" });
+      continue;
+    }
+    for (const name of names) {
+      const rel = join(dir, name);
+      if (dir === "" && reserved.has(name)) {
+        skipped.push({ path: rel, reason: "reserved" });
+        continue;
+      }
+      const abs = `${root}/${rel}`;
       try {
-        names = await readdir(dir === "" ? root : `${root}/${dir}`);
+        const st = lstatSync(abs, { bigint: true });
+        if (st.isDirectory()) {
+          entries.push({ rel, kind: "dir", stat: st });
+          pending.push(rel);
+        } else if (st.isFile()) {
+          entries.push({ rel, kind: "file", stat: st });
+        } else if (st.isSymbolicLink()) {
+          entries.push({ rel, kind: "symlink", stat: st, target: readlinkSync(abs) });
+        } else {
+          skipped.push({ path: rel, reason: specialReason(st) });
+        }
       } catch (err) {
         if (!isMissing(err)) throw err;
-        gone.add(dir);
-        skipped.push({ path: dir, reason: "vanished" });
-        return;
+        skipped.push({ path: rel, reason: "vanished" });
       }
-      await Promise.all(
-        names.map(async (name) => {
-          const rel = join(dir, name);
-          if (dir === "" && reserved.has(name)) {
-            skipped.push({ path: rel, reason: "reserved" });
-            return;
-          }
-          const abs = `${root}/${rel}`;
-          try {
-            const st = await lstat(abs, { bigint: true });
-            if (st.isDirectory()) {
-              entries.push({ rel, kind: "dir", stat: st });
-              nextLevel.push(rel);
-            } else if (st.isFile()) {
-              entries.push({ rel, kind: "file", stat: st });
-            } else if (st.isSymbolicLink()) {
-              entries.push({ rel, kind: "symlink", stat: st, target: await readlink(abs) });
-            } else {
-              skipped.push({ path: rel, reason: specialReason(st) });
-            }
-          } catch (err) {
-            if (!isMissing(err)) throw err;
-            skipped.push({ path: rel, reason: "vanished" });
-          }
-        }),
-      );
-    });
-    level = nextLevel;
+      if (++sinceYield >= 256) {
+        sinceYield = 0;
+        await yieldNow();
+      }
+    }
   }
 
   const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
+  // A directory that vanished was listed by its parent before it went: drop it and its subtree.
+  const under = (rel: string): boolean => [...gone].some((g) => rel === g || rel.startsWith(`${g}/`));
   return {
-    entries: entries.filter((e) => !gone.has(e.rel)).sort((a, b) => cmp(a.rel, b.rel)),
+    entries: (gone.size ? entries.filter((e) => !under(e.rel)) : entries).sort((a, b) => cmp(a.rel, b.rel)),
     skipped: skipped.sort((a, b) => cmp(a.path, b.path)),
   };
 }

@@ -4,6 +4,7 @@ import * as k8s from "@kubernetes/client-node";
 import type { ClusterState } from "./cluster.js";
 import { freePort, isAlive, type ProcessRecord } from "./processes.js";
 import { readFile } from "node:fs/promises";
+import { dirname, join } from "node:path";
 
 /** The URLs of the Warmstart roles the local cluster runs (absent until a role exists). */
 export interface RoleUrls {
@@ -23,7 +24,18 @@ export interface RoleContext {
 export async function startRoles(ctx: RoleContext): Promise<RoleUrls> {
   const roles: RoleUrls = {};
   roles.webhook = await startWebhook(ctx);
+  await startNodeAgents(ctx);
+  roles.server = await startServer(ctx);
   return roles;
+}
+
+async function startServer(ctx: RoleContext): Promise<string> {
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  ctx.progress(`starting the server (release controller, dashboard) at ${url}`);
+  const rec = await ctx.launch("server", ["server", "--host=127.0.0.1", `--port=${port}`]);
+  await waitUntil("the server", rec, async () => (await fetch(`${url}/healthz`)).ok);
+  return url;
 }
 
 async function startWebhook(ctx: RoleContext): Promise<string> {
@@ -93,4 +105,28 @@ function httpsGet(url: string): Promise<void> {
     req.on("error", reject);
     req.end();
   });
+}
+
+/**
+ * One node agent per simulated node, each with that node's kubelet root and a cache store folder
+ * beside it (host-path backend). The warm-up is short: simulated pods turn Ready at once.
+ */
+async function startNodeAgents(ctx: RoleContext): Promise<void> {
+  for (const node of ctx.state.nodes) {
+    const port = await freePort();
+    const store = join(dirname(node.kubeletRoot), "store");
+    ctx.progress(`starting the node agent of ${node.name} (store ${store}, metrics on port ${port})`);
+    const rec = await ctx.launch(`node-agent-${node.name}`, [
+      "node-agent",
+      `--node=${node.name}`,
+      `--kubelet-root=${node.kubeletRoot}`,
+      `--store=${store}`,
+      "--warmup=1s",
+      "--resync=15s",
+      "--no-durable",
+      "--host=127.0.0.1",
+      `--port=${port}`,
+    ]);
+    await waitUntil(`the node agent of ${node.name}`, rec, async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok);
+  }
 }

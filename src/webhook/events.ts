@@ -1,6 +1,7 @@
 import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { LABEL_HASH } from "../core/contract.js";
+import { postPodEvent } from "../common/events.js";
 
 export const ANN_ADMISSION_ID = "warmstart.dev/admission-id";
 
@@ -93,29 +94,12 @@ export class PodEventRecorder {
   }
 
   private async post(ev: PendingEvent, pod: k8s.V1Pod): Promise<void> {
-    const now = new Date();
     try {
-      await this.core.createNamespacedEvent({
-        namespace: ev.namespace,
-        body: {
-          metadata: { generateName: `${pod.metadata!.name!}.`, namespace: ev.namespace },
-          involvedObject: {
-            kind: "Pod",
-            apiVersion: "v1",
-            namespace: ev.namespace,
-            name: pod.metadata!.name!,
-            uid: pod.metadata!.uid!,
-          },
-          type: ev.type,
-          reason: ev.reason,
-          message: ev.message,
-          source: { component: this.component },
-          reportingComponent: this.component,
-          reportingInstance: process.env.HOSTNAME ?? "local",
-          firstTimestamp: now,
-          lastTimestamp: now,
-          count: 1,
-        },
+      await postPodEvent(this.core, { ...pod, metadata: { ...pod.metadata, namespace: ev.namespace } }, {
+        type: ev.type,
+        reason: ev.reason,
+        message: ev.message,
+        component: this.component,
       });
       this.onResult("posted");
     } catch (err) {

@@ -11,6 +11,7 @@ import { PodEventRecorder } from "./events.js";
 import { getModelCache, recordElection, releaseLease, tryAcquire } from "./election.js";
 import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
 import { registerWebhook, webhookConfiguration } from "./registration.js";
+import { promotion } from "../promote/webhook.js";
 
 export interface RunningWebhook extends RunningServer {
   caBundle: string;
@@ -53,7 +54,8 @@ export async function runWebhook(
       }),
     recordElection: (o) => recordElection(custom, o),
     releaseLease: (hash, uid) => releaseLease(coordination, cfg.systemNamespace, hash, uid),
-    restoreProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6 }),
+    restoreProfile: (cache) => promotion(kc, cfg.systemNamespace, log).restoreProfile(cache),
+    ensureClaim: (cache, namespace) => promotion(kc, cfg.systemNamespace, log).ensureClaim(cache, namespace).then(() => undefined),
   };
   const deps: AdmissionDeps = { cfg, cluster, log, metrics, recordEvent: (ev) => events.record(ev) };
 

@@ -1,0 +1,309 @@
+/**
+ * `npm run bench -- datapath`: capture against `cp -a`, prewarm against `find | xargs cat`, and
+ * capture's peak memory, all on one synthetic model tree built here (large weight shards plus
+ * many small compile-cache files). Every figure is the median of runs taken in alternating order.
+ *
+ * Sizes (env): WARMSTART_BENCH_SHARDS (4), WARMSTART_BENCH_SHARD_MB (512),
+ * WARMSTART_BENCH_SMALL_FILES (20000), WARMSTART_BENCH_RUNS (2). The tree lives in a temp dir
+ * that is removed at the end, and the run refuses to start without room for three copies of it.
+ */
+import { spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdtempSync, statfsSync } from "node:fs";
+import { mkdir, open, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { capture } from "../src/datapath/capture.js";
+import { runPool } from "../src/datapath/pool.js";
+import { prewarm } from "../src/datapath/prewarm.js";
+
+const BIN = fileURLToPath(new URL("../../bin/warmstart", import.meta.url));
+const MiB = 1024 * 1024;
+
+function envInt(name: string, dflt: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === "") return dflt;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, got "${raw}"`);
+  return n;
+}
+
+/** Deterministic sizes, so two runs of the bench build the same tree. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+async function buildTree(root: string, shards: number, shardMiB: number, small: number): Promise<number> {
+  let total = 0;
+  const blobs = join(root, "model/hub/models--bench--m/blobs");
+  await mkdir(blobs, { recursive: true });
+  const chunk = randomBytes(16 * MiB);
+  for (let i = 0; i < shards; i++) {
+    const fh = await open(join(blobs, `shard-${i}.safetensors`), "w");
+    try {
+      for (let left = shardMiB * MiB; left > 0; left -= chunk.length) {
+        chunk.writeUInt32LE(i, 0); // distinct content per shard
+        await fh.write(chunk, 0, Math.min(left, chunk.length));
+      }
+    } finally {
+      await fh.close();
+    }
+    total += shardMiB * MiB;
+  }
+  const rnd = prng(42);
+  const pool = randomBytes(64 * 1024);
+  const kinds = ["triton", "inductor", "vllm"];
+  const files = Array.from({ length: small }, (_, n) => {
+    const size = 1024 + Math.floor(rnd() * 63 * 1024);
+    const kind = kinds[n % kinds.length] as string;
+    return {
+      path: join(root, "cache", kind, `d${n % 10}`, `e${Math.floor(n / 10) % 10}`, `f${n}.bin`),
+      size,
+    };
+  });
+  for (const k of kinds)
+    for (let d = 0; d < 10; d++)
+      for (let e = 0; e < 10; e++) {
+        await mkdir(join(root, "cache", k, `d${d}`, `e${e}`), { recursive: true });
+      }
+  await runPool(files, 16, async (f) => {
+    await writeFile(f.path, pool.subarray(0, f.size));
+  });
+  total += files.reduce((n, f) => n + f.size, 0);
+  return total;
+}
+
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  const mid = Math.floor(s.length / 2);
+  return s.length % 2 ? (s[mid] as number) : ((s[mid - 1] as number) + (s[mid] as number)) / 2;
+};
+
+function sh(cmd: string, timeoutMs = 600_000): void {
+  const r = spawnSync("sh", ["-c", cmd], {
+    stdio: ["ignore", "ignore", "pipe"],
+    timeout: timeoutMs,
+    encoding: "utf8",
+  });
+  if (r.status !== 0) throw new Error(`\`${cmd}\` failed: ${r.error?.message ?? r.stderr.trim()}`);
+}
+
+async function timed(fn: () => Promise<unknown> | void): Promise<number> {
+  const t = performance.now();
+  await fn();
+  return (performance.now() - t) / 1000;
+}
+
+/** Flushes dirty pages so each measured run starts from the same state. */
+const settle = (): void => sh("sync");
+
+function dropCaches(): boolean {
+  try {
+    sh("sync && echo 3 > /proc/sys/vm/drop_caches", 120_000);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+interface Row {
+  what: string;
+  secs: number;
+  bytes: number;
+  note?: string;
+}
+
+function table(rows: Row[]): string {
+  const head = ["", "median s", "MB/s", ""];
+  const body = rows.map((r) => [
+    r.what,
+    r.secs.toFixed(2),
+    (r.bytes / 1e6 / r.secs).toFixed(0),
+    r.note ?? "",
+  ]);
+  const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => (b[i] as string).length)));
+  const line = (cells: string[]): string =>
+    cells
+      .map((c, i) => (i === 0 || i === 3 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number)))
+      .join("  ");
+  return [line(head), ...body.map(line)].join("\n");
+}
+
+export async function runDatapathBench(): Promise<void> {
+  const shards = envInt("WARMSTART_BENCH_SHARDS", 4);
+  const shardMiB = envInt("WARMSTART_BENCH_SHARD_MB", 512);
+  const small = envInt("WARMSTART_BENCH_SMALL_FILES", 20_000);
+  const runs = Math.max(1, envInt("WARMSTART_BENCH_RUNS", 2));
+  const dir = mkdtempSync(join(tmpdir(), "ws-bench-datapath-"));
+  const roughBytes = shards * shardMiB * MiB + small * 33 * 1024;
+  const fsInfo = statfsSync(dir);
+  const free = fsInfo.bavail * fsInfo.bsize;
+  if (free < 3.2 * roughBytes) {
+    await rm(dir, { recursive: true, force: true });
+    throw new Error(
+      `datapath bench needs ${((3.2 * roughBytes) / 1e9).toFixed(1)} GB free in ${tmpdir()}, has ${(free / 1e9).toFixed(1)} GB`,
+    );
+  }
+  process.once("SIGINT", () => {
+    spawnSync("rm", ["-rf", dir]);
+    process.exit(130);
+  });
+
+  try {
+    const src = join(dir, "src");
+    console.log(
+      `building ${shards} x ${shardMiB} MiB shards + ${small} small files (1-64 KiB) in ${dir} ...`,
+    );
+    const total = await buildTree(src, shards, shardMiB, small);
+    console.log(
+      `tree: ${(total / 1e9).toFixed(2)} GB in ${shards + small} files; ${runs} runs each, alternating order\n`,
+    );
+    settle();
+
+    // --- capture vs cp -a (source warm in the page cache, as on a leader that just loaded it)
+    const t: Record<string, number[]> = { cap: [], cp: [], capSync: [], cpSync: [] };
+    let method = "";
+    const fresh = async (name: string): Promise<string> => {
+      const p = join(dir, name);
+      await rm(p, { recursive: true, force: true });
+      settle();
+      return p;
+    };
+    const one = {
+      cap: async (): Promise<void> => {
+        const dest = await fresh("cap");
+        t.cap?.push(
+          await timed(
+            async () =>
+              void (method = (await capture({ src, dest, progress: false, durable: false })).captureMethod),
+          ),
+        );
+      },
+      cp: async (): Promise<void> => {
+        const dest = await fresh("cp");
+        t.cp?.push(await timed(() => sh(`cp -a '${src}' '${dest}'`)));
+      },
+      capSync: async (): Promise<void> => {
+        const dest = await fresh("cap");
+        t.capSync?.push(await timed(() => capture({ src, dest, progress: false })));
+      },
+      cpSync: async (): Promise<void> => {
+        const dest = await fresh("cp");
+        t.cpSync?.push(await timed(() => sh(`cp -a '${src}' '${dest}' && sync -f '${dest}'`)));
+      },
+    };
+    for (let r = 0; r < runs; r++) {
+      const order =
+        r % 2 === 0 ? [one.cap, one.cp, one.capSync, one.cpSync] : [one.cpSync, one.capSync, one.cp, one.cap];
+      for (const f of order) await f();
+    }
+    await fresh("cap");
+    await fresh("cp");
+
+    // --- peak RSS of a capture run through the CLI
+    let rss = "n/a";
+    const dest = await fresh("rss");
+    if (existsSync("/usr/bin/time")) {
+      const r = spawnSync(
+        "/usr/bin/time",
+        ["-f", "%M", process.execPath, BIN, "capture", src, dest, "--no-sync"],
+        {
+          encoding: "utf8",
+          timeout: 600_000,
+        },
+      );
+      const kb = Number(/(\d+)\s*$/.exec(r.stderr.trim())?.[1]);
+      if (r.status === 0 && Number.isFinite(kb)) rss = `${(kb / 1024).toFixed(0)} MiB`;
+    } else {
+      const snippet = `const { capture } = await import(${JSON.stringify(new URL("../src/datapath/capture.js", import.meta.url).href)});
+        await capture({ src: ${JSON.stringify(src)}, dest: ${JSON.stringify(dest)}, progress: false, durable: false });
+        console.log(process.resourceUsage().maxRSS);`;
+      const r = spawnSync(process.execPath, ["--input-type=module", "-e", snippet], {
+        encoding: "utf8",
+        timeout: 600_000,
+      });
+      if (r.status === 0) rss = `${(Number(r.stdout.trim()) / 1024).toFixed(0)} MiB`;
+    }
+    const baseRss = spawnSync("/usr/bin/time", ["-f", "%M", process.execPath, BIN, "--help"], {
+      encoding: "utf8",
+    });
+    const baseKb = Number(/(\d+)\s*$/.exec(baseRss.stderr.trim())?.[1]);
+    await fresh("rss");
+
+    // --- prewarm vs find | xargs cat, from disk when caches can be dropped
+    const canDrop = dropCaches();
+    const pw: Record<string, number[]> = {
+      prewarm: [],
+      xargs: [],
+      xargsN: [],
+      prewarmWarm: [],
+      xargsWarm: [],
+    };
+    const xargs = `find '${src}' -type f -print0 | xargs -0 -P6 cat > /dev/null`;
+    const xargsN = `find '${src}' -type f -print0 | xargs -0 -n 64 -P6 cat > /dev/null`;
+    const cold = async (f: () => Promise<unknown> | void): Promise<number> => {
+      if (canDrop) dropCaches();
+      return timed(f);
+    };
+    for (let r = 0; r < runs; r++) {
+      const steps: [string, () => Promise<unknown> | void][] = [
+        ["prewarm", () => prewarm({ dir: src, parallel: 6 })],
+        ["xargs", () => sh(xargs)],
+        ["xargsN", () => sh(xargsN)],
+      ];
+      if (r % 2 === 1) steps.reverse();
+      for (const [k, f] of steps) pw[k]?.push(await cold(f));
+    }
+    // Warm: everything already in the page cache (what both measure when caches cannot drop).
+    sh(xargsN);
+    for (let r = 0; r < runs; r++) {
+      const steps: [string, () => Promise<unknown> | void][] = [
+        ["prewarmWarm", () => prewarm({ dir: src, parallel: 6 })],
+        ["xargsWarm", () => sh(xargsN)],
+      ];
+      if (r % 2 === 1) steps.reverse();
+      for (const [k, f] of steps) pw[k]?.push(await timed(f));
+    }
+    const cliStart = await timed(() => sh(`'${process.execPath}' '${BIN}' prewarm '${src}' --skip`));
+
+    const m = (xs: number[] | undefined): number => median(xs ?? []);
+    const ratio = (base: number, ours: number): string => `${(base / ours).toFixed(2)}x`;
+    const coldNote = canDrop
+      ? "page cache dropped before each run"
+      : "could not drop caches: both read from the page cache";
+    console.log(
+      table([
+        { what: "capture, no flush", secs: m(t.cap), bytes: total, note: `${method}, sha256 of every byte` },
+        { what: "cp -a", secs: m(t.cp), bytes: total },
+        { what: "capture (default: flushed before commit)", secs: m(t.capSync), bytes: total },
+        { what: "cp -a && sync -f", secs: m(t.cpSync), bytes: total },
+        { what: "prewarm -P6 (cold)", secs: m(pw.prewarm), bytes: total, note: coldNote },
+        { what: "find | xargs -0 -P6 cat (cold)", secs: m(pw.xargs), bytes: total },
+        { what: "find | xargs -0 -n64 -P6 cat (cold)", secs: m(pw.xargsN), bytes: total },
+        { what: "prewarm -P6 (warm)", secs: m(pw.prewarmWarm), bytes: total },
+        { what: "find | xargs -0 -n64 -P6 cat (warm)", secs: m(pw.xargsWarm), bytes: total },
+      ]),
+    );
+    console.log(
+      [
+        "",
+        `capture vs cp -a:                   ${ratio(m(t.cp), m(t.cap))} (goal >= 1.0x)`,
+        `capture vs cp -a && sync (durable): ${ratio(m(t.cpSync), m(t.capSync))}`,
+        `prewarm vs find|xargs -P6 cat:      ${ratio(m(pw.xargs), m(pw.prewarm))} cold (goal >= 1.0x); vs -n64: ${ratio(m(pw.xargsN), m(pw.prewarm))} cold, ${ratio(m(pw.xargsWarm), m(pw.prewarmWarm))} warm`,
+        `drop_caches:                        ${canDrop ? "worked" : "not permitted"}`,
+        `capture peak RSS (CLI):             ${rss} (goal < 256 MiB; the CLI alone: ${Number.isFinite(baseKb) ? `${(baseKb / 1024).toFixed(0)} MiB` : "n/a"})`,
+        `CLI start-up (prewarm --skip):      ${cliStart.toFixed(2)} s, not in the prewarm figures`,
+      ].join("\n"),
+    );
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,76 @@
+import { isAbsolute } from "node:path";
+import { z } from "zod";
+import { SYSTEM_NAMESPACE } from "../common/kube.js";
+
+/** Durations like "30s", "1500ms", "2m" or plain seconds, in milliseconds. */
+export const durationMs = z.union([z.number(), z.string()]).transform((v, ctx) => {
+  if (typeof v === "number") return Math.round(v * 1000);
+  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(v.trim());
+  if (!m) {
+    ctx.addIssue({ code: "custom", message: `not a duration: "${v}" (use e.g. 500ms, 30s, 2m)` });
+    return z.NEVER;
+  }
+  return Math.round(Number(m[1]) * { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? "s") as "ms" | "s" | "m" | "h"]);
+});
+
+const absolute = (what: string): z.ZodString =>
+  z.string().min(1).refine(isAbsolute, { message: `${what} must be an absolute path` });
+
+const bool = z
+  .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
+  .transform((v) => v === true || v === "true" || v === "1");
+
+/** Every setting of the node agent, validated once at boot (flags, then env, then defaults). */
+export const NodeAgentConfig = z.object({
+  node: z.string().min(1),
+  kubeletRoot: absolute("--kubelet-root"),
+  store: absolute("--store"),
+  /** `namespace/name` of the claim the store directory is mounted from (shared-volume, snapshot-clone). */
+  storeClaim: z
+    .string()
+    .regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?\/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$/, "must be namespace/name")
+    .optional(),
+  /** The storage profile key of the store; by default the store claim's provisioner, or host-path. */
+  storeProvisioner: z.string().min(1).optional(),
+  storeVolumeType: z.string().min(1).optional(),
+  /** How long a leader must stay Ready before its cache is captured. */
+  warmupMs: durationMs.default(30_000),
+  /** Captures at once on this node. */
+  concurrency: z.coerce.number().int().min(1).max(64).default(2),
+  /** Files copied at once within one capture. */
+  captureParallel: z.coerce.number().int().min(1).max(256).default(8),
+  /** Flush captured data to disk before committing (off only for throwaway stores). */
+  durable: bool.default(true),
+  host: z.string().default("0.0.0.0"),
+  port: z.coerce.number().int().min(0).max(65535).default(9464),
+  systemNamespace: z.string().default(SYSTEM_NAMESPACE),
+  /** How often everything is looked at again: pods on the node, and the claims of the caches promoted here. */
+  resyncMs: durationMs.default(60_000),
+  claimAttempts: z.coerce.number().int().min(1).max(20).default(5),
+  claimBackoffMs: durationMs.default(200),
+  snapshotTimeoutMs: durationMs.default(600_000),
+});
+export type NodeAgentConfig = z.infer<typeof NodeAgentConfig>;
+
+export function loadNodeAgentConfig(flags: Record<string, unknown>, env = process.env): NodeAgentConfig {
+  const fromEnv = {
+    node: env.NODE_NAME,
+    kubeletRoot: env.WARMSTART_KUBELET_ROOT,
+    store: env.WARMSTART_STORE,
+    storeClaim: env.WARMSTART_STORE_CLAIM,
+    storeProvisioner: env.WARMSTART_STORE_PROVISIONER,
+    warmupMs: env.WARMSTART_WARMUP,
+    concurrency: env.WARMSTART_CAPTURE_CONCURRENCY,
+    port: env.WARMSTART_NODE_AGENT_PORT,
+  };
+  const merged: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(fromEnv)) if (v !== undefined && v !== "") merged[k] = v;
+  for (const [k, v] of Object.entries(flags)) if (v !== undefined) merged[k] = v;
+  const parsed = NodeAgentConfig.safeParse(merged);
+  if (!parsed.success) {
+    const first = parsed.error.issues[0]!;
+    const flag = first.path.join(".").replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`).replace(/-ms$/, "");
+    throw new Error(`invalid node-agent config: --${flag || "value"}: ${first.message}`);
+  }
+  return parsed.data;
+}

@@ -1,0 +1,69 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import type { V1Pod } from "@kubernetes/client-node";
+import { cancelReasonFor, decidePod, timeToReadySeconds } from "./decide.js";
+
+const HASH = "0123456789abcdef".repeat(4);
+
+function leader(overrides: { labels?: Record<string, string>; annotations?: Record<string, string>; ready?: boolean; node?: string; phase?: string; deleting?: boolean } = {}): V1Pod {
+  return {
+    metadata: {
+      name: "leader",
+      namespace: "ns",
+      uid: "u1",
+      creationTimestamp: "2026-01-01T00:00:00Z" as unknown as Date,
+      labels: { "warmstart.dev/capture": "true", "warmstart.dev/hash": HASH.slice(0, 16), ...overrides.labels },
+      annotations: { "warmstart.dev/hash": HASH, ...overrides.annotations },
+      ...(overrides.deleting ? { deletionTimestamp: new Date() } : {}),
+    },
+    spec: { nodeName: overrides.node ?? "gpu-0", containers: [] },
+    status: {
+      phase: overrides.phase ?? "Running",
+      conditions: [
+        { type: "Ready", status: overrides.ready === false ? "False" : "True", lastTransitionTime: "2026-01-01T00:01:30.5Z" as unknown as Date },
+      ],
+    },
+  };
+}
+
+void test("a Ready leader on this node with its stamp is considered, under the stamped hash", () => {
+  assert.deepEqual(decidePod(leader(), "gpu-0"), { action: "consider", hash: HASH, short: HASH.slice(0, 16) });
+});
+
+void test("skips say why", () => {
+  const skip = (p: V1Pod): string | undefined => {
+    const d = decidePod(p, "gpu-0");
+    return d.action === "skip" ? d.reason : undefined;
+  };
+  assert.equal(skip(leader({ labels: { "warmstart.dev/capture": "false" } })), "no-capture-label");
+  assert.equal(skip(leader({ node: "gpu-1" })), "other-node");
+  assert.equal(skip(leader({ ready: false })), "not-ready");
+  assert.equal(skip(leader({ phase: "Pending" })), "not-ready");
+  assert.equal(skip(leader({ deleting: true })), "terminating");
+  assert.equal(skip(leader({ annotations: { "warmstart.dev/hash": "" } })), "no-hash");
+  assert.equal(skip(leader({ annotations: { "warmstart.dev/hash": "not-a-hash" } })), "no-hash");
+  assert.equal(skip(leader({ labels: { "warmstart.dev/hash": "ffffffffffffffff" } })), "no-hash", "label and stamp disagree");
+});
+
+void test("the stamp is read as is: the pod's spec is never hashed again", () => {
+  const p = leader();
+  p.spec!.containers = [{ name: "main", image: "other:tag", args: ["--model", "something-else"] }];
+  const d = decidePod(p, "gpu-0");
+  assert.equal(d.action === "consider" && d.hash, HASH);
+});
+
+void test("cancelling a warm-up maps each skip to a release reason", () => {
+  assert.equal(cancelReasonFor("no-capture-label"), "label-removed");
+  assert.equal(cancelReasonFor("not-ready"), "not-ready");
+  assert.equal(cancelReasonFor("terminating"), "terminating");
+  assert.equal(cancelReasonFor("other-node"), "warmup-cancelled");
+});
+
+void test("time to Ready works with watch strings and list Dates", () => {
+  assert.equal(timeToReadySeconds(leader()), 90.5);
+  const p = leader();
+  p.metadata!.creationTimestamp = new Date("2026-01-01T00:00:00Z");
+  p.status!.conditions![0]!.lastTransitionTime = new Date("2026-01-01T00:00:10Z");
+  assert.equal(timeToReadySeconds(p), 10);
+  assert.equal(timeToReadySeconds(leader({ ready: false })), undefined);
+});

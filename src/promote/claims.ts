@@ -1,0 +1,136 @@
+/**
+ * Ensuring claim `rox-<short>` in one namespace. Create-only: every object is created whole, with
+ * its labels, and AlreadyExists means someone else created it, which is just as good. Nothing is
+ * ever updated, so concurrent callers (the node agent's promote, several admissions in the same
+ * second) converge without conflicts. The existence of the claim is the bar, not Bound: with a
+ * WaitForFirstConsumer class a clone binds only once a pod uses it.
+ */
+import * as k8s from "@kubernetes/client-node";
+import { apiError, apiErrorInfo, isAlreadyExists, isNotFound, makeApiClient } from "../common/kube.js";
+import { claimName } from "../core/contract.js";
+import {
+  SNAPSHOT_GROUP,
+  SNAPSHOT_VERSION,
+  cloneClaim,
+  hostPathVolume,
+  preBoundClaim,
+  sharedVolume,
+  snapshotContentFor,
+  snapshotFor,
+} from "./objects.js";
+import type { CacheSource } from "./source.js";
+
+export interface PromoteClients {
+  core: k8s.CoreV1Api;
+  custom: k8s.CustomObjectsApi;
+}
+
+export function promoteClients(kc: k8s.KubeConfig): PromoteClients {
+  return { core: makeApiClient(kc, k8s.CoreV1Api), custom: makeApiClient(kc, k8s.CustomObjectsApi) };
+}
+
+/** The storage cannot name a claim ahead of time (per-pod clones): pods of this cache start cold. */
+export class UnsupportedBackendError extends Error {
+  readonly reason = "Unsupported";
+}
+
+/** `created`: this call made the claim; `exists`: it was there; `namespace-gone`: nothing can run there. */
+export type EnsureOutcome = "created" | "exists" | "namespace-gone";
+
+/** A namespace that is gone or terminating refuses new objects; no pod can start there anyway. */
+export function isNamespaceGone(err: unknown, namespace: string): boolean {
+  const i = apiErrorInfo(err);
+  if (i.code === 403 && /being terminated/i.test(i.message)) return true;
+  return i.code === 404 && new RegExp(`namespaces? "?${namespace}"? not found`, "i").test(i.message);
+}
+
+async function createOnce(what: string, create: () => Promise<unknown>): Promise<boolean> {
+  try {
+    await create();
+    return true;
+  } catch (err) {
+    if (isAlreadyExists(err)) return false;
+    throw apiError(`creating ${what}`, err);
+  }
+}
+
+async function claimExists(c: PromoteClients, short: string, namespace: string): Promise<k8s.V1PersistentVolumeClaim | undefined> {
+  try {
+    return await c.core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace });
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw apiError(`reading claim ${namespace}/${claimName(short)}`, err);
+  }
+}
+
+/**
+ * Makes `rox-<short>` exist in `namespace` for a promoted cache. The claim goes first: a claim
+ * pre-bound to a PV that does not exist yet just waits for it, while a PV made for a namespace
+ * that turns out to be terminating would be left behind.
+ */
+export async function ensureClaim(
+  c: PromoteClients,
+  short: string,
+  source: CacheSource,
+  namespace: string,
+  opts: { storeNamespace?: string } = {},
+): Promise<EnsureOutcome> {
+  if (source.backend === "per-pod-clone") {
+    throw new UnsupportedBackendError(
+      `provisioner ${source.provisioner} clones a volume per pod: no claim can be named ahead of time`,
+    );
+  }
+  const existing = await claimExists(c, short, namespace);
+  // Bound means its volume exists too; nothing left to do.
+  if (existing?.status?.phase === "Bound") return "exists";
+  let created = false;
+  try {
+    if (source.backend === "snapshot-clone") {
+      // In the store's own namespace the promote's snapshot already has the clone's source name.
+      if (namespace !== opts.storeNamespace) {
+        const content = snapshotContentFor(short, source, namespace);
+        await createOnce(`VolumeSnapshotContent ${content.metadata.name}`, () =>
+          c.custom.createClusterCustomObject({
+            group: SNAPSHOT_GROUP,
+            version: SNAPSHOT_VERSION,
+            plural: "volumesnapshotcontents",
+            body: content,
+          }),
+        );
+        const snap = snapshotFor(short, source, namespace);
+        await createOnce(`VolumeSnapshot ${namespace}/${snap.metadata.name}`, () =>
+          c.custom.createNamespacedCustomObject({
+            group: SNAPSHOT_GROUP,
+            version: SNAPSHOT_VERSION,
+            plural: "volumesnapshots",
+            namespace,
+            body: snap,
+          }),
+        );
+      }
+      if (!existing) {
+        const claim = cloneClaim(short, source, namespace);
+        created = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
+          c.core.createNamespacedPersistentVolumeClaim({ namespace, body: claim }),
+        );
+      }
+    } else {
+      const volume =
+        source.backend === "host-path" ? hostPathVolume(short, source, namespace) : sharedVolume(short, source, namespace);
+      if (!existing) {
+        const claim = preBoundClaim(short, source, namespace, volume);
+        created = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
+          c.core.createNamespacedPersistentVolumeClaim({ namespace, body: claim }),
+        );
+      }
+      await createOnce(`PersistentVolume ${volume.metadata!.name!}`, () =>
+        c.core.createPersistentVolume({ body: volume }),
+      );
+    }
+  } catch (err) {
+    const cause = (err as Error).cause ?? err;
+    if (isNamespaceGone(cause, namespace)) return "namespace-gone";
+    throw err;
+  }
+  return created ? "created" : "exists";
+}

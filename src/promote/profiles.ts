@@ -1,0 +1,212 @@
+/**
+ * Storage profiles (SPEC 1.5): how a cache store's storage is promoted to read-only claims, and
+ * how restores from it prewarm. Keyed by provisioner (the cache store's StorageClass provisioner,
+ * or HOST_PATH_PROVISIONER for a node-local store), with per-volume-type overrides. Built-in
+ * profiles cover common drivers; ConfigMap `warmstart-storage-profiles` in the system namespace
+ * overrides them field by field: each data key is a provisioner, each value a YAML (or JSON)
+ * object of settings.
+ */
+import * as k8s from "@kubernetes/client-node";
+import { parse as parseYaml } from "yaml";
+import { z } from "zod";
+import { HOST_PATH_PROVISIONER, STORAGE_PROFILES_CONFIGMAP } from "../core/contract.js";
+import { apiError, isNotFound } from "../common/kube.js";
+import type { Logger } from "../common/log.js";
+
+export const BACKENDS = ["host-path", "shared-volume", "snapshot-clone", "per-pod-clone"] as const;
+export type Backend = (typeof BACKENDS)[number];
+
+export const DEFAULT_PREWARM_PARALLELISM = 6;
+/** Shared-volume handle per consumer namespace; `{handle}` is the store volume's own handle. */
+export const DEFAULT_HANDLE_TEMPLATE = "{handle}#{path}#{namespace}";
+
+const Settings = z
+  .object({
+    backend: z.enum(BACKENDS),
+    /** StorageClass of the promoted PVs and claims ("" or unset: none, so nothing provisions them). */
+    storageClassName: z.string(),
+    /** VolumeSnapshotClass for snapshot-clone. */
+    snapshotClass: z.string(),
+    /** Shared-volume handle per namespace: `{handle}`, `{namespace}`, `{short}`, `{path}` are replaced. */
+    handleTemplate: z.string().min(1),
+    /** Extra CSI volume attributes of the per-namespace PVs (same placeholders). */
+    volumeAttributes: z.record(z.string(), z.string()),
+    mountOptions: z.array(z.string().min(1)),
+    /** Host-path PVs: `local` (default) or `hostPath`. */
+    hostPathType: z.enum(["local", "hostPath"]),
+    prewarm: z.boolean(),
+    prewarmParallelism: z.number().int().min(1).max(256),
+  })
+  .partial()
+  .strict();
+type Settings = z.infer<typeof Settings>;
+
+const Entry = Settings.extend({ volumeTypes: z.record(z.string().min(1), Settings).optional() }).strict();
+export type ProfileEntry = z.infer<typeof Entry>;
+
+export interface StorageProfile {
+  provisioner: string;
+  volumeType?: string;
+  backend: Backend;
+  storageClassName: string;
+  snapshotClass?: string;
+  handleTemplate: string;
+  volumeAttributes: Record<string, string>;
+  mountOptions: string[];
+  hostPathType: "local" | "hostPath";
+  prewarm: boolean;
+  prewarmParallelism: number;
+  /** Where the settings came from, for logs and the cache record. */
+  origin: "built-in" | "configmap" | "none";
+  /** Why the backend was chosen when no profile names the provisioner. */
+  note?: string;
+}
+
+/** Known drivers. A provisioner nobody describes is treated as per-pod clone: it cannot be shared. */
+export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
+  [HOST_PATH_PROVISIONER]: { backend: "host-path", hostPathType: "local" },
+  "kubernetes.io/no-provisioner": { backend: "host-path", hostPathType: "local" },
+  "rancher.io/local-path": { backend: "host-path", hostPathType: "hostPath" },
+  "nfs.csi.k8s.io": { backend: "shared-volume" },
+  "filestore.csi.storage.gke.io": { backend: "shared-volume" },
+  "nvmesh-csi.excelero.com": { backend: "shared-volume" },
+  "pd.csi.storage.gke.io": {
+    backend: "snapshot-clone",
+    // Only Hyperdisk ML attaches read-only to many nodes; other PD types clone per pod.
+    volumeTypes: { "hyperdisk-ml": { backend: "snapshot-clone" }, "pd-balanced": { backend: "per-pod-clone" } },
+  },
+  // EBS volumes attach to one node at a time: each pod would need its own clone.
+  "ebs.csi.aws.com": { backend: "per-pod-clone" },
+};
+
+export interface ParsedProfiles {
+  entries: Map<string, ProfileEntry>;
+  /** One line per data key that was not a valid profile (those keys are ignored). */
+  errors: string[];
+}
+
+/** Parses the ConfigMap's data; a bad key is reported and skipped, never fatal for the others. */
+export function parseProfiles(data: Readonly<Record<string, string>> | undefined): ParsedProfiles {
+  const entries = new Map<string, ProfileEntry>();
+  const errors: string[] = [];
+  for (const [key, raw] of Object.entries(data ?? {})) {
+    let value: unknown;
+    try {
+      value = parseYaml(raw);
+    } catch (err) {
+      errors.push(`${key}: not YAML or JSON: ${(err as Error).message.split("\n")[0]}`);
+      continue;
+    }
+    const parsed = Entry.safeParse(value ?? {});
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      errors.push(`${key}: ${issue?.path.join(".") || "value"}: ${issue?.message ?? "invalid"}`);
+      continue;
+    }
+    entries.set(key, parsed.data);
+  }
+  return { entries, errors };
+}
+
+/**
+ * The effective profile of a provisioner and volume type: defaults, then the built-in entry, then
+ * the ConfigMap entry, then each one's per-type override, later layers winning field by field.
+ */
+export function resolveProfile(
+  configured: ReadonlyMap<string, ProfileEntry>,
+  provisioner: string,
+  volumeType?: string,
+): StorageProfile {
+  const builtIn = BUILT_IN_PROFILES[provisioner];
+  const fromMap = configured.get(provisioner);
+  const layers: Settings[] = [];
+  for (const e of [builtIn, fromMap]) {
+    if (!e) continue;
+    const { volumeTypes: _types, ...base } = e;
+    layers.push(base);
+  }
+  for (const e of [builtIn, fromMap]) {
+    const t = volumeType ? e?.volumeTypes?.[volumeType] : undefined;
+    if (t) layers.push(t);
+  }
+  const merged: Settings = Object.assign({}, ...layers) as Settings;
+  const known = builtIn !== undefined || fromMap !== undefined;
+  return {
+    provisioner,
+    ...(volumeType ? { volumeType } : {}),
+    backend: merged.backend ?? "per-pod-clone",
+    storageClassName: merged.storageClassName ?? "",
+    ...(merged.snapshotClass ? { snapshotClass: merged.snapshotClass } : {}),
+    handleTemplate: merged.handleTemplate ?? DEFAULT_HANDLE_TEMPLATE,
+    volumeAttributes: merged.volumeAttributes ?? {},
+    mountOptions: merged.mountOptions ?? [],
+    hostPathType: merged.hostPathType ?? "local",
+    prewarm: merged.prewarm ?? true,
+    prewarmParallelism: merged.prewarmParallelism ?? DEFAULT_PREWARM_PARALLELISM,
+    origin: fromMap ? "configmap" : builtIn ? "built-in" : "none",
+    ...(known
+      ? {}
+      : {
+          note: `no storage profile names provisioner ${provisioner}; add one to ConfigMap ${STORAGE_PROFILES_CONFIGMAP} to share its volumes`,
+        }),
+  };
+}
+
+/**
+ * Reads the profiles ConfigMap with a short cache, so the webhook's hot path costs no API call
+ * per pod. An unreadable or missing ConfigMap means built-in profiles only (logged, never fatal).
+ */
+export class StorageProfiles {
+  private cached: { at: number; entries: Map<string, ProfileEntry> } | undefined;
+  private loading: Promise<Map<string, ProfileEntry>> | undefined;
+  private lastErrors = "";
+
+  constructor(
+    private readonly core: k8s.CoreV1Api,
+    private readonly namespace: string,
+    private readonly log: Logger,
+    private readonly ttlMs = 5_000,
+  ) {}
+
+  async resolve(provisioner: string, volumeType?: string): Promise<StorageProfile> {
+    return resolveProfile(await this.entries(), provisioner, volumeType);
+  }
+
+  /** Drops the cached copy (tests and callers that just changed the ConfigMap). */
+  invalidate(): void {
+    this.cached = undefined;
+  }
+
+  private async entries(): Promise<Map<string, ProfileEntry>> {
+    if (this.cached && Date.now() - this.cached.at < this.ttlMs) return this.cached.entries;
+    this.loading ??= this.load().finally(() => (this.loading = undefined));
+    return this.loading;
+  }
+
+  private async load(): Promise<Map<string, ProfileEntry>> {
+    let data: Record<string, string> | undefined;
+    try {
+      const cm = await this.core.readNamespacedConfigMap({ name: STORAGE_PROFILES_CONFIGMAP, namespace: this.namespace });
+      data = cm.data;
+    } catch (err) {
+      if (!isNotFound(err)) {
+        const e = apiError(`reading ConfigMap ${this.namespace}/${STORAGE_PROFILES_CONFIGMAP}`, err);
+        // Keep what we knew: a blip of the API server must not flip every profile to defaults.
+        if (this.cached) {
+          this.log.warn({ err: e.message }, "storage profiles unreadable; keeping the last ones read");
+          return this.cached.entries;
+        }
+        this.log.warn({ err: e.message }, "storage profiles unreadable; using built-in profiles");
+        return new Map();
+      }
+    }
+    const { entries, errors } = parseProfiles(data);
+    const summary = errors.join("; ");
+    if (summary && summary !== this.lastErrors) {
+      this.log.error({ configMap: STORAGE_PROFILES_CONFIGMAP, errors }, "invalid storage profiles ignored");
+    }
+    this.lastErrors = summary;
+    this.cached = { at: Date.now(), entries };
+    return entries;
+  }
+}

@@ -1,0 +1,145 @@
+/**
+ * The last step before a cache may be published Ready: claim `rox-<short>` must exist in every
+ * namespace that holds pods stamped with the hash, because a follower released into a namespace
+ * without its claim stays Pending for good (it is never admitted again). Each namespace is retried
+ * with bounded backoff; if one still fails, the caller publishes Failed, not Ready, so the
+ * followers are re-elected instead of released.
+ */
+import type * as k8s from "@kubernetes/client-node";
+import { setTimeout as sleep } from "node:timers/promises";
+import { LABEL_HASH } from "../core/contract.js";
+import { Backoff } from "../core/backoff.js";
+import { apiError } from "../common/kube.js";
+import type { Logger } from "../common/log.js";
+import { ensureClaim, UnsupportedBackendError, type EnsureOutcome, type PromoteClients } from "./claims.js";
+import type { CacheSource } from "./source.js";
+
+export interface RetryOptions {
+  attempts: number;
+  initialMs: number;
+  maxMs: number;
+  signal?: AbortSignal;
+  /** Errors that no retry can fix end the loop at once. */
+  retryable?: (err: unknown) => boolean;
+  onRetry?: (attempt: number, err: unknown, delayMs: number) => void;
+}
+
+export const DEFAULT_CLAIM_RETRY = { attempts: 5, initialMs: 200, maxMs: 5_000 } as const;
+
+/** Runs `fn` until it succeeds, at most `attempts` times, waiting with capped exponential backoff in between. */
+export async function retry<T>(fn: (attempt: number) => Promise<T>, o: RetryOptions): Promise<T> {
+  const backoff = new Backoff({ initialMs: o.initialMs, maxMs: o.maxMs });
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await fn(attempt);
+    } catch (err) {
+      if (attempt >= o.attempts || o.retryable?.(err) === false || o.signal?.aborted) throw err;
+      const delay = backoff.next();
+      o.onRetry?.(attempt, err, delay);
+      await sleep(delay, undefined, o.signal ? { signal: o.signal } : undefined);
+    }
+  }
+}
+
+export interface NamespaceResult {
+  namespace: string;
+  outcome?: EnsureOutcome;
+  attempts: number;
+  error?: string;
+}
+
+export interface ClaimsResult {
+  ok: boolean;
+  /** Namespaces that now have the claim. */
+  namespaces: string[];
+  results: NamespaceResult[];
+  unsupported?: string;
+}
+
+/** The namespaces holding pods stamped with this cache's short hash (any phase: a gated follower counts). */
+export async function stampedNamespaces(core: k8s.CoreV1Api, short: string): Promise<string[]> {
+  try {
+    const pods = await core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` });
+    return [...new Set(pods.items.map((p) => p.metadata?.namespace).filter((n): n is string => Boolean(n)))].sort();
+  } catch (err) {
+    throw apiError(`listing pods of cache ${short}`, err);
+  }
+}
+
+export interface EnsureAllOptions {
+  clients: PromoteClients;
+  short: string;
+  source: CacheSource;
+  log: Logger;
+  /** Namespaces to cover besides those found by label (the leader's). */
+  extraNamespaces?: string[];
+  /** The snapshot-clone store claim's namespace (its snapshot already has the clone's source name). */
+  storeNamespace?: string;
+  retry?: Partial<Pick<RetryOptions, "attempts" | "initialMs" | "maxMs">>;
+  parallel?: number;
+  signal?: AbortSignal;
+  onAttempt?: (namespace: string, result: "created" | "exists" | "gone" | "retry" | "failed") => void;
+}
+
+/** Ensures the claim in every namespace with stamped pods, each with its own bounded retries. */
+export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<ClaimsResult> {
+  const found = await retry(() => stampedNamespaces(o.clients.core, o.short), {
+    ...DEFAULT_CLAIM_RETRY,
+    ...o.retry,
+    signal: o.signal,
+  });
+  const namespaces = [...new Set([...found, ...(o.extraNamespaces ?? [])])].sort();
+  const results: NamespaceResult[] = [];
+  let unsupported: string | undefined;
+  const queue = [...namespaces];
+  const worker = async (): Promise<void> => {
+    for (let ns = queue.shift(); ns !== undefined; ns = queue.shift()) {
+      const namespace = ns;
+      const r: NamespaceResult = { namespace, attempts: 0 };
+      try {
+        r.outcome = await retry(
+          async (attempt) => {
+            r.attempts = attempt;
+            return ensureClaim(o.clients, o.short, o.source, namespace, { storeNamespace: o.storeNamespace });
+          },
+          {
+            ...DEFAULT_CLAIM_RETRY,
+            ...o.retry,
+            signal: o.signal,
+            retryable: (err) => !(err instanceof UnsupportedBackendError),
+            onRetry: (attempt, err, delayMs) => {
+              o.onAttempt?.(namespace, "retry");
+              o.log.warn(
+                { namespace, attempt, retryInMs: delayMs, err: (err as Error).message },
+                "claim not ensured yet; retrying",
+              );
+            },
+          },
+        );
+        o.onAttempt?.(namespace, r.outcome === "namespace-gone" ? "gone" : r.outcome);
+      } catch (err) {
+        if (err instanceof UnsupportedBackendError) unsupported = err.message;
+        r.error = (err as Error).message;
+        o.onAttempt?.(namespace, "failed");
+      }
+      results.push(r);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, Math.min(o.parallel ?? 4, namespaces.length)) }, worker));
+  results.sort((a, b) => (a.namespace < b.namespace ? -1 : 1));
+  const ok = results.every((r) => !r.error);
+  return {
+    ok,
+    namespaces: results.filter((r) => r.outcome === "created" || r.outcome === "exists").map((r) => r.namespace),
+    results,
+    ...(unsupported ? { unsupported } : {}),
+  };
+}
+
+/** One line naming each namespace whose claim could not be made, for the cache's status message. */
+export function describeFailures(r: ClaimsResult): string {
+  return r.results
+    .filter((x) => x.error)
+    .map((x) => `claim in ${x.namespace} failed after ${x.attempts} attempt(s): ${x.error}`)
+    .join("; ");
+}

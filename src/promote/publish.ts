@@ -1,0 +1,179 @@
+/**
+ * From a committed tree in a node's cache store to a cache source: what storage the store is
+ * (which picks the storage profile, hence the backend) and, per backend, the volume identity that
+ * every namespace's claim will point at.
+ */
+import * as k8s from "@kubernetes/client-node";
+import { relative } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { HOST_PATH_PROVISIONER } from "../core/contract.js";
+import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
+import { SNAPSHOT_GROUP, SNAPSHOT_VERSION, storeSnapshot, type VolumeSnapshot, type VolumeSnapshotContent } from "./objects.js";
+import type { StorageProfile } from "./profiles.js";
+import type { CacheSource } from "./source.js";
+import type { PromoteClients } from "./claims.js";
+
+export interface StoreLocation {
+  node: string;
+  /** The store directory as the agent sees it. */
+  dir: string;
+  /** The claim the store directory is a mount of, when it is a volume (shared or snapshot-able). */
+  claim?: { namespace: string; name: string };
+  /** Overrides what the claim's StorageClass says (or names the provisioner of a store without a claim). */
+  provisioner?: string;
+  volumeType?: string;
+}
+
+export interface StoreStorage {
+  provisioner: string;
+  volumeType?: string;
+  claim?: { namespace: string; name: string };
+  csi?: { driver: string; volumeHandle: string; fsType?: string; volumeAttributes?: Record<string, string> };
+}
+
+/** Learns the store's provisioner (and volume type, and CSI identity) from its claim, if it has one. */
+export async function describeStore(kc: k8s.KubeConfig, loc: StoreLocation): Promise<StoreStorage> {
+  if (!loc.claim) return { provisioner: loc.provisioner ?? HOST_PATH_PROVISIONER, ...(loc.volumeType ? { volumeType: loc.volumeType } : {}) };
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  const storage = kc.makeApiClient(k8s.StorageV1Api);
+  const { namespace, name } = loc.claim;
+  let pvc: k8s.V1PersistentVolumeClaim;
+  try {
+    pvc = await core.readNamespacedPersistentVolumeClaim({ name, namespace });
+  } catch (err) {
+    throw apiError(`reading the store claim ${namespace}/${name}`, err);
+  }
+  let provisioner = loc.provisioner;
+  let volumeType = loc.volumeType;
+  const className = pvc.spec?.storageClassName;
+  if (className && (!provisioner || !volumeType)) {
+    try {
+      const sc = await storage.readStorageClass({ name: className });
+      provisioner ??= sc.provisioner;
+      volumeType ??= sc.parameters?.type;
+    } catch (err) {
+      if (!isNotFound(err)) throw apiError(`reading StorageClass ${className}`, err);
+    }
+  }
+  let csi: StoreStorage["csi"];
+  const pvName = pvc.spec?.volumeName;
+  if (pvName) {
+    try {
+      const pv = await core.readPersistentVolume({ name: pvName });
+      if (pv.spec?.csi) {
+        csi = {
+          driver: pv.spec.csi.driver,
+          volumeHandle: pv.spec.csi.volumeHandle,
+          ...(pv.spec.csi.fsType ? { fsType: pv.spec.csi.fsType } : {}),
+          ...(pv.spec.csi.volumeAttributes ? { volumeAttributes: pv.spec.csi.volumeAttributes } : {}),
+        };
+        provisioner ??= pv.spec.csi.driver;
+      }
+    } catch (err) {
+      throw apiError(`reading the store volume ${pvName}`, err);
+    }
+  }
+  if (!provisioner) throw new Error(`cannot tell the provisioner of the store claim ${namespace}/${name}`);
+  return { provisioner, ...(volumeType ? { volumeType } : {}), claim: loc.claim, ...(csi ? { csi } : {}) };
+}
+
+export interface PublishInput {
+  short: string;
+  store: StoreLocation;
+  storage: StoreStorage;
+  profile: StorageProfile;
+  /** The committed tree's directory. */
+  tree: string;
+  sizeBytes: number;
+  /** snapshot-clone: how long to wait for the snapshot to be ready to use. */
+  snapshotTimeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+/** What every namespace's claim of this cache will be made from. Throws when the storage cannot back it. */
+export async function publishSource(c: PromoteClients, i: PublishInput): Promise<CacheSource> {
+  const base = {
+    backend: i.profile.backend,
+    provisioner: i.storage.provisioner,
+    ...(i.storage.volumeType ? { volumeType: i.storage.volumeType } : {}),
+    sizeBytes: i.sizeBytes,
+    storageClassName: i.profile.storageClassName,
+    mountOptions: i.profile.mountOptions,
+  };
+  const subPath = relative(i.store.dir, i.tree);
+  switch (i.profile.backend) {
+    case "host-path":
+      return { ...base, node: i.store.node, path: i.tree, hostPathType: i.profile.hostPathType };
+    case "shared-volume": {
+      const csi = i.storage.csi;
+      if (!csi) throw new Error(`shared-volume needs the store on a CSI volume (--store-claim); ${i.store.dir} has none`);
+      return {
+        ...base,
+        driver: csi.driver,
+        volumeHandle: csi.volumeHandle,
+        ...(csi.fsType ? { fsType: csi.fsType } : {}),
+        ...(csi.volumeAttributes ? { volumeAttributes: csi.volumeAttributes } : {}),
+        ...(Object.keys(i.profile.volumeAttributes).length ? { attributeTemplates: i.profile.volumeAttributes } : {}),
+        handleTemplate: i.profile.handleTemplate,
+        subPath,
+      };
+    }
+    case "snapshot-clone": {
+      const claim = i.storage.claim;
+      if (!claim) throw new Error(`snapshot-clone needs the store on a volume claim (--store-claim)`);
+      const snap = await snapshotStore(c, i.short, claim, i.profile.snapshotClass, i.snapshotTimeoutMs ?? 600_000, i.signal);
+      return {
+        ...base,
+        driver: snap.driver,
+        snapshotHandle: snap.handle,
+        ...(i.profile.snapshotClass ? { snapshotClass: i.profile.snapshotClass } : {}),
+        ...(snap.restoreSize ? { restoreSize: snap.restoreSize } : {}),
+        subPath,
+      };
+    }
+    case "per-pod-clone":
+      throw new Error(`per-pod clone storage cannot be promoted`);
+  }
+}
+
+/** Snapshots the store claim (once per cache: the name is the lock) and waits until it can be cloned. */
+async function snapshotStore(
+  c: PromoteClients,
+  short: string,
+  claim: { namespace: string; name: string },
+  snapshotClass: string | undefined,
+  timeoutMs: number,
+  signal: AbortSignal | undefined,
+): Promise<{ driver: string; handle: string; restoreSize?: string }> {
+  const body = storeSnapshot(short, claim, snapshotClass);
+  const ref = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION, namespace: claim.namespace };
+  try {
+    await c.custom.createNamespacedCustomObject({ ...ref, plural: "volumesnapshots", body });
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw apiError(`creating VolumeSnapshot ${claim.namespace}/${body.metadata.name}`, err);
+  }
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const vs = (await c.custom.getNamespacedCustomObject({
+      ...ref,
+      plural: "volumesnapshots",
+      name: body.metadata.name!,
+    })) as VolumeSnapshot;
+    if (vs.status?.error?.message) throw new Error(`snapshot ${body.metadata.name} failed: ${vs.status.error.message}`);
+    const contentName = vs.status?.boundVolumeSnapshotContentName;
+    if (vs.status?.readyToUse && contentName) {
+      const content = (await c.custom.getClusterCustomObject({
+        group: SNAPSHOT_GROUP,
+        version: SNAPSHOT_VERSION,
+        plural: "volumesnapshotcontents",
+        name: contentName,
+      })) as VolumeSnapshotContent;
+      const handle = content.status?.snapshotHandle;
+      if (handle) {
+        return { driver: content.spec.driver, handle, ...(vs.status.restoreSize ? { restoreSize: vs.status.restoreSize } : {}) };
+      }
+    }
+    if (Date.now() > deadline) throw new Error(`snapshot ${claim.namespace}/${body.metadata.name} not ready after ${Math.round(timeoutMs / 1000)}s`);
+    await sleep(1_000, undefined, signal ? { signal } : undefined);
+  }
+}

@@ -1,0 +1,54 @@
+/**
+ * What admission needs from promote: the restore settings of a cache's storage profile, and its
+ * claim in a namespace that has none yet (a restore admitted after the promote, in a namespace the
+ * promote never saw).
+ */
+import type * as k8s from "@kubernetes/client-node";
+import { createLogger, type Logger } from "../common/log.js";
+import { shortHash } from "../core/contract.js";
+import { ensureClaim, promoteClients, type EnsureOutcome, type PromoteClients } from "./claims.js";
+import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles } from "./profiles.js";
+import { sourceOf } from "./source.js";
+
+/** The parts of a ModelCache this reads. */
+export interface CacheRecord {
+  metadata?: { name?: string; annotations?: Record<string, string> };
+  spec: { hash: string };
+}
+
+export interface Promotion {
+  restoreProfile(cache: CacheRecord): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
+  ensureClaim(cache: CacheRecord, namespace: string): Promise<EnsureOutcome>;
+}
+
+export function createPromotion(clients: PromoteClients, profiles: StorageProfiles): Promotion {
+  return {
+    async restoreProfile(cache) {
+      const source = sourceOf(cache);
+      if (!source) return { prewarm: true, prewarmParallelism: DEFAULT_PREWARM_PARALLELISM };
+      const p = await profiles.resolve(source.provisioner, source.volumeType);
+      return { prewarm: p.prewarm, prewarmParallelism: p.prewarmParallelism };
+    },
+    async ensureClaim(cache, namespace) {
+      const short = shortHash(cache.spec.hash);
+      const source = sourceOf(cache);
+      if (!source) throw new Error(`cache ${short} records no promoted source; cannot make its claim in ${namespace}`);
+      return ensureClaim(clients, short, source, namespace);
+    },
+  };
+}
+
+const byConfig = new WeakMap<k8s.KubeConfig, Map<string, Promotion>>();
+
+/** One Promotion per kubeconfig and system namespace, reused across admissions (keep-alive clients, cached profiles). */
+export function promotion(kc: k8s.KubeConfig, systemNamespace: string, log?: Logger): Promotion {
+  let m = byConfig.get(kc);
+  if (!m) byConfig.set(kc, (m = new Map()));
+  let p = m.get(systemNamespace);
+  if (!p) {
+    const clients = promoteClients(kc);
+    const profiles = new StorageProfiles(clients.core, systemNamespace, (log ?? createLogger("promote")).child({ component: "promote" }));
+    m.set(systemNamespace, (p = createPromotion(clients, profiles)));
+  }
+  return p;
+}

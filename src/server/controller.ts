@@ -1,0 +1,138 @@
+import * as k8s from "@kubernetes/client-node";
+import type { Logger } from "../common/log.js";
+import { makeApiClient } from "../common/kube.js";
+import { WorkQueue } from "../common/workqueue.js";
+import { LABEL_HASH, MODELCACHE } from "../core/contract.js";
+import { ResilientWatch } from "../cluster-agent/informer.js";
+import { realClock } from "../cluster-agent/clock.js";
+import { reconcileHash, type ReleaseDeps } from "./release.js";
+import type { ServerMetrics } from "./metrics.js";
+
+export interface ReleaseControllerOptions {
+  kc: k8s.KubeConfig;
+  systemNamespace: string;
+  log: Logger;
+  metrics: ServerMetrics;
+  workers?: number;
+  leaderGraceMs?: number;
+  recheckMs?: number;
+  resyncMs?: number;
+}
+
+/**
+ * Watches everything that can change an election's outcome (the stamped pods, the election
+ * Leases, the cache records) and reconciles per cache hash. Restart-safe: all state is re-derived
+ * from the cluster on start and on every resync.
+ */
+export class ReleaseController {
+  private readonly queue: WorkQueue;
+  private readonly watches: ResilientWatch<k8s.KubernetesObject>[] = [];
+  private resync: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+
+  constructor(private readonly o: ReleaseControllerOptions) {
+    const core = makeApiClient(o.kc, k8s.CoreV1Api);
+    const coordination = makeApiClient(o.kc, k8s.CoordinationV1Api);
+    const custom = makeApiClient(o.kc, k8s.CustomObjectsApi);
+    const deps: ReleaseDeps = {
+      core,
+      coordination,
+      custom,
+      systemNamespace: o.systemNamespace,
+      log: o.log,
+      now: Date.now,
+      leaderGraceMs: o.leaderGraceMs ?? 30_000,
+      recheckMs: o.recheckMs ?? 15_000,
+      onRelease: (_h, n) => o.metrics.released.inc(n),
+      onRetire: (_h, why) => o.metrics.retired.inc({ why: why.split(":")[0]! }),
+      onEvict: (_h, n) => o.metrics.evicted.inc(n),
+    };
+    this.queue = new WorkQueue(
+      async (short) => {
+        const end = o.metrics.reconcileSeconds.startTimer();
+        try {
+          return await reconcileHash(short, deps);
+        } finally {
+          end();
+        }
+      },
+      {
+        workers: o.workers ?? 4,
+        onError: (key, err) => {
+          o.metrics.reconcileErrors.inc();
+          o.log.warn({ hash: key, err: err instanceof Error ? err.message : String(err) }, "reconcile failed; will retry");
+        },
+      },
+    );
+
+    const enqueue = (obj: k8s.KubernetesObject): void => {
+      const short = obj.metadata?.labels?.[LABEL_HASH] ?? (obj.kind === MODELCACHE.kind ? obj.metadata?.name : undefined);
+      if (short) this.queue.add(short);
+    };
+    const pods = k8s.makeInformer(
+      o.kc,
+      "/api/v1/pods",
+      () => core.listPodForAllNamespaces({ labelSelector: LABEL_HASH }),
+      LABEL_HASH,
+    );
+    const leases = k8s.makeInformer(
+      o.kc,
+      `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`,
+      () => coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_HASH }),
+      LABEL_HASH,
+    );
+    const caches = k8s.makeInformer(
+      o.kc,
+      `/apis/${MODELCACHE.group}/${MODELCACHE.version}/${MODELCACHE.plural}`,
+      () =>
+        custom.listClusterCustomObject({
+          group: MODELCACHE.group,
+          version: MODELCACHE.version,
+          plural: MODELCACHE.plural,
+        }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
+    );
+    for (const [name, informer] of [
+      ["pods", pods],
+      ["leases", leases],
+      ["modelcaches", caches],
+    ] as const) {
+      const watch = new ResilientWatch<k8s.KubernetesObject>({
+        name,
+        clock: realClock,
+        log: o.log,
+        informer: informer as k8s.Informer<k8s.KubernetesObject>,
+        onChange: (obj) => enqueue({ ...obj, kind: name === "modelcaches" ? MODELCACHE.kind : obj.kind }),
+      });
+      this.watches.push(watch);
+    }
+    this.resyncAll = async (): Promise<void> => {
+      const [l, c] = await Promise.all([
+        coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_HASH }),
+        custom.listClusterCustomObject({ group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural }),
+      ]);
+      for (const lease of l.items) enqueue(lease);
+      for (const cache of (c as { items: k8s.KubernetesObject[] }).items) this.queue.add(cache.metadata!.name!);
+      const gated = await core.listPodForAllNamespaces({ labelSelector: "warmstart.dev/gated=true" });
+      for (const p of gated.items) enqueue(p);
+    };
+  }
+
+  private readonly resyncAll: () => Promise<void>;
+
+  start(): void {
+    for (const w of this.watches) w.start();
+    this.running = this.queue.run();
+    const resync = (): void => {
+      this.resyncAll().catch((err: unknown) => this.o.log.warn({ err }, "resync failed"));
+    };
+    resync();
+    this.resync = setInterval(resync, this.o.resyncMs ?? 60_000);
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.resync);
+    this.queue.stop();
+    await Promise.all(this.watches.map((w) => w.stop()));
+    await this.running;
+  }
+}

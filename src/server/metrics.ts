@@ -1,0 +1,23 @@
+import { Counter, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+
+export interface ServerMetrics {
+  registry: Registry;
+  released: Counter;
+  retired: Counter<"why">;
+  evicted: Counter;
+  reconcileSeconds: Histogram;
+  reconcileErrors: Counter;
+}
+
+export function createServerMetrics(): ServerMetrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  return {
+    registry,
+    released: new Counter({ name: "warmstart_server_followers_released_total", help: "Gated followers released to restore", registers: [registry] }),
+    retired: new Counter({ name: "warmstart_server_elections_retired_total", help: "Elections retired, by cause", labelNames: ["why"], registers: [registry] }),
+    evicted: new Counter({ name: "warmstart_server_followers_evicted_total", help: "Followers evicted to be re-elected", registers: [registry] }),
+    reconcileSeconds: new Histogram({ name: "warmstart_server_reconcile_duration_seconds", help: "One reconcile pass of a cache hash", registers: [registry] }),
+    reconcileErrors: new Counter({ name: "warmstart_server_reconcile_errors_total", help: "Reconcile passes that failed and were retried", registers: [registry] }),
+  };
+}

@@ -1,0 +1,196 @@
+/**
+ * A small proxy in front of the real API server that can answer chosen requests with an error
+ * (or delay them) before they reach it. Everything else goes through unchanged, watches included
+ * (responses are streamed). The proxy listens on plain HTTP on loopback and authenticates to the
+ * API server with the kubeconfig's own credentials, so a client pointed at it needs none.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { Agent, request as httpsRequest, type RequestOptions } from "node:https";
+import type { AddressInfo } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
+import * as k8s from "@kubernetes/client-node";
+
+export interface FaultRule {
+  /** Matches the method (exact, case-insensitive); any method when unset. */
+  method?: string;
+  /** Matches the request path (without the query). */
+  path: RegExp;
+  /** How many matching requests get the fault (default: all). */
+  times?: number;
+  /** The status codes answered, in turn (the last one repeats). Unset with `delayMs`: delay only. */
+  status?: number[];
+  /** Wait this long before answering (or forwarding, for a delay-only rule). */
+  delayMs?: number;
+}
+
+export interface RuleHandle {
+  /** Requests this rule matched and acted on. */
+  readonly hits: number;
+  remove(): void;
+}
+
+export interface SeenRequest {
+  method: string;
+  path: string;
+  /** The status sent back (injected or from the API server). */
+  status: number;
+  injected: boolean;
+}
+
+const REASONS: Record<number, string> = {
+  409: "Conflict",
+  429: "TooManyRequests",
+  500: "InternalError",
+  503: "ServiceUnavailable",
+  504: "Timeout",
+};
+
+interface ActiveRule extends FaultRule {
+  hits: number;
+}
+
+export class FaultProxy {
+  readonly requests: SeenRequest[] = [];
+  private readonly rules: ActiveRule[] = [];
+
+  private constructor(
+    private readonly server: Server,
+    readonly url: string,
+  ) {}
+
+  /** Starts a proxy to the current cluster of `kc`. */
+  static async start(kc: k8s.KubeConfig): Promise<FaultProxy> {
+    const cluster = kc.getCurrentCluster();
+    if (!cluster) throw new Error("kubeconfig has no current cluster");
+    const upstream = new URL(cluster.server);
+    const tls: RequestOptions = {};
+    await kc.applyToHTTPSOptions(tls);
+    const agent = new Agent({ ca: tls.ca, cert: tls.cert, key: tls.key, keepAlive: true, maxSockets: 64 });
+    const headers = tls.headers ?? {};
+
+    let proxy: FaultProxy | undefined;
+    const server = createServer((req, res) => {
+      proxy!.serve(req, res, upstream, agent, headers as Record<string, string>).catch((err: unknown) => {
+        if (!res.headersSent) res.writeHead(502, { "content-type": "text/plain" });
+        res.end(`fault proxy: ${(err as Error).message}`);
+      });
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(0, "127.0.0.1", () => resolve());
+    });
+    const { port } = server.address() as AddressInfo;
+    proxy = new FaultProxy(server, `http://127.0.0.1:${port}`);
+    return proxy;
+  }
+
+  /** A kubeconfig whose only cluster is this proxy. */
+  kubeConfig(): k8s.KubeConfig {
+    const kc = new k8s.KubeConfig();
+    kc.loadFromOptions({
+      // Plain HTTP on loopback: client-node only allows an http:// server with skipTLSVerify set.
+      clusters: [{ name: "fault-proxy", server: this.url, skipTLSVerify: true }],
+      users: [{ name: "fault-proxy" }],
+      contexts: [{ name: "fault-proxy", cluster: "fault-proxy", user: "fault-proxy" }],
+      currentContext: "fault-proxy",
+    });
+    return kc;
+  }
+
+  /** Adds a rule; the first matching rule with faults left acts on a request. */
+  inject(rule: FaultRule): RuleHandle {
+    const active: ActiveRule = { ...rule, hits: 0 };
+    this.rules.push(active);
+    return {
+      get hits() {
+        return active.hits;
+      },
+      remove: () => {
+        const i = this.rules.indexOf(active);
+        if (i >= 0) this.rules.splice(i, 1);
+      },
+    };
+  }
+
+  clear(): void {
+    this.rules.length = 0;
+  }
+
+  /** Requests seen so far whose method and path match. */
+  seen(method: string, path: RegExp): SeenRequest[] {
+    return this.requests.filter((r) => r.method === method.toUpperCase() && path.test(r.path));
+  }
+
+  async close(): Promise<void> {
+    await new Promise<void>((resolve) => {
+      this.server.close(() => resolve());
+      this.server.closeAllConnections();
+    });
+  }
+
+  private async serve(
+    req: IncomingMessage,
+    res: ServerResponse,
+    upstream: URL,
+    agent: Agent,
+    authHeaders: Record<string, string>,
+  ): Promise<void> {
+    const method = (req.method ?? "GET").toUpperCase();
+    const path = new URL(req.url ?? "/", "http://proxy").pathname;
+    const rule = this.rules.find(
+      (r) => (r.times === undefined || r.hits < r.times) && (!r.method || r.method.toUpperCase() === method) && r.path.test(path),
+    );
+    if (rule) {
+      const index = rule.hits++;
+      if (rule.delayMs) await sleep(rule.delayMs);
+      const codes = rule.status ?? [];
+      if (codes.length) {
+        const code = codes[Math.min(index, codes.length - 1)]!;
+        req.resume();
+        const body = JSON.stringify({
+          kind: "Status",
+          apiVersion: "v1",
+          metadata: {},
+          status: "Failure",
+          message: `injected by the fault proxy (${method} ${path})`,
+          reason: REASONS[code] ?? "InternalError",
+          code,
+        });
+        res.writeHead(code, { "content-type": "application/json", ...(code === 429 ? { "retry-after": "1" } : {}) });
+        res.end(body);
+        this.requests.push({ method, path, status: code, injected: true });
+        return;
+      }
+    }
+    const headers = { ...req.headers, ...authHeaders, host: upstream.host };
+    delete headers.authorization;
+    Object.assign(headers, authHeaders);
+    await new Promise<void>((resolve, reject) => {
+      const up = httpsRequest(
+        {
+          protocol: upstream.protocol,
+          hostname: upstream.hostname,
+          port: upstream.port,
+          path: req.url,
+          method,
+          headers,
+          agent,
+        },
+        (upRes) => {
+          this.requests.push({ method, path, status: upRes.statusCode ?? 0, injected: false });
+          res.writeHead(upRes.statusCode ?? 502, upRes.headers);
+          upRes.pipe(res);
+          upRes.on("end", resolve);
+          upRes.on("error", reject);
+        },
+      );
+      up.on("error", reject);
+      // A client that goes away (a watch being stopped) ends the upstream request too.
+      res.on("close", () => {
+        up.destroy();
+        resolve();
+      });
+      req.pipe(up);
+    });
+  }
+}
