@@ -50,12 +50,11 @@ interface ActiveRule extends FaultRule {
 }
 
 export class FaultProxy {
-  readonly requests: SeenRequest[] = [];
-  private readonly rules: ActiveRule[] = [];
-
   private constructor(
     private readonly server: Server,
     readonly url: string,
+    private readonly rules: ActiveRule[],
+    readonly requests: SeenRequest[],
   ) {}
 
   /** Starts a proxy to the current cluster of `kc`. */
@@ -68,19 +67,22 @@ export class FaultProxy {
     const agent = new Agent({ ca: tls.ca, cert: tls.cert, key: tls.key, keepAlive: true, maxSockets: 64 });
     const headers = tls.headers ?? {};
 
-    let proxy: FaultProxy | undefined;
+    const rules: ActiveRule[] = [];
+    const requests: SeenRequest[] = [];
     const server = createServer((req, res) => {
-      proxy!.serve(req, res, upstream, agent, headers as Record<string, string>).catch((err: unknown) => {
-        if (!res.headersSent) res.writeHead(502, { "content-type": "text/plain" });
-        res.end(`fault proxy: ${(err as Error).message}`);
-      });
+      serve(rules, requests, req, res, upstream, agent, headers as Record<string, string>).catch(
+        (err: unknown) => {
+          if (!res.headersSent) res.writeHead(502, { "content-type": "text/plain" });
+          res.end(`fault proxy: ${(err as Error).message}`);
+        },
+      );
     });
     await new Promise<void>((resolve, reject) => {
       server.once("error", reject);
       server.listen(0, "127.0.0.1", () => resolve());
     });
     const { port } = server.address() as AddressInfo;
-    proxy = new FaultProxy(server, `http://127.0.0.1:${port}`);
+    const proxy = new FaultProxy(server, `http://127.0.0.1:${port}`, rules, requests);
     return proxy;
   }
 
@@ -127,70 +129,78 @@ export class FaultProxy {
       this.server.closeAllConnections();
     });
   }
+}
 
-  private async serve(
-    req: IncomingMessage,
-    res: ServerResponse,
-    upstream: URL,
-    agent: Agent,
-    authHeaders: Record<string, string>,
-  ): Promise<void> {
-    const method = (req.method ?? "GET").toUpperCase();
-    const path = new URL(req.url ?? "/", "http://proxy").pathname;
-    const rule = this.rules.find(
-      (r) => (r.times === undefined || r.hits < r.times) && (!r.method || r.method.toUpperCase() === method) && r.path.test(path),
-    );
-    if (rule) {
-      const index = rule.hits++;
-      if (rule.delayMs) await sleep(rule.delayMs);
-      const codes = rule.status ?? [];
-      if (codes.length) {
-        const code = codes[Math.min(index, codes.length - 1)]!;
-        req.resume();
-        const body = JSON.stringify({
-          kind: "Status",
-          apiVersion: "v1",
-          metadata: {},
-          status: "Failure",
-          message: `injected by the fault proxy (${method} ${path})`,
-          reason: REASONS[code] ?? "InternalError",
-          code,
-        });
-        res.writeHead(code, { "content-type": "application/json", ...(code === 429 ? { "retry-after": "1" } : {}) });
-        res.end(body);
-        this.requests.push({ method, path, status: code, injected: true });
-        return;
-      }
-    }
-    const headers = { ...req.headers, ...authHeaders, host: upstream.host };
-    delete headers.authorization;
-    Object.assign(headers, authHeaders);
-    await new Promise<void>((resolve, reject) => {
-      const up = httpsRequest(
-        {
-          protocol: upstream.protocol,
-          hostname: upstream.hostname,
-          port: upstream.port,
-          path: req.url,
-          method,
-          headers,
-          agent,
-        },
-        (upRes) => {
-          this.requests.push({ method, path, status: upRes.statusCode ?? 0, injected: false });
-          res.writeHead(upRes.statusCode ?? 502, upRes.headers);
-          upRes.pipe(res);
-          upRes.on("end", resolve);
-          upRes.on("error", reject);
-        },
-      );
-      up.on("error", reject);
-      // A client that goes away (a watch being stopped) ends the upstream request too.
-      res.on("close", () => {
-        up.destroy();
-        resolve();
+async function serve(
+  rules: ActiveRule[],
+  requests: SeenRequest[],
+  req: IncomingMessage,
+  res: ServerResponse,
+  upstream: URL,
+  agent: Agent,
+  authHeaders: Record<string, string>,
+): Promise<void> {
+  const method = (req.method ?? "GET").toUpperCase();
+  const path = new URL(req.url ?? "/", "http://proxy").pathname;
+  const rule = rules.find(
+    (r) =>
+      (r.times === undefined || r.hits < r.times) &&
+      (!r.method || r.method.toUpperCase() === method) &&
+      r.path.test(path),
+  );
+  if (rule) {
+    const index = rule.hits++;
+    if (rule.delayMs) await sleep(rule.delayMs);
+    const codes = rule.status ?? [];
+    if (codes.length) {
+      const code = codes[Math.min(index, codes.length - 1)]!;
+      req.resume();
+      const body = JSON.stringify({
+        kind: "Status",
+        apiVersion: "v1",
+        metadata: {},
+        status: "Failure",
+        message: `injected by the fault proxy (${method} ${path})`,
+        reason: REASONS[code] ?? "InternalError",
+        code,
       });
-      req.pipe(up);
-    });
+      res.writeHead(code, {
+        "content-type": "application/json",
+        ...(code === 429 ? { "retry-after": "1" } : {}),
+      });
+      res.end(body);
+      requests.push({ method, path, status: code, injected: true });
+      return;
+    }
   }
+  // The API server sees the kubeconfig's identity, whatever the client sent.
+  const { authorization: _ignored, ...incoming } = req.headers;
+  const headers = { ...incoming, ...authHeaders, host: upstream.host };
+  await new Promise<void>((resolve, reject) => {
+    const up = httpsRequest(
+      {
+        protocol: upstream.protocol,
+        hostname: upstream.hostname,
+        port: upstream.port,
+        path: req.url,
+        method,
+        headers,
+        agent,
+      },
+      (upRes) => {
+        requests.push({ method, path, status: upRes.statusCode ?? 0, injected: false });
+        res.writeHead(upRes.statusCode ?? 502, upRes.headers);
+        upRes.pipe(res);
+        upRes.on("end", resolve);
+        upRes.on("error", reject);
+      },
+    );
+    up.on("error", reject);
+    // A client that goes away (a watch being stopped) ends the upstream request too.
+    res.on("close", () => {
+      up.destroy();
+      resolve();
+    });
+    req.pipe(up);
+  });
 }

@@ -255,9 +255,9 @@ export class ClusterAgent {
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, "could not read saved credentials; will register");
     }
-    if (this.registration.restore(persisted))
+    if (persisted && this.registration.restore(persisted))
       this.log.info(
-        { expiresAt: new Date(persisted!.expiresAt).toISOString(), capacity: persisted!.capacity },
+        { expiresAt: new Date(persisted.expiresAt).toISOString(), capacity: persisted.capacity },
         "resuming with saved credentials",
       );
     this.log.info(

@@ -1,8 +1,9 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, statSync } from "node:fs";
 import { mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
@@ -325,4 +326,38 @@ void test("the capture command: one-line errors for bad input, a summary on succ
       existsSync(join(dir, "x", REF_MAIN)) &&
       existsSync(join(dir, "x", LOCK)),
   );
+});
+
+void test("across filesystems the kernel refuses copy_file_range: bytes are copied as they are hashed", async (t) => {
+  const shm = "/dev/shm";
+  if (!existsSync(shm) || statSync(shm).dev === statSync(tmpdir()).dev)
+    return t.skip("no second filesystem here");
+  const src = mkdtempSync(join(shm, "ws-datapath-"));
+  t.after(() => rmSync(src, { recursive: true, force: true }));
+  const { files, expected } = await makeCacheTree(src);
+  const dest = join(tempDir(t), "h1");
+  const m = await capture({ src, dest, progress: false });
+  assert.equal(m.captureMethod, "copy");
+  for (const f of m.files) assert.equal(f.sha256, sha256(files.get(f.path) as Buffer), f.path);
+  for (const [rel, body] of files) assert.ok((await readRel(dest, rel)).equals(body), rel);
+  assert.equal((await snapshot(dest)).get(KERNEL)?.mtimeNs, expected.get(KERNEL)?.mtimeNs);
+});
+
+void test("without the native helpers the capture still works, and says its times are microseconds", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  const { files, expected } = await makeCacheTree(src);
+  const dest = join(dir, "h1");
+  const r = runCli(["capture", src, dest], { env: { WARMSTART_NO_NATIVE: "1" } });
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stderr, "warmstart: utimensat unavailable; times are kept to the microsecond\n");
+  const m = await readManifest(dest);
+  assert.equal(m.exactTimes, false);
+  for (const f of m.files) assert.equal(f.sha256, sha256(files.get(f.path) as Buffer), f.path);
+  const got = await snapshot(dest, RESERVED);
+  for (const rel of [KERNEL, LINK_A, BLOB_BIG]) {
+    const want = expected.get(rel)?.mtimeNs ?? 0n;
+    assert.equal(got.get(rel)?.mtimeNs, want - (want % 1000n), `${rel} mtime to the microsecond`);
+  }
+  assert.equal(got.get(LINK_A)?.ino, got.get(LINK_B)?.ino);
 });

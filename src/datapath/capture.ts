@@ -11,12 +11,20 @@ import { randomBytes } from "node:crypto";
 import { chmodSync, constants as fsc, lchownSync, mkdirSync, symlinkSync } from "node:fs";
 import { lstat, mkdir, open, readdir, realpath, rename, rm, writeFile } from "node:fs/promises";
 import { Worker } from "node:worker_threads";
+import { availableParallelism } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import type { Logger } from "../common/log.js";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { areaOf, MANIFEST_VERSION, readManifest, type Manifest } from "./manifest.js";
 import type { CopiedFile, CopyMember, CopyTask, CopyWorkerData, FromWorker } from "./copy-worker.js";
-import { exactTimes, probeCopyMethod, setTimesNs, setTimesNsSync, syncFilesystem, type CopyMethod } from "./native.js";
+import {
+  exactTimes,
+  probeCopyMethod,
+  setTimesNs,
+  setTimesNsSync,
+  syncFilesystem,
+  type CopyMethod,
+} from "./native.js";
 import { Progress, type ProgressSink } from "./progress.js";
 import { fsyncDir, isReady, writeReadyMarker } from "./ready.js";
 import {
@@ -66,8 +74,10 @@ export class AlreadyCapturedError extends Error {
 }
 
 export const DEFAULT_CAPTURE_PARALLEL = 8;
-const CHUNK = 2 << 20;
+const CHUNK = 1 << 20;
 const BATCH_BYTES = 8n << 20n;
+// Workers hold a read buffer (outside the heap) and their share of the results: small heaps.
+const WORKER_LIMITS = { maxYoungGenerationSizeMb: 4, maxOldGenerationSizeMb: 96 };
 const isRoot = (): boolean => process.getuid?.() === 0;
 
 /** Staging directories this process is writing now; anything else with our name pattern is stale. */
@@ -246,8 +256,7 @@ async function copyTree(
 
   const sample = tasks.find((t) => size(t) > 0n)?.[0];
   const method: CopyMethod = sample ? await probeCopyMethod(`${src}/${sample.rel}`, staging) : "copy";
-  const flags = method === "reflink" ? fsc.COPYFILE_FICLONE : 0;
-  const copied = await copyFiles(src, staging, tasks, parallel, flags, progressOut);
+  const copied = await copyFiles(src, staging, tasks, parallel, method === "reflink", progressOut);
 
   const symlinks: Copied["symlinks"] = [];
   for (const e of links) {
@@ -266,7 +275,8 @@ async function copyTree(
     if (++n % 256 === 0) await yieldNow();
   }
 
-  const byPath = (a: { path: string }, b: { path: string }): number => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
+  const byPath = (a: { path: string }, b: { path: string }): number =>
+    a.path < b.path ? -1 : a.path > b.path ? 1 : 0;
   return {
     files: copied.files.sort(byPath),
     symlinks,
@@ -296,7 +306,7 @@ async function copyFiles(
   staging: string,
   tasks: CopyTask[],
   parallel: number,
-  copyFlags: number,
+  clone: boolean,
   progressOut: ProgressSink | false | undefined,
 ): Promise<{ files: CopiedFile[]; vanished: string[]; digestMs: number }> {
   const counters = new SharedArrayBuffer(16);
@@ -325,10 +335,13 @@ async function copyFiles(
     }
     return out;
   };
-  const workerData: CopyWorkerData = { src, staging, chunkBytes: CHUNK, copyFlags, counters };
+  const workerData: CopyWorkerData = { src, staging, chunkBytes: CHUNK, clone, counters };
   const run = (): Promise<Extract<FromWorker, { kind: "done" }> | undefined> =>
     new Promise((resolve) => {
-      const w = new Worker(new URL("./copy-worker.js", import.meta.url), { workerData, execArgv: workerExecArgv() });
+      const w = new Worker(new URL("./copy-worker.js", import.meta.url), {
+        workerData,
+        execArgv: workerExecArgv(),
+      });
       let result: Extract<FromWorker, { kind: "done" }> | undefined;
       w.on("message", (m: FromWorker) => {
         if (m.kind === "done") result = m;
@@ -342,10 +355,12 @@ async function copyFiles(
       w.postMessage(batch());
     });
 
-  // A worker costs tens of milliseconds to start on a small machine: no more of them than the
-  // work can use, one per big file and one per 64 small ones, at most `parallel`.
+  // A worker costs tens of milliseconds and ~10 MB to start: no more of them than the work can
+  // use (one per big file, one per 64 small ones) or the CPUs can run (two per CPU: the copies
+  // wait on the disk part of the time), and at most `parallel`.
   const big = tasks.filter((t) => (t[0] as CopyMember).size >= BATCH_BYTES).length;
-  const workers = Math.max(1, Math.min(parallel, Math.max(big + 1, Math.ceil(tasks.length / 64))));
+  const useful = Math.max(big + 1, Math.ceil(tasks.length / 64));
+  const workers = Math.max(1, Math.min(parallel, useful, 2 * availableParallelism()));
   try {
     const results = await Promise.all(Array.from({ length: workers }, run));
     if (failure) throw failure;

@@ -12,6 +12,8 @@ import {
   closeSync,
   copyFileSync,
   existsSync,
+  fchmodSync,
+  fchownSync,
   constants as fsc,
   fstatSync,
   linkSync,
@@ -19,9 +21,11 @@ import {
   lstatSync,
   openSync,
   readSync,
+  writeSync,
+  type BigIntStats,
 } from "node:fs";
 import { parentPort, workerData } from "node:worker_threads";
-import { setTimesNsSync } from "./native.js";
+import { kernelCopyAvailable, kernelCopyFd, setFdTimesNs, setTimesNsSync } from "./native.js";
 
 export interface CopyMember {
   rel: string;
@@ -37,9 +41,9 @@ export interface CopyWorkerData {
   src: string;
   staging: string;
   chunkBytes: number;
-  /** COPYFILE_FICLONE where the probe found reflinks; 0 skips a clone attempt bound to fail
-   * (copy_file_range is then the first thing tried). */
-  copyFlags: number;
+  /** Clone (reflink) where the probe found the filesystem shares extents; otherwise the clone
+   * attempt is skipped, since it would fail on every file. */
+  clone: boolean;
   /** Int32 [files done] then BigInt64 [bytes read], for the progress line. */
   counters: SharedArrayBuffer;
 }
@@ -81,8 +85,18 @@ function openSource(path: string): number {
   }
 }
 
-/** Copies and hashes one file; undefined when it vanished. A file rewritten meanwhile is redone. */
-function copyOne(m: CopyMember, dst: string): { size: number; sha256: string; digestMs: number } | undefined {
+interface Done {
+  size: number;
+  sha256: string;
+  digestMs: number;
+}
+
+/**
+ * Copies and hashes one file; undefined when it vanished. The source is opened once, never
+ * through a symlink, and everything else goes through that descriptor, so a name swapped since
+ * the walk is never followed. A file rewritten while it is copied is copied again.
+ */
+function copyOne(m: CopyMember, dst: string): Done | undefined {
   const srcPath = `${data.src}/${m.rel}`;
   for (let attempt = 1; ; attempt++) {
     let fd: number;
@@ -95,39 +109,101 @@ function copyOne(m: CopyMember, dst: string): { size: number; sha256: string; di
     try {
       const before = fstatSync(fd, { bigint: true });
       if (!before.isFile()) return undefined;
-      // Through the descriptor: a name swapped for a symlink since the walk is never followed.
-      copyFileSync(viaProc ? `/proc/self/fd/${fd}` : srcPath, dst, data.copyFlags);
-      const h = createHash("sha256");
-      let pos = 0;
-      let digestMs = 0;
-      for (let n = readSync(fd, buf, 0, buf.length, 0); n > 0; n = readSync(fd, buf, 0, buf.length, pos)) {
-        const t = performance.now();
-        h.update(buf.subarray(0, n));
-        digestMs += performance.now() - t;
-        pos += n;
-        Atomics.add(bytesRead, 0, BigInt(n));
-      }
-      // Same size and mtime before and after both reads: the copy holds what was hashed.
-      const after = fstatSync(fd, { bigint: true });
-      if (after.mtimeNs !== before.mtimeNs || after.size !== before.size || BigInt(pos) !== before.size) {
-        if (attempt < 3) continue;
-        throw new Error(`${srcPath} kept changing while it was copied`);
-      }
-      // copyFile already gave the copy the source's mode; chown clears set-id bits, so those
-      // come back after it.
-      if (root && (before.uid !== myUid || before.gid !== myGid)) {
-        lchownSync(dst, Number(before.uid), Number(before.gid));
-        if (before.mode & 0o6000n) chmodSync(dst, Number(before.mode) & 0o7777);
-      }
-      // Unchanged since the walk: the walk's times (reading it, ours included, may have moved
-      // the atime since). Changed: the times of the content that was copied.
-      const same = before.mtimeNs === m.mtimeNs && before.size === m.size;
-      setTimesNsSync(dst, same ? m.atimeNs : before.atimeNs, same ? m.mtimeNs : before.mtimeNs, false);
-      return { size: pos, sha256: h.digest("hex"), digestMs };
+      const r = kernelCopyAvailable()
+        ? copyByFd(fd, before, m, dst)
+        : copyByPath(fd, before, m, srcPath, dst);
+      if (r) return r;
+      if (attempt >= 3) throw new Error(`${srcPath} kept changing while it was copied`);
     } finally {
       closeSync(fd);
     }
   }
+}
+
+/** Hashes [0, size) of `fd`; `sink` also gets each chunk (the plain-copy fallback). */
+function hash(fd: number, size: number, sink?: (chunk: Buffer) => void): Done {
+  const h = createHash("sha256");
+  let pos = 0;
+  let digestMs = 0;
+  while (pos < size) {
+    const n = readSync(fd, buf, 0, Math.min(buf.length, size - pos), pos);
+    if (n === 0) break;
+    const chunk = buf.subarray(0, n);
+    const t = performance.now();
+    h.update(chunk);
+    digestMs += performance.now() - t;
+    sink?.(chunk);
+    pos += n;
+    Atomics.add(bytesRead, 0, BigInt(n));
+  }
+  return { size: pos, sha256: h.digest("hex"), digestMs };
+}
+
+/** Same size and mtime before and after, and every byte there: the copy holds what was hashed. */
+const unchanged = (fd: number, before: BigIntStats, copied: number, hashed: number): boolean => {
+  const after = fstatSync(fd, { bigint: true });
+  const size = Number(before.size);
+  return after.mtimeNs === before.mtimeNs && after.size === before.size && copied === size && hashed === size;
+};
+
+/** Unchanged since the walk: the walk's times (reading it, ours included, may have moved its
+ * atime since). Changed: the times of the content that was copied. */
+const timesFor = (before: BigIntStats, m: CopyMember): [bigint, bigint] =>
+  before.mtimeNs === m.mtimeNs && before.size === m.size
+    ? [m.atimeNs, m.mtimeNs]
+    : [before.atimeNs, before.mtimeNs];
+
+/** The usual path: a handful of calls, all on descriptors (clone or copy_file_range, pread,
+ * fchown, fchmod, futimens). */
+function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: string): Done | undefined {
+  const out = openSync(dst, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o600);
+  try {
+    const size = Number(before.size);
+    const kernel = kernelCopyFd(fd, out, size, data.clone);
+    let copied = kernel ?? 0;
+    let d: Done;
+    if (kernel === undefined) {
+      // The kernel will not copy between these two files: copy the bytes as they are hashed.
+      d = hash(fd, size, (chunk) => {
+        for (let off = 0; off < chunk.length;)
+          off += writeSync(out, chunk, off, chunk.length - off, copied + off);
+        copied += chunk.length;
+      });
+    } else {
+      d = hash(fd, size);
+    }
+    if (!unchanged(fd, before, copied, d.size)) return undefined;
+    if (root && (before.uid !== myUid || before.gid !== myGid))
+      fchownSync(out, Number(before.uid), Number(before.gid));
+    // After chown (which clears set-id bits), and exactly: open's mode went through the umask.
+    fchmodSync(out, Number(before.mode) & 0o7777);
+    const [atime, mtime] = timesFor(before, m);
+    setFdTimesNs(out, atime, mtime, dst);
+    return d;
+  } finally {
+    closeSync(out);
+  }
+}
+
+/** Without the native helpers: libuv's copyFile (reflink, copy_file_range or sendfile) through
+ * /proc/self/fd, then times by path at microsecond precision. */
+function copyByPath(
+  fd: number,
+  before: BigIntStats,
+  m: CopyMember,
+  srcPath: string,
+  dst: string,
+): Done | undefined {
+  copyFileSync(viaProc ? `/proc/self/fd/${fd}` : srcPath, dst, data.clone ? fsc.COPYFILE_FICLONE : 0);
+  const d = hash(fd, Number(before.size));
+  if (!unchanged(fd, before, Number(lstatSync(dst).size), d.size)) return undefined;
+  if (root && (before.uid !== myUid || before.gid !== myGid)) {
+    lchownSync(dst, Number(before.uid), Number(before.gid));
+    chmodSync(dst, Number(before.mode) & 0o7777);
+  }
+  const [atime, mtime] = timesFor(before, m);
+  setTimesNsSync(dst, atime, mtime, false);
+  return d;
 }
 
 const files: CopiedFile[] = [];

@@ -5,12 +5,13 @@
  * itself (docs/adr/0002-nanosecond-times.md). When koffi cannot load (an unusual platform), the
  * fallbacks keep working at microsecond precision and `exactTimes` says so.
  */
-import { constants as fsc } from "node:fs";
-import { lutimesSync } from "node:fs";
+import { constants as fsc, lutimesSync } from "node:fs";
 import { copyFile, open, rm } from "node:fs/promises";
 import { constants as osConstants } from "node:os";
 
 type Utimensat = (dirfd: number, path: string, times: Buffer, flags: number) => number;
+type Futimens = (fd: number, times: Buffer) => number;
+type Ioctl = (fd: number, request: number, argType: "int", arg: number) => number;
 type Syncfs = (fd: number) => number;
 type CopyFileRange = (
   fdIn: number,
@@ -23,12 +24,15 @@ type CopyFileRange = (
 
 interface Libc {
   utimensat: Utimensat;
+  futimens: Futimens;
+  ioctl: Ioctl;
   syncfs: Syncfs;
   copyFileRange: CopyFileRange;
   errno: () => number;
 }
 
 const AT_FDCWD = -100;
+const FICLONE = 0x40049409; // _IOW(0x94, 9, int)
 const AT_SYMLINK_NOFOLLOW = 0x100;
 const NS = 1_000_000_000n;
 
@@ -40,6 +44,8 @@ async function loadLibc(): Promise<Libc | null> {
     const lib = koffi.load(null);
     return {
       utimensat: lib.func("int utimensat(int, const char *, const void *, int)") as Utimensat,
+      futimens: lib.func("int futimens(int, const void *)") as Futimens,
+      ioctl: lib.func("int ioctl(int, unsigned long, ...)") as Ioctl,
       syncfs: lib.func("int syncfs(int)") as Syncfs,
       copyFileRange: lib.func(
         "intptr_t copy_file_range(int, void *, int, void *, size_t, unsigned int)",
@@ -91,6 +97,42 @@ export function setTimesNs(path: string, atimeNs: bigint, mtimeNs: bigint, noFol
     setTimesNsSync(path, atimeNs, mtimeNs, noFollow);
     resolve();
   });
+}
+
+/** Like setTimesNsSync, on an open descriptor (futimens): no path lookup. */
+export function setFdTimesNs(fd: number, atimeNs: bigint, mtimeNs: bigint, what: string): void {
+  if (!libc) throw new Error("futimens needs the native helpers");
+  const buf = Buffer.allocUnsafe(32);
+  writeTimespec(buf, 0, atimeNs);
+  writeTimespec(buf, 16, mtimeNs);
+  if (libc.futimens(fd, buf) !== 0) throw errnoError("futimens", what, libc.errno());
+}
+
+/** Whether the descriptor-level copy helpers below are there (koffi loaded). */
+export const kernelCopyAvailable = (): boolean => libc !== null;
+
+/**
+ * Copies `len` bytes from the current offset of `srcFd` to that of `dstFd` inside the kernel:
+ * a reflink (FICLONE, whole file) when `clone`, else copy_file_range. Returns the bytes copied
+ * (less than `len` if the source is shorter than it was), or undefined when the kernel refuses
+ * the primitive here (EXDEV, EOPNOTSUPP, ENOSYS, EINVAL...), so the caller can copy another way.
+ */
+export function kernelCopyFd(srcFd: number, dstFd: number, len: number, clone: boolean): number | undefined {
+  if (!libc) return undefined;
+  if (clone) return libc.ioctl(dstFd, FICLONE, "int", srcFd) === 0 ? len : undefined;
+  let done = 0;
+  while (done < len) {
+    const n = Number(libc.copyFileRange(srcFd, null, dstFd, null, Math.min(len - done, 1 << 30), 0));
+    if (n < 0) {
+      const errno = libc.errno();
+      if (errno === osConstants.errno.EINTR) continue;
+      if (done === 0) return undefined;
+      throw errnoError("copy_file_range", `fd ${srcFd}`, errno);
+    }
+    if (n === 0) break;
+    done += n;
+  }
+  return done;
 }
 
 function writeTimespec(buf: Buffer, offset: number, ns: bigint): void {

@@ -3,7 +3,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import type { ClusterState } from "./cluster.js";
 import { freePort, isAlive, type ProcessRecord } from "./processes.js";
-import { readFile } from "node:fs/promises";
+import { mkdir, readFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 
 /** The URLs of the Warmstart roles the local cluster runs (absent until a role exists). */
@@ -26,7 +26,26 @@ export async function startRoles(ctx: RoleContext): Promise<RoleUrls> {
   roles.webhook = await startWebhook(ctx);
   await startNodeAgents(ctx);
   roles.server = await startServer(ctx);
+  roles.controlPlane = await startControlPlane(ctx);
   return roles;
+}
+
+async function startControlPlane(ctx: RoleContext): Promise<string> {
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  const dir = join(ctx.state.stateDir, "control-plane");
+  await mkdir(dir, { recursive: true });
+  ctx.progress(`starting the reference control plane at ${url}`);
+  const rec = await ctx.launch("control-plane", [
+    "control-plane",
+    "--host=127.0.0.1",
+    `--port=${port}`,
+    `--db=${join(dir, "control-plane.db")}`,
+    `--operator-token-file=${join(dir, "operator-token")}`,
+    `--cluster-token-file=${join(dir, "cluster-token")}`,
+  ]);
+  await waitUntil("the control plane", rec, async () => (await fetch(`${url}/healthz`)).ok);
+  return url;
 }
 
 async function startServer(ctx: RoleContext): Promise<string> {

@@ -17,13 +17,7 @@ import { apiError, isNotFound, makeApiClient } from "../common/kube.js";
 import { postPodEvent } from "../common/events.js";
 import { createLogger, type Logger } from "../common/log.js";
 import { classifyPod } from "../core/classify.js";
-import {
-  ANN_CACHE_SOURCE,
-  ANN_ELECTION_ID,
-  CACHE_VOLUME,
-  claimName,
-  shortHash,
-} from "../core/contract.js";
+import { ANN_CACHE_SOURCE, ANN_ELECTION_ID, CACHE_VOLUME, claimName, shortHash } from "../core/contract.js";
 import { AlreadyCapturedError, capture } from "../datapath/capture.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { formatBytes } from "../datapath/progress.js";
@@ -95,7 +89,10 @@ export class NodeAgent {
       this.metrics.marksInProgress.set(this.marks.inProgressCount);
       if (ev.type === "released") {
         this.metrics.marksReleased.inc({ reason: ev.reason ?? "error" });
-        this.log.info({ pod: ev.mark.key, uid: ev.mark.uid, hash: shortHash(ev.mark.hash), reason: ev.reason }, "mark released");
+        this.log.info(
+          { pod: ev.mark.key, uid: ev.mark.uid, hash: shortHash(ev.mark.hash), reason: ev.reason },
+          "mark released",
+        );
       }
     });
 
@@ -133,7 +130,9 @@ export class NodeAgent {
     this.resyncTimer = setInterval(() => {
       if (this.resyncing) return;
       this.resyncing = this.resync()
-        .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, "resync failed; next one will retry"))
+        .catch((err: unknown) =>
+          this.log.warn({ err: (err as Error).message }, "resync failed; next one will retry"),
+        )
         .finally(() => (this.resyncing = undefined));
     }, this.o.cfg.resyncMs);
     this.log.info(
@@ -188,8 +187,10 @@ export class NodeAgent {
       decision(`skipped-${d.reason}`);
       const m = this.marks.get(uid);
       if (m) this.marks.cancel(m, cancelReasonFor(d.reason));
-      if (d.reason === "no-capture-label" || d.reason === "other-node") log.debug({ reason: d.reason }, "skipped: not a capture leader");
-      else if (d.reason === "no-hash") log.warn({ detail: d.detail }, "skipped: leader carries no stamped hash");
+      if (d.reason === "no-capture-label" || d.reason === "other-node")
+        log.debug({ reason: d.reason }, "skipped: not a capture leader");
+      else if (d.reason === "no-hash")
+        log.warn({ detail: d.detail }, "skipped: leader carries no stamped hash");
       else if (d.reason === "terminating") log.info("skipped: terminating");
       else log.info({ phase: d.detail }, "skipped: not Ready");
       return;
@@ -317,7 +318,12 @@ export class NodeAgent {
           const message = (err as Error).message;
           this.metrics.captures.inc({ result: "failed" });
           log.error({ err: message }, "failed: capture");
-          await this.fail(mark.hash, "CaptureFailed", `capture on node ${cfg.node} failed: ${message}`, fresh);
+          await this.fail(
+            mark.hash,
+            "CaptureFailed",
+            `capture on node ${cfg.node} failed: ${message}`,
+            fresh,
+          );
           return "capture-failed";
         }
         const theirs = await this.store.committed(mark.hash);
@@ -332,8 +338,15 @@ export class NodeAgent {
         await this.store.discard(mark.hash);
         this.metrics.captures.inc({ result: "discarded" });
         const why = String(signal.reason);
-        log.warn({ why, vanished: manifest.skipped.length }, "discarded: the pod went away during the capture");
-        await this.fail(mark.hash, "CaptureFailed", `leader ${mark.key} went away during the capture (${why}); discarded`);
+        log.warn(
+          { why, vanished: manifest.skipped.length },
+          "discarded: the pod went away during the capture",
+        );
+        await this.fail(
+          mark.hash,
+          "CaptureFailed",
+          `leader ${mark.key} went away during the capture (${why}); discarded`,
+        );
         return "discarded";
       }
       this.marks.commit(mark);
@@ -345,10 +358,20 @@ export class NodeAgent {
     this.metrics.captureSeconds.observe(captureSeconds);
     this.metrics.capturedBytes.inc(manifest.totalBytes);
     log.info(
-      { files: manifest.fileCount, bytes: manifest.totalBytes, seconds: captureSeconds, method: manifest.captureMethod },
+      {
+        files: manifest.fileCount,
+        bytes: manifest.totalBytes,
+        seconds: captureSeconds,
+        method: manifest.captureMethod,
+      },
       "captured",
     );
-    await this.event(fresh, "Normal", "WarmstartCaptured", `captured ${manifest.fileCount} files (${formatBytes(manifest.totalBytes)}) on node ${cfg.node} in ${captureSeconds.toFixed(2)}s; promoting cache ${short}`);
+    await this.event(
+      fresh,
+      "Normal",
+      "WarmstartCaptured",
+      `captured ${manifest.fileCount} files (${formatBytes(manifest.totalBytes)}) on node ${cfg.node} in ${captureSeconds.toFixed(2)}s; promoting cache ${short}`,
+    );
     await this.promote(mark.hash, { manifest, pod: fresh, captureSeconds });
     return "committed";
   }
@@ -386,7 +409,12 @@ export class NodeAgent {
         await this.records.ensure(hash, {
           model: classifyPod(pod).model,
           electionId: pod.metadata?.annotations?.[ANN_ELECTION_ID],
-          leader: { namespace: pod.metadata?.namespace, name: pod.metadata?.name, uid: pod.metadata?.uid, node: cfg.node },
+          leader: {
+            namespace: pod.metadata?.namespace,
+            name: pod.metadata?.name,
+            uid: pod.metadata?.uid,
+            node: cfg.node,
+          },
         })
       ).cache;
     }
@@ -415,7 +443,12 @@ export class NodeAgent {
     const moved = await this.records.transition(short, (c) =>
       c.status?.phase === "Ready"
         ? undefined
-        : { phase: "Promoting", reason: "Captured", message: `captured on node ${cfg.node}; promoting (${profile.backend})`, ...stats },
+        : {
+            phase: "Promoting",
+            reason: "Captured",
+            message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
+            ...stats,
+          },
     );
     if (!moved) return "skipped";
     const wasReady = !moved.written;
@@ -446,7 +479,10 @@ export class NodeAgent {
     if (!claims.ok) {
       const message = claims.unsupported ?? describeFailures(claims);
       if (wasReady) {
-        log.warn({ err: message }, "cache stays Ready, but a namespace still lacks its claim; the resync retries");
+        log.warn(
+          { err: message },
+          "cache stays Ready, but a namespace still lacks its claim; the resync retries",
+        );
         return "ready";
       }
       log.error({ err: message }, "failed: promote (a namespace with pods of this cache has no claim)");
@@ -471,7 +507,10 @@ export class NodeAgent {
     const seconds = Math.round(performance.now() - t0) / 1000;
     this.metrics.promoteSeconds.observe(seconds);
     this.metrics.promotes.inc({ result: "ready" });
-    log.info({ namespaces: claims.namespaces, seconds, backend: profile.backend, written: done?.written }, "promoted: cache Ready");
+    log.info(
+      { namespaces: claims.namespaces, seconds, backend: profile.backend, written: done?.written },
+      "promoted: cache Ready",
+    );
     // Followers admitted while this ran (after the namespaces were listed) get theirs now; the
     // periodic resync covers anything later still.
     const late = await this.ensureClaims(short, source, undefined);
@@ -479,7 +518,11 @@ export class NodeAgent {
     return "ready";
   }
 
-  private async ensureClaims(short: string, source: CacheSource, leaderNamespace: string | undefined): Promise<ClaimsResult> {
+  private async ensureClaims(
+    short: string,
+    source: CacheSource,
+    leaderNamespace: string | undefined,
+  ): Promise<ClaimsResult> {
     const { cfg } = this.o;
     return ensureClaimsForStampedPods({
       clients: this.clients,
@@ -488,7 +531,11 @@ export class NodeAgent {
       log: this.log.child({ hash: short }),
       extraNamespaces: leaderNamespace ? [leaderNamespace] : [],
       ...(this.storage?.claim ? { storeNamespace: this.storage.claim.namespace } : {}),
-      retry: { attempts: cfg.claimAttempts, initialMs: cfg.claimBackoffMs, maxMs: Math.max(cfg.claimBackoffMs, 5_000) },
+      retry: {
+        attempts: cfg.claimAttempts,
+        initialMs: cfg.claimBackoffMs,
+        maxMs: Math.max(cfg.claimBackoffMs, 5_000),
+      },
       onAttempt: (_ns, result) => this.metrics.claims.inc({ result }),
     });
   }
@@ -502,11 +549,18 @@ export class NodeAgent {
     });
   }
 
-  private async unsupported(hash: string, profile: StorageProfile, pod: k8s.V1Pod | undefined): Promise<PromoteOutcome> {
+  private async unsupported(
+    hash: string,
+    profile: StorageProfile,
+    pod: k8s.V1Pod | undefined,
+  ): Promise<PromoteOutcome> {
     const message =
       profile.note ??
       `storage of provisioner ${profile.provisioner}${profile.volumeType ? ` (${profile.volumeType})` : ""} clones a volume per pod: no read-only claim can be named ahead of time, so pods of this cache start cold`;
-    this.log.warn({ hash: shortHash(hash), provisioner: profile.provisioner }, "skipped: storage cannot be shared (Unsupported)");
+    this.log.warn(
+      { hash: shortHash(hash), provisioner: profile.provisioner },
+      "skipped: storage cannot be shared (Unsupported)",
+    );
     this.metrics.promotes.inc({ result: "unsupported" });
     await this.fail(hash, "Unsupported", message, pod);
     return "unsupported";
@@ -515,15 +569,26 @@ export class NodeAgent {
   /** Failed, unless the cache is Ready (someone else's success is never overwritten), plus a Warning on the leader. */
   private async fail(hash: string, reason: string, message: string, pod?: k8s.V1Pod): Promise<void> {
     await this.records
-      .transition(shortHash(hash), (c) => (c.status?.phase === "Ready" ? undefined : { phase: "Failed", reason, message }))
-      .catch((err: unknown) => this.log.error({ err: (err as Error).message }, "could not record the failure"));
-    const eventReason = { Unsupported: "WarmstartUnsupported", PromoteFailed: "WarmstartPromoteFailed" }[reason] ?? "WarmstartCaptureFailed";
+      .transition(shortHash(hash), (c) =>
+        c.status?.phase === "Ready" ? undefined : { phase: "Failed", reason, message },
+      )
+      .catch((err: unknown) =>
+        this.log.error({ err: (err as Error).message }, "could not record the failure"),
+      );
+    const eventReason =
+      { Unsupported: "WarmstartUnsupported", PromoteFailed: "WarmstartPromoteFailed" }[reason] ??
+      "WarmstartCaptureFailed";
     if (pod) await this.event(pod, "Warning", eventReason, message);
   }
 
-  private async event(pod: k8s.V1Pod, type: "Normal" | "Warning", reason: string, message: string): Promise<void> {
-    await postPodEvent(this.core, pod, { type, reason, message, component: COMPONENT }).catch((err: unknown) =>
-      this.log.warn({ err: (err as Error).message, reason }, "could not post event"),
+  private async event(
+    pod: k8s.V1Pod,
+    type: "Normal" | "Warning",
+    reason: string,
+    message: string,
+  ): Promise<void> {
+    await postPodEvent(this.core, pod, { type, reason, message, component: COMPONENT }).catch(
+      (err: unknown) => this.log.warn({ err: (err as Error).message, reason }, "could not post event"),
     );
   }
 
@@ -580,7 +645,11 @@ export class NodeAgent {
         if (!source) continue;
         const claims = await this.ensureClaims(short, source, undefined);
         if (claims.ok) await this.recordNamespaces(short, claims.namespaces);
-        else this.log.warn({ hash: short, err: describeFailures(claims) }, "claims still missing; next resync retries");
+        else
+          this.log.warn(
+            { hash: short, err: describeFailures(claims) },
+            "claims still missing; next resync retries",
+          );
       } else if (unfinished || retryable) {
         this.log.info({ hash: short, phase }, "resuming the promote of a committed tree");
         await this.promote(manifest.hash, { manifest });

@@ -8,12 +8,17 @@ import { startHttp } from "./http.js";
 export function registerNodeAgentCommands(program: Command): void {
   program
     .command("node-agent")
-    .description("per-node capture agent: captures each Ready leader's cache and promotes it to rox-<short> claims")
+    .description(
+      "per-node capture agent: captures each Ready leader's cache and promotes it to rox-<short> claims",
+    )
     .option("--node <name>", "this node's name (env NODE_NAME)")
     .option("--kubelet-root <dir>", "the kubelet's root directory as mounted here (holds pods/<uid>/volumes)")
     .option("--store <dir>", "the node's cache store: committed trees go to <store>/<short>")
     .option("--store-claim <ns/name>", "the claim the store is mounted from (shared-volume, snapshot-clone)")
-    .option("--store-provisioner <name>", "storage profile key of the store (default: the claim's provisioner, or host-path)")
+    .option(
+      "--store-provisioner <name>",
+      "storage profile key of the store (default: the claim's provisioner, or host-path)",
+    )
     .option("--store-volume-type <type>", "volume type of the store, for per-type profile overrides")
     .option("--warmup <duration>", "how long a leader stays Ready before capture (default 30s)")
     .option("--concurrency <n>", "captures at once on this node (default 2)")

@@ -10,11 +10,16 @@ export const durationMs = z.union([z.number(), z.string()]).transform((v, ctx) =
     ctx.addIssue({ code: "custom", message: `not a duration: "${v}" (use e.g. 500ms, 30s, 2m)` });
     return z.NEVER;
   }
-  return Math.round(Number(m[1]) * { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? "s") as "ms" | "s" | "m" | "h"]);
+  return Math.round(
+    Number(m[1]) * { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? "s") as "ms" | "s" | "m" | "h"],
+  );
 });
 
 const absolute = (what: string): z.ZodString =>
-  z.string().min(1).refine(isAbsolute, { message: `${what} must be an absolute path` });
+  z
+    .string()
+    .min(1)
+    .refine(isAbsolute, { message: `${what} must be an absolute path` });
 
 const bool = z
   .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
@@ -69,7 +74,10 @@ export function loadNodeAgentConfig(flags: Record<string, unknown>, env = proces
   const parsed = NodeAgentConfig.safeParse(merged);
   if (!parsed.success) {
     const first = parsed.error.issues[0]!;
-    const flag = first.path.join(".").replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`).replace(/-ms$/, "");
+    const flag = first.path
+      .join(".")
+      .replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)
+      .replace(/-ms$/, "");
     throw new Error(`invalid node-agent config: --${flag || "value"}: ${first.message}`);
   }
   return parsed.data;

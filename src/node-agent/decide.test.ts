@@ -5,14 +5,27 @@ import { cancelReasonFor, decidePod, timeToReadySeconds } from "./decide.js";
 
 const HASH = "0123456789abcdef".repeat(4);
 
-function leader(overrides: { labels?: Record<string, string>; annotations?: Record<string, string>; ready?: boolean; node?: string; phase?: string; deleting?: boolean } = {}): V1Pod {
+function leader(
+  overrides: {
+    labels?: Record<string, string>;
+    annotations?: Record<string, string>;
+    ready?: boolean;
+    node?: string;
+    phase?: string;
+    deleting?: boolean;
+  } = {},
+): V1Pod {
   return {
     metadata: {
       name: "leader",
       namespace: "ns",
       uid: "u1",
       creationTimestamp: "2026-01-01T00:00:00Z" as unknown as Date,
-      labels: { "warmstart.dev/capture": "true", "warmstart.dev/hash": HASH.slice(0, 16), ...overrides.labels },
+      labels: {
+        "warmstart.dev/capture": "true",
+        "warmstart.dev/hash": HASH.slice(0, 16),
+        ...overrides.labels,
+      },
       annotations: { "warmstart.dev/hash": HASH, ...overrides.annotations },
       ...(overrides.deleting ? { deletionTimestamp: new Date() } : {}),
     },
@@ -20,14 +33,22 @@ function leader(overrides: { labels?: Record<string, string>; annotations?: Reco
     status: {
       phase: overrides.phase ?? "Running",
       conditions: [
-        { type: "Ready", status: overrides.ready === false ? "False" : "True", lastTransitionTime: "2026-01-01T00:01:30.5Z" as unknown as Date },
+        {
+          type: "Ready",
+          status: overrides.ready === false ? "False" : "True",
+          lastTransitionTime: "2026-01-01T00:01:30.5Z" as unknown as Date,
+        },
       ],
     },
   };
 }
 
 void test("a Ready leader on this node with its stamp is considered, under the stamped hash", () => {
-  assert.deepEqual(decidePod(leader(), "gpu-0"), { action: "consider", hash: HASH, short: HASH.slice(0, 16) });
+  assert.deepEqual(decidePod(leader(), "gpu-0"), {
+    action: "consider",
+    hash: HASH,
+    short: HASH.slice(0, 16),
+  });
 });
 
 void test("skips say why", () => {
@@ -42,7 +63,11 @@ void test("skips say why", () => {
   assert.equal(skip(leader({ deleting: true })), "terminating");
   assert.equal(skip(leader({ annotations: { "warmstart.dev/hash": "" } })), "no-hash");
   assert.equal(skip(leader({ annotations: { "warmstart.dev/hash": "not-a-hash" } })), "no-hash");
-  assert.equal(skip(leader({ labels: { "warmstart.dev/hash": "ffffffffffffffff" } })), "no-hash", "label and stamp disagree");
+  assert.equal(
+    skip(leader({ labels: { "warmstart.dev/hash": "ffffffffffffffff" } })),
+    "no-hash",
+    "label and stamp disagree",
+  );
 });
 
 void test("the stamp is read as is: the pod's spec is never hashed again", () => {

@@ -33,7 +33,8 @@ export function timeToReadySeconds(pod: k8s.V1Pod): number | undefined {
 
 export function decidePod(pod: k8s.V1Pod, node: string): PodDecision {
   if (pod.metadata?.labels?.[LABEL_CAPTURE] !== "true") return { action: "skip", reason: "no-capture-label" };
-  if (pod.spec?.nodeName !== node) return { action: "skip", reason: "other-node", detail: pod.spec?.nodeName ?? "" };
+  if (pod.spec?.nodeName !== node)
+    return { action: "skip", reason: "other-node", detail: pod.spec?.nodeName ?? "" };
   // The stamp is read, never recomposed: admission composed it from the spec as written.
   const hash = pod.metadata?.annotations?.[ANN_HASH];
   if (!hash || !/^[0-9a-f]{64}$/.test(hash)) {

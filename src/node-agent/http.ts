@@ -19,10 +19,15 @@ export async function startHttp(o: {
   const server: Server = createServer((req, res) => {
     const path = new URL(req.url ?? "/", "http://agent").pathname;
     const send = (status: number, type: string, body: string): void => {
-      res.writeHead(status, { "content-type": type, "content-length": Buffer.byteLength(body), "cache-control": "no-store" });
+      res.writeHead(status, {
+        "content-type": type,
+        "content-length": Buffer.byteLength(body),
+        "cache-control": "no-store",
+      });
       res.end(req.method === "HEAD" ? undefined : body);
     };
-    const json = (status: number, body: unknown): void => send(status, "application/json; charset=utf-8", JSON.stringify(body));
+    const json = (status: number, body: unknown): void =>
+      send(status, "application/json; charset=utf-8", JSON.stringify(body));
     if (req.method !== "GET" && req.method !== "HEAD") return json(405, { error: "only GET" });
     switch (path) {
       case "/livez":
@@ -56,7 +61,9 @@ export async function startHttp(o: {
       resolve();
     });
   }).catch((err: unknown) => {
-    throw new Error(`node agent cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`, { cause: err });
+    throw new Error(`node agent cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`, {
+      cause: err,
+    });
   });
   const addr = server.address() as AddressInfo;
   const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;

@@ -112,7 +112,8 @@ export class CaptureMarks {
 
   /** The most recent release of a pod, if any (for logs, tests and debugging). */
   lastRelease(uid: string): ReleaseReason | undefined {
-    for (let i = this.released.length - 1; i >= 0; i--) if (this.released[i]!.uid === uid) return this.released[i]!.reason;
+    for (let i = this.released.length - 1; i >= 0; i--)
+      if (this.released[i]!.uid === uid) return this.released[i]!.reason;
     return undefined;
   }
 

@@ -19,7 +19,10 @@ export class CacheRecords {
 
   async get(hashOrShort: string): Promise<ModelCacheObject | undefined> {
     try {
-      return (await this.custom.getClusterCustomObject({ ...ref, name: shortHash(hashOrShort) })) as ModelCacheObject;
+      return (await this.custom.getClusterCustomObject({
+        ...ref,
+        name: shortHash(hashOrShort),
+      })) as ModelCacheObject;
     } catch (err) {
       if (isNotFound(err)) return undefined;
       throw apiError(`reading ModelCache ${shortHash(hashOrShort)}`, err);
@@ -29,7 +32,11 @@ export class CacheRecords {
   /** The record of this hash; created (with what the leader pod tells) when admission left none. */
   async ensure(
     hash: string,
-    spec: { model?: string; electionId?: string; leader: { namespace?: string; name?: string; uid?: string; node?: string } },
+    spec: {
+      model?: string;
+      electionId?: string;
+      leader: { namespace?: string; name?: string; uid?: string; node?: string };
+    },
   ): Promise<{ cache: ModelCacheObject; created: boolean }> {
     const existing = await this.get(hash);
     if (existing) return { cache: existing, created: false };
@@ -41,7 +48,12 @@ export class CacheRecords {
           apiVersion: `${MODELCACHE.group}/${MODELCACHE.version}`,
           kind: MODELCACHE.kind,
           metadata: { name, labels: { [LABEL_HASH]: name } },
-          spec: { hash, ...(spec.model ? { model: spec.model } : {}), ...(spec.electionId ? { electionId: spec.electionId } : {}), leader: spec.leader },
+          spec: {
+            hash,
+            ...(spec.model ? { model: spec.model } : {}),
+            ...(spec.electionId ? { electionId: spec.electionId } : {}),
+            leader: spec.leader,
+          },
         },
       })) as ModelCacheObject;
       return { cache: created, created: true };

@@ -30,25 +30,46 @@ void test("a waiter that gives up leaves no trace and never takes a slot later",
   const ac = new AbortController();
   const waiting = slots.acquire(ac.signal);
   ac.abort("pod-deleted");
-  await assert.rejects(waiting, (e) => e === "pod-deleted");
+  await assert.rejects(waiting, (e) => e instanceof Error && e.cause === "pod-deleted");
   assert.equal(slots.waiting, 0);
   held();
   assert.equal(slots.available, 1, "the slot went back, not to the cancelled waiter");
-  await assert.rejects(slots.acquire(ac.signal), (e) => e === "pod-deleted");
+  await assert.rejects(slots.acquire(ac.signal), (e) => e instanceof Error && e.cause === "pod-deleted");
 });
 
 void test("config: durations, defaults and clear errors", () => {
-  const cfg = loadNodeAgentConfig({ node: "gpu-0", kubeletRoot: "/k", store: "/s", warmupMs: "1500ms", resyncMs: "2m" }, {});
+  const cfg = loadNodeAgentConfig(
+    { node: "gpu-0", kubeletRoot: "/k", store: "/s", warmupMs: "1500ms", resyncMs: "2m" },
+    {},
+  );
   assert.equal(cfg.warmupMs, 1500);
   assert.equal(cfg.resyncMs, 120_000);
   assert.equal(cfg.concurrency, 2);
   assert.equal(cfg.port, 9464);
   assert.equal(cfg.durable, true);
-  assert.equal(loadNodeAgentConfig({ kubeletRoot: "/k", store: "/s" }, { NODE_NAME: "from-env" }).node, "from-env");
-  assert.equal(loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", warmupMs: "2" }, {}).warmupMs, 2000);
-  assert.throws(() => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", warmupMs: "soon" }, {}), /--warmup: not a duration/);
-  assert.throws(() => loadNodeAgentConfig({ node: "n", kubeletRoot: "relative", store: "/s" }, {}), /--kubelet-root: .*absolute/);
+  assert.equal(
+    loadNodeAgentConfig({ kubeletRoot: "/k", store: "/s" }, { NODE_NAME: "from-env" }).node,
+    "from-env",
+  );
+  assert.equal(
+    loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", warmupMs: "2" }, {}).warmupMs,
+    2000,
+  );
+  assert.throws(
+    () => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", warmupMs: "soon" }, {}),
+    /--warmup: not a duration/,
+  );
+  assert.throws(
+    () => loadNodeAgentConfig({ node: "n", kubeletRoot: "relative", store: "/s" }, {}),
+    /--kubelet-root: .*absolute/,
+  );
   assert.throws(() => loadNodeAgentConfig({ kubeletRoot: "/k", store: "/s" }, {}), /--node/);
-  assert.throws(() => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", storeClaim: "no-slash" }, {}), /--store-claim: must be namespace\/name/);
-  assert.throws(() => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", concurrency: "0" }, {}), /--concurrency/);
+  assert.throws(
+    () => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", storeClaim: "no-slash" }, {}),
+    /--store-claim: must be namespace\/name/,
+  );
+  assert.throws(
+    () => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", concurrency: "0" }, {}),
+    /--concurrency/,
+  );
 });

@@ -4,12 +4,13 @@ export class Slots {
   private readonly waiters: { grant: () => void; signal?: AbortSignal }[] = [];
 
   constructor(readonly size: number) {
-    if (!Number.isInteger(size) || size < 1) throw new Error(`slots: size must be a positive integer, got ${size}`);
+    if (!Number.isInteger(size) || size < 1)
+      throw new Error(`slots: size must be a positive integer, got ${size}`);
     this.free = size;
   }
 
   /**
-   * Resolves with a release function once a slot is free; rejects with the signal's reason if it
+   * Resolves with a release function once a slot is free; rejects (with the signal's reason as cause) if it
    * aborts first, leaving no trace (a cancelled waiter never takes a slot later).
    */
   acquire(signal?: AbortSignal): Promise<() => void> {
@@ -56,6 +57,7 @@ export class Slots {
   }
 }
 
-function abortReason(signal: AbortSignal): unknown {
-  return signal.reason ?? new DOMException("aborted", "AbortError");
+/** The waiter gave up; `cause` is the signal's reason. */
+function abortReason(signal: AbortSignal): Error {
+  return new Error("stopped waiting for a capture slot", { cause: signal.reason });
 }

@@ -54,7 +54,11 @@ async function createOnce(what: string, create: () => Promise<unknown>): Promise
   }
 }
 
-async function claimExists(c: PromoteClients, short: string, namespace: string): Promise<k8s.V1PersistentVolumeClaim | undefined> {
+async function claimExists(
+  c: PromoteClients,
+  short: string,
+  namespace: string,
+): Promise<k8s.V1PersistentVolumeClaim | undefined> {
   try {
     return await c.core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace });
   } catch (err) {
@@ -64,9 +68,9 @@ async function claimExists(c: PromoteClients, short: string, namespace: string):
 }
 
 /**
- * Makes `rox-<short>` exist in `namespace` for a promoted cache. The claim goes first: a claim
- * pre-bound to a PV that does not exist yet just waits for it, while a PV made for a namespace
- * that turns out to be terminating would be left behind.
+ * Makes `rox-<short>` exist in `namespace` for a promoted cache. A pre-bound PV goes before its
+ * claim: the volume controller binds such a pair when it syncs the claim, so a claim created
+ * first would wait for the next periodic resync (15 s by default) once its PV appears.
  */
 export async function ensureClaim(
   c: PromoteClients,
@@ -89,24 +93,33 @@ export async function ensureClaim(
       // In the store's own namespace the promote's snapshot already has the clone's source name.
       if (namespace !== opts.storeNamespace) {
         const content = snapshotContentFor(short, source, namespace);
-        await createOnce(`VolumeSnapshotContent ${content.metadata.name}`, () =>
-          c.custom.createClusterCustomObject({
-            group: SNAPSHOT_GROUP,
-            version: SNAPSHOT_VERSION,
-            plural: "volumesnapshotcontents",
-            body: content,
-          }),
+        const ref = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION };
+        const madeContent = await createOnce(`VolumeSnapshotContent ${content.metadata.name}`, () =>
+          c.custom.createClusterCustomObject({ ...ref, plural: "volumesnapshotcontents", body: content }),
         );
         const snap = snapshotFor(short, source, namespace);
-        await createOnce(`VolumeSnapshot ${namespace}/${snap.metadata.name}`, () =>
-          c.custom.createNamespacedCustomObject({
-            group: SNAPSHOT_GROUP,
-            version: SNAPSHOT_VERSION,
-            plural: "volumesnapshots",
-            namespace,
-            body: snap,
-          }),
-        );
+        try {
+          await createOnce(`VolumeSnapshot ${namespace}/${snap.metadata.name}`, () =>
+            c.custom.createNamespacedCustomObject({
+              ...ref,
+              plural: "volumesnapshots",
+              namespace,
+              body: snap,
+            }),
+          );
+        } catch (err) {
+          // Retain: deleting the content this call just made leaves the snapshot itself alone.
+          if (madeContent && isNamespaceGone((err as Error).cause ?? err, namespace)) {
+            await c.custom
+              .deleteClusterCustomObject({
+                ...ref,
+                plural: "volumesnapshotcontents",
+                name: content.metadata.name!,
+              })
+              .catch(() => undefined);
+          }
+          throw err;
+        }
       }
       if (!existing) {
         const claim = cloneClaim(short, source, namespace);
@@ -116,16 +129,30 @@ export async function ensureClaim(
       }
     } else {
       const volume =
-        source.backend === "host-path" ? hostPathVolume(short, source, namespace) : sharedVolume(short, source, namespace);
+        source.backend === "host-path"
+          ? hostPathVolume(short, source, namespace)
+          : sharedVolume(short, source, namespace);
+      const pvName = volume.metadata!.name!;
+      let ours: k8s.V1PersistentVolume | undefined;
+      await createOnce(`PersistentVolume ${pvName}`, async () => {
+        ours = await c.core.createPersistentVolume({ body: volume });
+      });
       if (!existing) {
         const claim = preBoundClaim(short, source, namespace, volume);
-        created = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
-          c.core.createNamespacedPersistentVolumeClaim({ namespace, body: claim }),
-        );
+        try {
+          created = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
+            c.core.createNamespacedPersistentVolumeClaim({ namespace, body: claim }),
+          );
+        } catch (err) {
+          // The PV this call just made would outlive a namespace that is going away.
+          if (ours && isNamespaceGone((err as Error).cause ?? err, namespace)) {
+            await c.core
+              .deletePersistentVolume({ name: pvName, body: { preconditions: { uid: ours.metadata?.uid } } })
+              .catch(() => undefined);
+          }
+          throw err;
+        }
       }
-      await createOnce(`PersistentVolume ${volume.metadata!.name!}`, () =>
-        c.core.createPersistentVolume({ body: volume }),
-      );
     }
   } catch (err) {
     const cause = (err as Error).cause ?? err;

@@ -64,7 +64,11 @@ void test("storage requests round up to whole MiB and are never zero", () => {
 void test("host-path: a ReadOnlyMany local PV on the capture node, pre-bound both ways, labels from creation", () => {
   const pv = hostPathVolume(short, hostPath, "team-a");
   const pvc = preBoundClaim(short, hostPath, "team-a", pv);
-  const labels = { [LABEL_HASH]: short, [LABEL_NAMESPACE]: "team-a", "app.kubernetes.io/managed-by": "warmstart" };
+  const labels = {
+    [LABEL_HASH]: short,
+    [LABEL_NAMESPACE]: "team-a",
+    "app.kubernetes.io/managed-by": "warmstart",
+  };
   assert.deepEqual(pv.metadata?.labels, labels);
   assert.deepEqual(pvc.metadata?.labels, labels);
   assert.equal(pv.metadata?.name, `warmstart-${short}-team-a`);
@@ -76,7 +80,12 @@ void test("host-path: a ReadOnlyMany local PV on the capture node, pre-bound bot
     { matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: ["gpu-0"] }] },
   ]);
   // Pre-bound: the PV names the claim, the claim names the PV, and they agree on what binding checks.
-  assert.deepEqual(pv.spec?.claimRef, { apiVersion: "v1", kind: "PersistentVolumeClaim", namespace: "team-a", name: `rox-${short}` });
+  assert.deepEqual(pv.spec?.claimRef, {
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    namespace: "team-a",
+    name: `rox-${short}`,
+  });
   assert.equal(pvc.metadata?.name, `rox-${short}`);
   assert.equal(pvc.metadata?.namespace, "team-a");
   assert.equal(pvc.spec?.volumeName, pv.metadata?.name);
@@ -101,7 +110,11 @@ void test("shared-volume: the handle and attribute templates are rendered per na
   assert.equal(a.spec?.csi?.driver, "nfs.csi.k8s.io");
   assert.equal(a.spec?.csi?.volumeHandle, `nas#/exports#${short}#team-a`);
   assert.equal(b.spec?.csi?.volumeHandle, `nas#/exports#${short}#team-b`);
-  assert.notEqual(a.spec?.csi?.volumeHandle, b.spec?.csi?.volumeHandle, "two PVs on one node never share a handle");
+  assert.notEqual(
+    a.spec?.csi?.volumeHandle,
+    b.spec?.csi?.volumeHandle,
+    "two PVs on one node never share a handle",
+  );
   assert.deepEqual(a.spec?.csi?.volumeAttributes, { server: "nas", subDir: short });
   assert.equal(a.spec?.csi?.readOnly, true);
   assert.deepEqual(a.spec?.mountOptions, ["nfsvers=4.1"]);
@@ -115,8 +128,14 @@ void test("shared-volume: the handle and attribute templates are rendered per na
 
 void test("templates refuse unknown placeholders instead of passing a typo to a driver", () => {
   assert.equal(renderTemplate("{handle}/{short}", { handle: "h", short: "s" }), "h/s");
-  assert.throws(() => renderTemplate("{handel}-{namespace}", { handle: "h", namespace: "n" }), /unknown placeholder \{handel\}/);
-  assert.throws(() => sharedVolume(short, { ...shared, handleTemplate: "{nope}" }, "ns"), /unknown placeholder/);
+  assert.throws(
+    () => renderTemplate("{handel}-{namespace}", { handle: "h", namespace: "n" }),
+    /unknown placeholder \{handel\}/,
+  );
+  assert.throws(
+    () => sharedVolume(short, { ...shared, handleTemplate: "{nope}" }, "ns"),
+    /unknown placeholder/,
+  );
 });
 
 void test("builders refuse a source that lacks what the backend needs", () => {
@@ -137,7 +156,11 @@ void test("snapshot-clone: a Retain content re-exposing the snapshot, its Volume
   assert.deepEqual(content.spec.volumeSnapshotRef, { namespace: "team-a", name: vs.metadata.name });
   assert.deepEqual(vs.spec.source, { volumeSnapshotContentName: content.metadata.name });
   assert.equal(vs.metadata.namespace, "team-a");
-  assert.deepEqual(pvc.spec?.dataSource, { apiGroup: "snapshot.storage.k8s.io", kind: "VolumeSnapshot", name: vs.metadata.name });
+  assert.deepEqual(pvc.spec?.dataSource, {
+    apiGroup: "snapshot.storage.k8s.io",
+    kind: "VolumeSnapshot",
+    name: vs.metadata.name,
+  });
   assert.deepEqual(pvc.spec?.accessModes, ["ReadOnlyMany"]);
   assert.equal(pvc.spec?.storageClassName, "hyperdisk-ml-rox");
   assert.equal(pvc.spec?.resources?.requests?.storage, "64Gi", "at least the snapshot's restore size");
@@ -155,6 +178,9 @@ void test("the source round-trips through the annotation and a damaged one reads
   const cache = { metadata: { annotations: { "warmstart.dev/source": encodeSource(shared) } } };
   assert.deepEqual(sourceOf(cache), shared);
   assert.equal(sourceOf({ metadata: { annotations: { "warmstart.dev/source": "{not json" } } }), undefined);
-  assert.equal(sourceOf({ metadata: { annotations: { "warmstart.dev/source": '{"backend":"tape"}' } } }), undefined);
+  assert.equal(
+    sourceOf({ metadata: { annotations: { "warmstart.dev/source": '{"backend":"tape"}' } } }),
+    undefined,
+  );
   assert.equal(sourceOf({ metadata: {} }), undefined);
 });

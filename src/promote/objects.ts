@@ -18,7 +18,8 @@ export function promoteLabels(short: string, namespace: string): Record<string, 
 }
 
 /** The cluster-scoped PV (or VolumeSnapshotContent) of one cache in one namespace. */
-export const perNamespaceName = (short: string, namespace: string): string => `warmstart-${short}-${namespace}`;
+export const perNamespaceName = (short: string, namespace: string): string =>
+  `warmstart-${short}-${namespace}`;
 /** The namespaced VolumeSnapshot a clone is made from (snapshot-clone). */
 export const snapshotName = (short: string): string => `warmstart-${short}`;
 
@@ -43,14 +44,21 @@ function claimRefTo(short: string, namespace: string): k8s.V1ObjectReference {
 function nodeAffinity(node: string): k8s.V1VolumeNodeAffinity {
   return {
     required: {
-      nodeSelectorTerms: [{ matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: [node] }] }],
+      nodeSelectorTerms: [
+        { matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: [node] }] },
+      ],
     },
   };
 }
 
 /** host-path: the tree on one node, exposed read-only to one namespace, pre-bound to its claim. */
-export function hostPathVolume(short: string, source: CacheSource, namespace: string): k8s.V1PersistentVolume {
-  if (!source.node || !source.path) throw new Error(`cache ${short}: host-path source needs a node and a path`);
+export function hostPathVolume(
+  short: string,
+  source: CacheSource,
+  namespace: string,
+): k8s.V1PersistentVolume {
+  if (!source.node || !source.path)
+    throw new Error(`cache ${short}: host-path source needs a node and a path`);
   const type = source.hostPathType ?? "local";
   return {
     apiVersion: "v1",
@@ -82,7 +90,8 @@ export function sharedVolume(short: string, source: CacheSource, namespace: stri
   }
   const vars = { handle: source.volumeHandle, namespace, short, path: source.subPath ?? "" };
   const attributes: Record<string, string> = { ...source.volumeAttributes };
-  for (const [k, v] of Object.entries(source.attributeTemplates ?? {})) attributes[k] = renderTemplate(v, vars);
+  for (const [k, v] of Object.entries(source.attributeTemplates ?? {}))
+    attributes[k] = renderTemplate(v, vars);
   return {
     apiVersion: "v1",
     kind: "PersistentVolume",
@@ -138,7 +147,12 @@ export interface VolumeSnapshotContent {
     volumeSnapshotClassName?: string;
     volumeSnapshotRef: { namespace: string; name: string; kind?: string; apiVersion?: string };
   };
-  status?: { snapshotHandle?: string; restoreSize?: number; readyToUse?: boolean; error?: { message?: string } };
+  status?: {
+    snapshotHandle?: string;
+    restoreSize?: number;
+    readyToUse?: boolean;
+    error?: { message?: string };
+  };
 }
 
 export interface VolumeSnapshot {
@@ -168,7 +182,11 @@ function snapshotSource(short: string, source: CacheSource): { driver: string; h
  * snapshot-clone, per namespace: a pre-provisioned content that re-exposes the promote's snapshot
  * (Retain: deleting it never deletes the snapshot every other namespace clones from)...
  */
-export function snapshotContentFor(short: string, source: CacheSource, namespace: string): VolumeSnapshotContent {
+export function snapshotContentFor(
+  short: string,
+  source: CacheSource,
+  namespace: string,
+): VolumeSnapshotContent {
   const { driver, handle } = snapshotSource(short, source);
   return {
     apiVersion: `${SNAPSHOT_GROUP}/${SNAPSHOT_VERSION}`,
@@ -198,7 +216,11 @@ export function snapshotFor(short: string, source: CacheSource, namespace: strin
 }
 
 /** ...and claim `rox-<short>` cloned from it, read-only for many nodes. */
-export function cloneClaim(short: string, source: CacheSource, namespace: string): k8s.V1PersistentVolumeClaim {
+export function cloneClaim(
+  short: string,
+  source: CacheSource,
+  namespace: string,
+): k8s.V1PersistentVolumeClaim {
   snapshotSource(short, source);
   return {
     apiVersion: "v1",

@@ -22,7 +22,10 @@ void test("an unknown provisioner cannot be shared and says how to fix that", ()
   const p = resolveProfile(none, "example.com/mystery");
   assert.equal(p.backend, "per-pod-clone");
   assert.equal(p.origin, "none");
-  assert.match(p.note ?? "", /no storage profile names provisioner example\.com\/mystery.*warmstart-storage-profiles/);
+  assert.match(
+    p.note ?? "",
+    /no storage profile names provisioner example\.com\/mystery.*warmstart-storage-profiles/,
+  );
 });
 
 void test("a ConfigMap entry overrides the built-in one field by field, and per volume type", () => {
@@ -81,10 +84,22 @@ void test("a bad key is reported and skipped while the good ones still count", (
   });
   assert.deepEqual([...entries.keys()], ["good.example.com"]);
   assert.equal(errors.length, 4);
-  assert.ok(errors.some((e) => e.startsWith("typo.example.com: backend:")), errors.join("\n"));
-  assert.ok(errors.some((e) => e.startsWith("range.example.com: prewarmParallelism:")), errors.join("\n"));
-  assert.ok(errors.some((e) => e.startsWith("unknown.example.com:")), errors.join("\n"));
-  assert.ok(errors.some((e) => e.startsWith("broken.example.com: not YAML")), errors.join("\n"));
+  assert.ok(
+    errors.some((e) => e.startsWith("typo.example.com: backend:")),
+    errors.join("\n"),
+  );
+  assert.ok(
+    errors.some((e) => e.startsWith("range.example.com: prewarmParallelism:")),
+    errors.join("\n"),
+  );
+  assert.ok(
+    errors.some((e) => e.startsWith("unknown.example.com:")),
+    errors.join("\n"),
+  );
+  assert.ok(
+    errors.some((e) => e.startsWith("broken.example.com: not YAML")),
+    errors.join("\n"),
+  );
   // A typo never silently changes a known provisioner's behaviour.
   assert.equal(resolveProfile(entries, "typo.example.com").backend, "per-pod-clone");
 });

@@ -73,7 +73,10 @@ export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
   "pd.csi.storage.gke.io": {
     backend: "snapshot-clone",
     // Only Hyperdisk ML attaches read-only to many nodes; other PD types clone per pod.
-    volumeTypes: { "hyperdisk-ml": { backend: "snapshot-clone" }, "pd-balanced": { backend: "per-pod-clone" } },
+    volumeTypes: {
+      "hyperdisk-ml": { backend: "snapshot-clone" },
+      "pd-balanced": { backend: "per-pod-clone" },
+    },
   },
   // EBS volumes attach to one node at a time: each pod would need its own clone.
   "ebs.csi.aws.com": { backend: "per-pod-clone" },
@@ -186,7 +189,10 @@ export class StorageProfiles {
   private async load(): Promise<Map<string, ProfileEntry>> {
     let data: Record<string, string> | undefined;
     try {
-      const cm = await this.core.readNamespacedConfigMap({ name: STORAGE_PROFILES_CONFIGMAP, namespace: this.namespace });
+      const cm = await this.core.readNamespacedConfigMap({
+        name: STORAGE_PROFILES_CONFIGMAP,
+        namespace: this.namespace,
+      });
       data = cm.data;
     } catch (err) {
       if (!isNotFound(err)) {

@@ -7,11 +7,10 @@ void test("retry: fails twice, then succeeds on the third attempt after growing 
   const waits: number[] = [];
   let calls = 0;
   const v = await retry(
-    async (attempt) => {
+    (attempt) => {
       calls++;
       assert.equal(attempt, calls);
-      if (attempt < 3) throw new Error(`transient ${attempt}`);
-      return "ok";
+      return attempt < 3 ? Promise.reject(new Error(`transient ${attempt}`)) : Promise.resolve("ok");
     },
     { attempts: 5, initialMs: 1, maxMs: 100, onRetry: (_a, _e, d) => waits.push(d) },
   );
@@ -25,9 +24,9 @@ void test("retry: gives up after the last attempt with the last error, waits cap
   let calls = 0;
   await assert.rejects(
     retry(
-      async (attempt) => {
+      (attempt) => {
         calls++;
-        throw new Error(`refused ${attempt}`);
+        return Promise.reject(new Error(`refused ${attempt}`));
       },
       { attempts: 4, initialMs: 1, maxMs: 2, onRetry: (_a, _e, d) => waits.push(d) },
     ),
@@ -41,9 +40,9 @@ void test("retry: an error no retry can fix ends the loop at once", async () => 
   let calls = 0;
   await assert.rejects(
     retry(
-      async () => {
+      () => {
         calls++;
-        throw new UnsupportedBackendError("per-pod clones");
+        return Promise.reject(new UnsupportedBackendError("per-pod clones"));
       },
       { attempts: 5, initialMs: 1, maxMs: 1, retryable: (e) => !(e instanceof UnsupportedBackendError) },
     ),
@@ -56,9 +55,9 @@ void test("retry: an abort stops the wait between attempts", async () => {
   const ac = new AbortController();
   let calls = 0;
   const p = retry(
-    async () => {
+    () => {
       calls++;
-      throw new Error("down");
+      return Promise.reject(new Error("down"));
     },
     { attempts: 10, initialMs: 10_000, maxMs: 10_000, signal: ac.signal },
   );
@@ -72,7 +71,13 @@ void test("retry: an abort stops the wait between attempts", async () => {
 void test("a terminating or missing namespace is told apart from other refusals", () => {
   const err = (code: number, message: string): unknown => ({ code, body: JSON.stringify({ message, code }) });
   assert.equal(
-    isNamespaceGone(err(403, 'persistentvolumeclaims "rox-x" is forbidden: unable to create new content in namespace t-1 because it is being terminated'), "t-1"),
+    isNamespaceGone(
+      err(
+        403,
+        'persistentvolumeclaims "rox-x" is forbidden: unable to create new content in namespace t-1 because it is being terminated',
+      ),
+      "t-1",
+    ),
     true,
   );
   assert.equal(isNamespaceGone(err(404, 'namespaces "t-1" not found'), "t-1"), true);

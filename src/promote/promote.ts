@@ -60,7 +60,9 @@ export interface ClaimsResult {
 export async function stampedNamespaces(core: k8s.CoreV1Api, short: string): Promise<string[]> {
   try {
     const pods = await core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` });
-    return [...new Set(pods.items.map((p) => p.metadata?.namespace).filter((n): n is string => Boolean(n)))].sort();
+    return [
+      ...new Set(pods.items.map((p) => p.metadata?.namespace).filter((n): n is string => Boolean(n))),
+    ].sort();
   } catch (err) {
     throw apiError(`listing pods of cache ${short}`, err);
   }
@@ -125,12 +127,16 @@ export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<C
       results.push(r);
     }
   };
-  await Promise.all(Array.from({ length: Math.max(1, Math.min(o.parallel ?? 4, namespaces.length)) }, worker));
+  await Promise.all(
+    Array.from({ length: Math.max(1, Math.min(o.parallel ?? 4, namespaces.length)) }, worker),
+  );
   results.sort((a, b) => (a.namespace < b.namespace ? -1 : 1));
   const ok = results.every((r) => !r.error);
   return {
     ok,
-    namespaces: results.filter((r) => r.outcome === "created" || r.outcome === "exists").map((r) => r.namespace),
+    namespaces: results
+      .filter((r) => r.outcome === "created" || r.outcome === "exists")
+      .map((r) => r.namespace),
     results,
     ...(unsupported ? { unsupported } : {}),
   };

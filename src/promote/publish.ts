@@ -8,7 +8,13 @@ import { relative } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { HOST_PATH_PROVISIONER } from "../core/contract.js";
 import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
-import { SNAPSHOT_GROUP, SNAPSHOT_VERSION, storeSnapshot, type VolumeSnapshot, type VolumeSnapshotContent } from "./objects.js";
+import {
+  SNAPSHOT_GROUP,
+  SNAPSHOT_VERSION,
+  storeSnapshot,
+  type VolumeSnapshot,
+  type VolumeSnapshotContent,
+} from "./objects.js";
 import type { StorageProfile } from "./profiles.js";
 import type { CacheSource } from "./source.js";
 import type { PromoteClients } from "./claims.js";
@@ -33,7 +39,11 @@ export interface StoreStorage {
 
 /** Learns the store's provisioner (and volume type, and CSI identity) from its claim, if it has one. */
 export async function describeStore(kc: k8s.KubeConfig, loc: StoreLocation): Promise<StoreStorage> {
-  if (!loc.claim) return { provisioner: loc.provisioner ?? HOST_PATH_PROVISIONER, ...(loc.volumeType ? { volumeType: loc.volumeType } : {}) };
+  if (!loc.claim)
+    return {
+      provisioner: loc.provisioner ?? HOST_PATH_PROVISIONER,
+      ...(loc.volumeType ? { volumeType: loc.volumeType } : {}),
+    };
   const core = kc.makeApiClient(k8s.CoreV1Api);
   const storage = kc.makeApiClient(k8s.StorageV1Api);
   const { namespace, name } = loc.claim;
@@ -106,14 +116,19 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
       return { ...base, node: i.store.node, path: i.tree, hostPathType: i.profile.hostPathType };
     case "shared-volume": {
       const csi = i.storage.csi;
-      if (!csi) throw new Error(`shared-volume needs the store on a CSI volume (--store-claim); ${i.store.dir} has none`);
+      if (!csi)
+        throw new Error(
+          `shared-volume needs the store on a CSI volume (--store-claim); ${i.store.dir} has none`,
+        );
       return {
         ...base,
         driver: csi.driver,
         volumeHandle: csi.volumeHandle,
         ...(csi.fsType ? { fsType: csi.fsType } : {}),
         ...(csi.volumeAttributes ? { volumeAttributes: csi.volumeAttributes } : {}),
-        ...(Object.keys(i.profile.volumeAttributes).length ? { attributeTemplates: i.profile.volumeAttributes } : {}),
+        ...(Object.keys(i.profile.volumeAttributes).length
+          ? { attributeTemplates: i.profile.volumeAttributes }
+          : {}),
         handleTemplate: i.profile.handleTemplate,
         subPath,
       };
@@ -121,7 +136,14 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
     case "snapshot-clone": {
       const claim = i.storage.claim;
       if (!claim) throw new Error(`snapshot-clone needs the store on a volume claim (--store-claim)`);
-      const snap = await snapshotStore(c, i.short, claim, i.profile.snapshotClass, i.snapshotTimeoutMs ?? 600_000, i.signal);
+      const snap = await snapshotStore(
+        c,
+        i.short,
+        claim,
+        i.profile.snapshotClass,
+        i.snapshotTimeoutMs ?? 600_000,
+        i.signal,
+      );
       return {
         ...base,
         driver: snap.driver,
@@ -150,7 +172,8 @@ async function snapshotStore(
   try {
     await c.custom.createNamespacedCustomObject({ ...ref, plural: "volumesnapshots", body });
   } catch (err) {
-    if (!isAlreadyExists(err)) throw apiError(`creating VolumeSnapshot ${claim.namespace}/${body.metadata.name}`, err);
+    if (!isAlreadyExists(err))
+      throw apiError(`creating VolumeSnapshot ${claim.namespace}/${body.metadata.name}`, err);
   }
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -159,7 +182,8 @@ async function snapshotStore(
       plural: "volumesnapshots",
       name: body.metadata.name!,
     })) as VolumeSnapshot;
-    if (vs.status?.error?.message) throw new Error(`snapshot ${body.metadata.name} failed: ${vs.status.error.message}`);
+    if (vs.status?.error?.message)
+      throw new Error(`snapshot ${body.metadata.name} failed: ${vs.status.error.message}`);
     const contentName = vs.status?.boundVolumeSnapshotContentName;
     if (vs.status?.readyToUse && contentName) {
       const content = (await c.custom.getClusterCustomObject({
@@ -170,10 +194,17 @@ async function snapshotStore(
       })) as VolumeSnapshotContent;
       const handle = content.status?.snapshotHandle;
       if (handle) {
-        return { driver: content.spec.driver, handle, ...(vs.status.restoreSize ? { restoreSize: vs.status.restoreSize } : {}) };
+        return {
+          driver: content.spec.driver,
+          handle,
+          ...(vs.status.restoreSize ? { restoreSize: vs.status.restoreSize } : {}),
+        };
       }
     }
-    if (Date.now() > deadline) throw new Error(`snapshot ${claim.namespace}/${body.metadata.name} not ready after ${Math.round(timeoutMs / 1000)}s`);
+    if (Date.now() > deadline)
+      throw new Error(
+        `snapshot ${claim.namespace}/${body.metadata.name} not ready after ${Math.round(timeoutMs / 1000)}s`,
+      );
     await sleep(1_000, undefined, signal ? { signal } : undefined);
   }
 }

@@ -40,7 +40,9 @@ export const CacheSourceSchema = z.object({
 export type CacheSource = z.infer<typeof CacheSourceSchema>;
 
 /** The source recorded on a cache object, or undefined when none (or an unreadable one) is there. */
-export function sourceOf(cache: { metadata?: { annotations?: Record<string, string> } }): CacheSource | undefined {
+export function sourceOf(cache: {
+  metadata?: { annotations?: Record<string, string> };
+}): CacheSource | undefined {
   const raw = cache.metadata?.annotations?.[ANN_CACHE_SOURCE];
   if (!raw) return undefined;
   try {

@@ -32,7 +32,8 @@ export function createPromotion(clients: PromoteClients, profiles: StorageProfil
     async ensureClaim(cache, namespace) {
       const short = shortHash(cache.spec.hash);
       const source = sourceOf(cache);
-      if (!source) throw new Error(`cache ${short} records no promoted source; cannot make its claim in ${namespace}`);
+      if (!source)
+        throw new Error(`cache ${short} records no promoted source; cannot make its claim in ${namespace}`);
       return ensureClaim(clients, short, source, namespace);
     },
   };
@@ -43,11 +44,15 @@ const byConfig = new WeakMap<k8s.KubeConfig, Map<string, Promotion>>();
 /** One Promotion per kubeconfig and system namespace, reused across admissions (keep-alive clients, cached profiles). */
 export function promotion(kc: k8s.KubeConfig, systemNamespace: string, log?: Logger): Promotion {
   let m = byConfig.get(kc);
-  if (!m) byConfig.set(kc, (m = new Map()));
+  if (!m) byConfig.set(kc, (m = new Map<string, Promotion>()));
   let p = m.get(systemNamespace);
   if (!p) {
     const clients = promoteClients(kc);
-    const profiles = new StorageProfiles(clients.core, systemNamespace, (log ?? createLogger("promote")).child({ component: "promote" }));
+    const profiles = new StorageProfiles(
+      clients.core,
+      systemNamespace,
+      (log ?? createLogger("promote")).child({ component: "promote" }),
+    );
     m.set(systemNamespace, (p = createPromotion(clients, profiles)));
   }
   return p;

@@ -29,6 +29,7 @@ export interface ReconcileResult {
 }
 
 const COMPONENT = "warmstart-server";
+const CLAIM_BIND_GRACE_MS = 10_000;
 
 const isGated = (p: k8s.V1Pod): boolean => (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
 const hasController = (p: k8s.V1Pod): boolean => (p.metadata?.ownerReferences ?? []).some((o) => o.controller);
@@ -51,6 +52,15 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   const log = d.log.child({ hash: short, followers: followers.length, lease: lease?.metadata?.uid, phase });
 
   if (phase === "Ready") {
+    // A follower released before its claim is bound is tried once by the scheduler, parked as
+    // unschedulable and only retried up to half a minute later; give the binder a moment first.
+    // A claim that stays unbound (a WaitForFirstConsumer class) is released after the grace.
+    const readySince = toMs(cache?.status?.lastTransitionTime as string | undefined) ?? 0;
+    if (d.now() - readySince < CLAIM_BIND_GRACE_MS) {
+      for (const ns of new Set(followers.map((f) => f.metadata!.namespace!))) {
+        if ((await claimPhase(d, ns, short)) === "Pending") return { requeueAfterMs: 200 };
+      }
+    }
     for (const f of followers) await ungate(d, f, short);
     if (followers.length) log.info("cache Ready: released followers");
     d.onRelease?.(short, followers.length);
@@ -108,6 +118,16 @@ function electionFailure(
   }
   if (isTerminated(leader)) return `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} terminated`;
   return undefined;
+}
+
+async function claimPhase(d: ReleaseDeps, namespace: string, short: string): Promise<string | undefined> {
+  try {
+    const pvc = await d.core.readNamespacedPersistentVolumeClaim({ name: `rox-${short}`, namespace });
+    return pvc.status?.phase;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw apiError(`reading claim rox-${short} in ${namespace}`, err);
+  }
 }
 
 async function readLease(d: ReleaseDeps, short: string): Promise<k8s.V1Lease | undefined> {

@@ -1,0 +1,607 @@
+/**
+ * Capture and promote on the real local cluster: leaders admitted through the webhook, their
+ * warmed cache written where the kubelet keeps the pod's emptyDir, captured by a node agent and
+ * promoted to `rox-<short>` claims. The first test uses the node agents `warmstart cluster up`
+ * runs; the others run an agent in-process for a node of their own, talking to the API server
+ * through a fault-injecting proxy.
+ */
+import { test, before } from "node:test";
+import assert from "node:assert/strict";
+import { createHash, randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import * as k8s from "@kubernetes/client-node";
+import {
+  gpuContainer,
+  isPodReady,
+  kube,
+  localCluster,
+  tempNamespace,
+  uniqueName,
+  waitFor,
+} from "../harness.js";
+import { FaultProxy } from "../fault-proxy.js";
+import {
+  ANN_CACHE_SOURCE,
+  ANN_HASH,
+  ANN_REASON,
+  ANN_ROLE,
+  CACHE_VOLUME,
+  LABEL_HASH,
+  LABEL_NAMESPACE,
+  MODELCACHE,
+  claimName,
+  leaseName,
+  shortHash,
+} from "../../src/core/contract.js";
+import { SYSTEM_NAMESPACE, isNotFound } from "../../src/common/kube.js";
+import { createLogger } from "../../src/common/log.js";
+import { readManifest } from "../../src/datapath/manifest.js";
+import { ensureSimulatedNode } from "../../src/localcluster/nodes.js";
+import { NodeAgent } from "../../src/node-agent/agent.js";
+import { loadNodeAgentConfig } from "../../src/node-agent/config.js";
+import { emptyDirPath } from "../../src/node-agent/store.js";
+import type { ModelCacheObject } from "../../src/webhook/election.js";
+
+const MANUAL_READY = "sim.warmstart.dev/manual-ready";
+const READY = "sim.warmstart.dev/ready";
+const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+const mcRef = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
+
+before(async () => {
+  const st = await localCluster();
+  if (!st?.roles.webhook) throw new Error("these tests need the webhook of `warmstart cluster up`");
+});
+
+interface Tree {
+  files: number;
+  modelFiles: number;
+  modelBytes: number;
+  cacheBytes: number;
+}
+
+/** A warmed cache root: a hub model (blobs, a snapshot symlink, refs) under model/, compile caches under cache/. */
+async function writeCacheTree(root: string): Promise<Tree> {
+  const weights = randomBytes(2 * 1024 * 1024 + 17);
+  const config = Buffer.from('{"model_type":"llama"}\n');
+  const sha = (b: Buffer): string => createHash("sha256").update(b).digest("hex");
+  const hub = "model/hub/models--org--m";
+  const model: [string, Buffer][] = [
+    [`${hub}/blobs/${sha(weights)}`, weights],
+    [`${hub}/blobs/${sha(config)}`, config],
+    [`${hub}/refs/main`, Buffer.from("rev1")],
+  ];
+  const cache: [string, Buffer][] = [
+    ["cache/triton/abc/kernel.cubin", randomBytes(64 * 1024)],
+    ["cache/torchinductor/fx/graph.py", Buffer.from("def graph(): pass\n")],
+  ];
+  for (const [rel, body] of [...model, ...cache]) {
+    await mkdir(dirname(join(root, rel)), { recursive: true });
+    await writeFile(join(root, rel), body);
+  }
+  await mkdir(join(root, `${hub}/snapshots/rev1`), { recursive: true });
+  await symlink(`../../blobs/${sha(weights)}`, join(root, `${hub}/snapshots/rev1/model.safetensors`));
+  const bytes = (xs: [string, Buffer][]): number => xs.reduce((n, [, b]) => n + b.length, 0);
+  return {
+    files: model.length + cache.length,
+    modelFiles: model.length,
+    modelBytes: bytes(model),
+    cacheBytes: bytes(cache),
+  };
+}
+
+function workerPod(
+  name: string,
+  model: string,
+  opts: { manualReady?: boolean; node?: string } = {},
+): k8s.V1Pod {
+  return {
+    metadata: { name, ...(opts.manualReady ? { annotations: { [MANUAL_READY]: "true" } } : {}) },
+    spec: {
+      containers: [gpuContainer("vllm", ["--model", model, "--tensor-parallel-size", "1"])],
+      ...(opts.node ? { nodeSelector: { "kubernetes.io/hostname": opts.node } } : {}),
+    },
+  };
+}
+
+async function createPod(namespace: string, pod: k8s.V1Pod): Promise<k8s.V1Pod> {
+  const { core } = await kube();
+  return core.createNamespacedPod({ namespace, body: pod });
+}
+
+async function readPod(namespace: string, name: string): Promise<k8s.V1Pod> {
+  const { core } = await kube();
+  return core.readNamespacedPod({ namespace, name });
+}
+
+async function getCache(short: string): Promise<ModelCacheObject | undefined> {
+  const { custom } = await kube();
+  try {
+    return (await custom.getClusterCustomObject({ ...mcRef, name: short })) as ModelCacheObject;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+const ignoreNotFound = (err: unknown): void => {
+  if (!isNotFound(err)) throw err;
+};
+
+/** Everything cluster-scoped (and on disk) a test's cache leaves behind goes with the test. */
+function cleanupCache(
+  t: { after: (fn: () => Promise<void>) => void },
+  short: string,
+  stores: string[],
+): void {
+  t.after(async () => {
+    const { core, coordination, custom } = await kube();
+    await coordination
+      .deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE })
+      .catch(ignoreNotFound);
+    await custom.deleteClusterCustomObject({ ...mcRef, name: short }).catch(ignoreNotFound);
+    const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+    for (const pv of pvs.items)
+      await core.deletePersistentVolume({ name: pv.metadata!.name! }).catch(ignoreNotFound);
+    for (const s of stores) await rm(join(s, short), { recursive: true, force: true });
+  });
+}
+
+/** Waits until the pod is bound to a node and has its UID; returns it. */
+async function bound(namespace: string, name: string): Promise<k8s.V1Pod> {
+  return waitFor(`${namespace}/${name} bound to a node`, async () => {
+    const p = await readPod(namespace, name);
+    return p.spec?.nodeName && p.status?.phase === "Running" ? p : undefined;
+  });
+}
+
+async function makeReady(namespace: string, name: string): Promise<number> {
+  const { core } = await kube();
+  await core.patchNamespacedPod(
+    { namespace, name, body: { metadata: { annotations: { [READY]: "true" } } } },
+    mergePatch,
+  );
+  // Poll tightly: this is the start of the measured interval.
+  for (;;) {
+    if (isPodReady(await readPod(namespace, name))) return Date.now();
+    await sleep(20);
+  }
+}
+
+/** Polls the cache until `until` holds; records every phase seen on the way. */
+async function watchCache(
+  short: string,
+  until: (c: ModelCacheObject) => boolean,
+  timeoutMs = 60_000,
+): Promise<{ cache: ModelCacheObject; at: number; phases: string[] }> {
+  const phases: string[] = [];
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const c = await getCache(short);
+    const phase = c?.status?.phase;
+    if (phase && phases[phases.length - 1] !== phase) phases.push(phase);
+    if (c && until(c)) return { cache: c, at: Date.now(), phases };
+    if (Date.now() > deadline)
+      throw new Error(
+        `ModelCache ${short}: timed out; phases seen ${phases.join(" → ") || "none"}; status ${JSON.stringify(c?.status)}`,
+      );
+    await sleep(25);
+  }
+}
+
+async function claimIn(namespace: string, short: string): Promise<k8s.V1PersistentVolumeClaim | undefined> {
+  const { core } = await kube();
+  return core
+    .readNamespacedPersistentVolumeClaim({ namespace, name: claimName(short) })
+    .catch((err: unknown) => {
+      ignoreNotFound(err);
+      return undefined;
+    });
+}
+
+void test("a Ready leader's cache is captured and promoted: a Ready ModelCache and rox claims wherever its pods are", async (t) => {
+  const st = (await localCluster())!;
+  const { core, custom } = await kube();
+  const nsA = await tempNamespace(t, "cap-a");
+  const nsB = await tempNamespace(t, "cap-b");
+  const model = `org/llama-${nsA}`;
+
+  const leader = await createPod(nsA, workerPod("leader", model, { manualReady: true }));
+  assert.equal(leader.metadata?.annotations?.[ANN_ROLE], "leader");
+  const hash = leader.metadata.annotations[ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(
+    t,
+    short,
+    st.nodes.map((n) => join(dirname(n.kubeletRoot), "store")),
+  );
+  const fa = await createPod(nsA, workerPod("follower-a", model));
+  const fb = await createPod(nsB, workerPod("follower-b", model));
+  assert.equal(fa.metadata?.annotations?.[ANN_ROLE], "follower");
+  assert.equal(fb.metadata?.annotations?.[ANN_ROLE], "follower");
+
+  const pod = await bound(nsA, "leader");
+  const node = st.nodes.find((n) => n.name === pod.spec!.nodeName)!;
+  const tree = await writeCacheTree(emptyDirPath(node.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME));
+  const readyAt = await makeReady(nsA, "leader");
+
+  const { cache, at, phases } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Ready" || c.status?.phase === "Failed",
+  );
+  assert.equal(cache.status?.phase, "Ready", `status: ${JSON.stringify(cache.status)}`);
+  assert.ok(phases.includes("Capturing") || phases.includes("Promoting"), `phases: ${phases.join(" → ")}`);
+  const s = cache.status as Record<string, unknown>;
+  t.diagnostic(
+    `leader Ready → ModelCache Ready: ${((at - readyAt) / 1000).toFixed(2)} s (warm-up 1 s); capture ${String(s.captureSeconds)} s; phases ${phases.join(" → ")}`,
+  );
+
+  // The record matches what was written and what the store holds.
+  assert.equal(s.files, tree.files);
+  assert.equal(s.modelBytes, tree.modelBytes);
+  assert.equal(s.cacheBytes, tree.cacheBytes);
+  assert.equal(s.sizeBytes, tree.modelBytes + tree.cacheBytes);
+  assert.equal(s.backend, "host-path");
+  assert.equal(s.node, node.name);
+  assert.equal(typeof s.captureSeconds, "number");
+  assert.equal(typeof s.leaderReadySeconds, "number");
+  assert.deepEqual([...(cache.status?.namespaces ?? [])].sort(), [nsA, nsB].sort());
+  const treeDir = String(s.path);
+  assert.equal(treeDir, join(dirname(node.kubeletRoot), "store", short));
+  const manifest = await readManifest(treeDir);
+  assert.equal(manifest.hash, hash, "captured under the stamped hash");
+  assert.equal(manifest.fileCount, tree.files);
+  assert.equal(manifest.split.model.files, tree.modelFiles);
+  assert.equal(manifest.split.model.bytes, tree.modelBytes);
+  assert.equal(manifest.split.cache.bytes, tree.cacheBytes);
+  assert.equal(manifest.symlinks.length, 1);
+  assert.ok(cache.metadata.annotations?.[ANN_CACHE_SOURCE], "the source is recorded for later claims");
+
+  // A claim in every namespace holding pods of the hash, each on its own pre-bound local PV.
+  for (const ns of [nsA, nsB]) {
+    const pvc = await claimIn(ns, short);
+    assert.ok(pvc, `claim in ${ns}`);
+    assert.deepEqual(pvc.spec?.accessModes, ["ReadOnlyMany"]);
+    assert.equal(pvc.metadata?.labels?.[LABEL_HASH], short);
+    assert.equal(pvc.metadata?.labels?.[LABEL_NAMESPACE], ns);
+    const pv = await core.readPersistentVolume({ name: pvc.spec.volumeName! });
+    assert.equal(pv.spec?.local?.path, treeDir);
+    assert.equal(pv.spec?.claimRef?.namespace, ns);
+    assert.equal(pv.spec?.claimRef?.name, claimName(short));
+    assert.deepEqual(pv.spec?.nodeAffinity?.required?.nodeSelectorTerms?.[0]?.matchExpressions?.[0]?.values, [
+      node.name,
+    ]);
+    await waitFor(`claim in ${ns} Bound`, async () => (await claimIn(ns, short))?.status?.phase === "Bound");
+  }
+
+  await waitFor("the WarmstartCaptured event on the leader", async () => {
+    const evs = await core.listNamespacedEvent({
+      namespace: nsA,
+      fieldSelector: `involvedObject.name=leader`,
+    });
+    return evs.items.find((e) => e.reason === "WarmstartCaptured");
+  });
+
+  // With the release controller running, the followers are released and land on the node that holds the tree.
+  if (st.roles.server) {
+    for (const [ns, name] of [
+      [nsA, "follower-a"],
+      [nsB, "follower-b"],
+    ] as const) {
+      const p = await waitFor(`${ns}/${name} released and Ready`, async () => {
+        const x = await readPod(ns, name);
+        return isPodReady(x) ? x : undefined;
+      });
+      assert.equal(p.spec?.nodeName, node.name, "the PV's node affinity brings restores to the tree");
+    }
+  }
+
+  // A restore admitted later in a namespace the promote never saw gets its claim at admission.
+  const nsC = await tempNamespace(t, "cap-c");
+  const late = await createPod(nsC, workerPod("late", model));
+  assert.equal(late.metadata?.annotations?.[ANN_ROLE], "restore", late.metadata?.annotations?.[ANN_REASON]);
+  const lateClaim = await claimIn(nsC, short);
+  assert.ok(lateClaim, "the claim exists as soon as the pod does");
+  assert.equal(lateClaim.metadata?.labels?.[LABEL_NAMESPACE], nsC);
+  // The cluster's agent adds the namespace to the record on its next resync; nothing regressed meanwhile.
+  const again = (await custom.getClusterCustomObject({ ...mcRef, name: short })) as ModelCacheObject;
+  assert.equal(again.status?.phase, "Ready");
+});
+
+// ---------------------------------------------------------------------------------------------
+// In-process agents on a node of their own, through the fault proxy.
+
+interface TestAgent {
+  agent: NodeAgent;
+  node: string;
+  kubeletRoot: string;
+  store: string;
+  proxy: FaultProxy;
+}
+
+async function testNode(t: {
+  after: (fn: () => Promise<void>) => void;
+}): Promise<{ node: string; kubeletRoot: string; store: string }> {
+  const { core } = await kube();
+  const node = uniqueName("wt");
+  const dir = await mkdtemp(join(tmpdir(), `ws-${node}-`));
+  const kubeletRoot = join(dir, "kubelet");
+  await mkdir(join(kubeletRoot, "pods"), { recursive: true });
+  await ensureSimulatedNode(core, { name: node, gpus: 4, kubeletRoot });
+  await waitFor(`node ${node} Ready`, async () => {
+    const n = await core.readNode({ name: node });
+    return n.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True");
+  });
+  t.after(async () => {
+    await core.deleteNode({ name: node }).catch(ignoreNotFound);
+    await rm(dir, { recursive: true, force: true });
+  });
+  return { node, kubeletRoot, store: join(dir, "store") };
+}
+
+async function startAgent(
+  t: { after: (fn: () => Promise<void>) => void },
+  where: { node: string; kubeletRoot: string; store: string },
+  overrides: Record<string, unknown> = {},
+  proxy?: FaultProxy,
+): Promise<TestAgent> {
+  const { kc } = await kube();
+  const p = proxy ?? (await FaultProxy.start(kc));
+  const cfg = loadNodeAgentConfig(
+    {
+      ...where,
+      warmupMs: "1s",
+      resyncMs: "10m",
+      claimAttempts: 4,
+      claimBackoffMs: "50ms",
+      durable: false,
+      port: 0,
+      ...overrides,
+    },
+    {},
+  );
+  const agent = new NodeAgent({
+    cfg,
+    kc: p.kubeConfig(),
+    log: createLogger(`node-agent-${where.node}`, process.env.LOG_LEVEL ?? "warn"),
+  });
+  await agent.start();
+  t.after(async () => {
+    await agent.stop();
+    if (!proxy) await p.close();
+  });
+  await waitFor("the agent's pod watch", () => agent.health().ready);
+  return { agent, ...where, proxy: p };
+}
+
+/** A leader on the test node with its cache written, made Ready. */
+async function readyLeader(
+  ta: TestAgent,
+  namespace: string,
+  name: string,
+  model: string,
+): Promise<{ pod: k8s.V1Pod; tree: Tree; readyAt: number }> {
+  const created = await createPod(namespace, workerPod(name, model, { manualReady: true, node: ta.node }));
+  assert.equal(
+    created.metadata?.annotations?.[ANN_ROLE],
+    "leader",
+    created.metadata?.annotations?.[ANN_REASON],
+  );
+  const pod = await bound(namespace, name);
+  assert.equal(pod.spec?.nodeName, ta.node);
+  const tree = await writeCacheTree(emptyDirPath(ta.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME));
+  const readyAt = await makeReady(namespace, name);
+  return { pod, tree, readyAt };
+}
+
+const metric = async (agent: NodeAgent, name: string, labels: string): Promise<number> => {
+  const text = await agent.metrics.registry.metrics();
+  const line = text.split("\n").find((l) => l.startsWith(`${name}{${labels}}`));
+  return line ? Number(line.split(" ").pop()) : 0;
+};
+
+void test("transient claim errors are retried and the cache still ends Ready; a restarted agent never captures it again", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where);
+  const nsA = await tempNamespace(t, "tr-a");
+  const nsB = await tempNamespace(t, "tr-b");
+  const model = `org/transient-${nsA}`;
+  // The first two claim creations in nsB are refused, as an overloaded API server would.
+  const fault = ta.proxy.inject({
+    method: "POST",
+    path: new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`),
+    times: 2,
+    status: [500, 429],
+  });
+  const { pod, tree } = await readyLeader(ta, nsA, "leader", model);
+  const short = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, short, [ta.store]);
+  await createPod(nsB, workerPod("follower", model));
+
+  const { cache, phases } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Ready" || c.status?.phase === "Failed",
+  );
+  assert.equal(cache.status?.phase, "Ready", JSON.stringify(cache.status));
+  assert.ok(!phases.includes("Failed"), `phases: ${phases.join(" → ")}`);
+  assert.equal(fault.hits, 2, "both faults were served");
+  const posts = ta.proxy.seen("POST", new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`));
+  assert.deepEqual(
+    posts.map((p) => p.status),
+    [500, 429, 201],
+    "retried until the claim was created",
+  );
+  assert.ok(await claimIn(nsA, short));
+  assert.ok(await claimIn(nsB, short));
+  assert.equal(cache.status?.files, tree.files);
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 1);
+  assert.ok((await metric(ta.agent, "warmstart_node_agent_claims_total", 'result="retry"')) >= 2);
+  assert.equal(ta.agent.marks.isCommitted(pod.metadata!.uid!), true);
+
+  // A resync looks at the Ready leader again: nothing is captured twice.
+  await ta.agent.resync();
+  await ta.agent.idle();
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 1);
+
+  // A fresh agent on the same store (an agent restart) finds the committed tree and leaves it be.
+  const manifestBefore = await readManifest(join(ta.store, short));
+  const treeMtime = (await stat(join(ta.store, short))).mtimeMs;
+  await ta.agent.stop();
+  const restarted = await startAgent(t, where, {}, ta.proxy);
+  await waitFor("the restarted agent settles the leader", async () => {
+    await restarted.agent.idle();
+    return restarted.agent.marks.isCommitted(pod.metadata!.uid!);
+  });
+  assert.equal(
+    await metric(restarted.agent, "warmstart_node_agent_captures_total", 'result="already-captured"'),
+    1,
+  );
+  assert.equal(await metric(restarted.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 0);
+  assert.deepEqual((await readManifest(join(ta.store, short))).createdAt, manifestBefore.createdAt);
+  assert.equal((await stat(join(ta.store, short))).mtimeMs, treeMtime);
+  assert.equal((await getCache(short))?.status?.phase, "Ready");
+});
+
+void test("a namespace whose claim keeps failing publishes the cache Failed, never Ready", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { claimAttempts: 3 });
+  const nsA = await tempNamespace(t, "fl-a");
+  const nsB = await tempNamespace(t, "fl-b");
+  const model = `org/refused-${nsA}`;
+  const fault = ta.proxy.inject({
+    method: "POST",
+    path: new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`),
+    status: [500],
+  });
+  const { pod } = await readyLeader(ta, nsA, "leader", model);
+  const short = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, short, [ta.store]);
+  await createPod(nsB, workerPod("follower", model));
+
+  const { cache, phases } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Failed" || c.status?.phase === "Ready",
+  );
+  assert.ok(!phases.includes("Ready"), `never Ready; phases: ${phases.join(" → ")}`);
+  assert.equal(cache.status?.phase, "Failed");
+  assert.equal(cache.status?.reason, "PromoteFailed");
+  assert.match(cache.status?.message ?? "", new RegExp(`claim in ${nsB} failed after 3 attempt\\(s\\)`));
+  assert.equal(fault.hits, 3);
+  assert.ok(await claimIn(nsA, short), "the healthy namespace got its claim");
+  assert.equal(await claimIn(nsB, short), undefined);
+  // The capture itself is committed and kept: a later promote can reuse it.
+  assert.equal(ta.agent.marks.isCommitted(pod.metadata!.uid!), true);
+  const { core } = await kube();
+  await waitFor("the WarmstartPromoteFailed event", async () => {
+    const evs = await core.listNamespacedEvent({
+      namespace: nsA,
+      fieldSelector: "involvedObject.name=leader",
+    });
+    return evs.items.find((e) => e.reason === "WarmstartPromoteFailed" && e.type === "Warning");
+  });
+
+  // Once the API server takes claims again, the resync retries the promote from the store.
+  fault.remove();
+  await ta.agent.resync();
+  await ta.agent.idle();
+  const healed = await watchCache(short, (c) => c.status?.phase === "Ready", 10_000);
+  assert.ok(await claimIn(nsB, short));
+  assert.equal(
+    await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'),
+    1,
+    "not captured again",
+  );
+  assert.deepEqual([...(healed.cache.status?.namespaces ?? [])].sort(), [nsA, nsB].sort());
+});
+
+void test("a leader replaced during its warm-up is not captured; its mark is released and the next leader is captured", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { warmupMs: "4s" });
+  const { core, coordination } = await kube();
+  const ns = await tempNamespace(t, "rp");
+  const model = `org/replaced-${ns}`;
+
+  const first = await readyLeader(ta, ns, "leader", model);
+  const uid1 = first.pod.metadata!.uid!;
+  const hash = first.pod.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  await waitFor("the warm-up mark", () => ta.agent.marks.get(uid1)?.stage === "warmup");
+  // The pod goes away before its warm-up ends (a rollout replacing it).
+  await core.deleteNamespacedPod({ namespace: ns, name: "leader", gracePeriodSeconds: 0 });
+  await waitFor(
+    "its mark released",
+    () => ta.agent.marks.get(uid1) === undefined && ta.agent.marks.lastRelease(uid1),
+  );
+  assert.ok(
+    ["pod-deleted", "pod-replaced", "terminating"].includes(ta.agent.marks.lastRelease(uid1)!),
+    `released as ${ta.agent.marks.lastRelease(uid1)}`,
+  );
+  await sleep(4_500); // past the end of the warm-up it would have had
+  await assert.rejects(stat(join(ta.store, short)), /ENOENT/, "nothing was captured");
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 0);
+  assert.ok(
+    (await metric(
+      ta.agent,
+      "warmstart_node_agent_marks_released_total",
+      `reason="${ta.agent.marks.lastRelease(uid1)}"`,
+    )) >= 1,
+  );
+  assert.notEqual((await getCache(short))?.status?.phase, "Capturing");
+
+  // The election is retired (as the release controller does) and a replacement of the same name leads.
+  await coordination
+    .deleteNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE })
+    .catch(ignoreNotFound);
+  await waitFor("the old pod gone", async () => {
+    try {
+      await readPod(ns, "leader");
+      return false;
+    } catch (err) {
+      return isNotFound(err);
+    }
+  });
+  const second = await readyLeader(ta, ns, "leader", model);
+  const uid2 = second.pod.metadata!.uid!;
+  assert.notEqual(uid2, uid1);
+  assert.equal(second.pod.metadata?.annotations?.[ANN_HASH], hash, "same hash");
+  const { cache } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Ready" || c.status?.phase === "Failed",
+  );
+  assert.equal(cache.status?.phase, "Ready", JSON.stringify(cache.status));
+  assert.equal(ta.agent.marks.isCommitted(uid2), true);
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 1);
+  assert.equal((await readManifest(join(ta.store, short))).fileCount, second.tree.files);
+});
+
+void test("storage that clones per pod is reported Unsupported, and later pods of the hash start cold", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { storeProvisioner: "ebs.csi.aws.com" });
+  const ns = await tempNamespace(t, "un");
+  const model = `org/unsupported-${ns}`;
+  const { pod } = await readyLeader(ta, ns, "leader", model);
+  const short = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, short, [ta.store]);
+  const { cache } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Failed" || c.status?.phase === "Ready",
+  );
+  assert.equal(cache.status?.phase, "Failed");
+  assert.equal(cache.status?.reason, "Unsupported");
+  assert.match(cache.status?.message ?? "", /ebs\.csi\.aws\.com.*per pod/);
+  await assert.rejects(
+    stat(join(ta.store, short)),
+    /ENOENT/,
+    "no copy is made for storage that cannot share it",
+  );
+  await ta.agent.idle();
+  assert.equal(ta.agent.marks.lastRelease(pod.metadata!.uid!), "unsupported");
+
+  const other = await tempNamespace(t, "un2");
+  const later = await createPod(other, workerPod("later", model));
+  assert.equal(later.metadata?.annotations?.[ANN_ROLE], "cold");
+  assert.match(later.metadata?.annotations?.[ANN_REASON] ?? "", /unsupported/i);
+});

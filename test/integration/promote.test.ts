@@ -1,0 +1,426 @@
+/**
+ * Promote backends against the real API server: concurrent claim creation converges without a
+ * single update, claims of WaitForFirstConsumer classes count while still Pending, snapshot-clone
+ * waits for its snapshot and pre-provisions a content + snapshot pair per namespace, and storage
+ * profiles come from the ConfigMap.
+ */
+import { test, before } from "node:test";
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import { FaultProxy } from "../fault-proxy.js";
+import {
+  ANN_CACHE_SOURCE,
+  LABEL_HASH,
+  LABEL_NAMESPACE,
+  SKIP,
+  STORAGE_PROFILES_CONFIGMAP,
+  claimName,
+} from "../../src/core/contract.js";
+import { SYSTEM_NAMESPACE, isAlreadyExists, isNotFound } from "../../src/common/kube.js";
+import { createLogger } from "../../src/common/log.js";
+import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
+import {
+  SNAPSHOT_GROUP,
+  SNAPSHOT_VERSION,
+  perNamespaceName,
+  snapshotName,
+} from "../../src/promote/objects.js";
+import { ensureClaimsForStampedPods } from "../../src/promote/promote.js";
+import { resolveProfile } from "../../src/promote/profiles.js";
+import { describeStore, publishSource } from "../../src/promote/publish.js";
+import { CacheSourceSchema, encodeSource, type CacheSource } from "../../src/promote/source.js";
+import { promotion } from "../../src/promote/webhook.js";
+
+const log = createLogger("promote-test", process.env.LOG_LEVEL ?? "warn");
+const snap = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION };
+const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+const newShort = (): string => randomBytes(8).toString("hex");
+const ignoreNotFound = (err: unknown): void => {
+  if (!isNotFound(err)) throw err;
+};
+
+before(async () => {
+  // The CSI snapshot CRDs, when the cluster has none (the local cluster has no snapshot controller).
+  const { kc } = await kube();
+  const client = k8s.KubernetesObjectApi.makeApiClient(kc);
+  const file = join(PACKAGE_ROOT, "deploy/crds/testing/volumesnapshot-crds.yaml");
+  // loadAllYaml maps wire names to the typed model: a plain object would lose x-kubernetes-* fields on create.
+  for (const obj of k8s.loadAllYaml(await readFile(file, "utf8")) as k8s.KubernetesObject[]) {
+    try {
+      await client.create(obj);
+    } catch (err) {
+      if (!isAlreadyExists(err)) throw err;
+    }
+  }
+  const { custom } = await kube();
+  await waitFor("snapshot CRDs served", async () => {
+    await custom.listClusterCustomObject({ ...snap, plural: "volumesnapshotcontents" });
+    await custom.listClusterCustomObject({ ...snap, plural: "volumesnapshotclasses" });
+    return true;
+  });
+});
+
+/** Cluster-scoped objects of a short hash are removed after the test. */
+function cleanup(t: { after: (fn: () => Promise<void>) => void }, short: string): void {
+  t.after(async () => {
+    const { core, custom } = await kube();
+    const sel = `${LABEL_HASH}=${short}`;
+    for (const pv of (await core.listPersistentVolume({ labelSelector: sel })).items) {
+      await core.deletePersistentVolume({ name: pv.metadata!.name! }).catch(ignoreNotFound);
+    }
+    const contents = (await custom.listClusterCustomObject({
+      ...snap,
+      plural: "volumesnapshotcontents",
+      labelSelector: sel,
+    })) as {
+      items: k8s.KubernetesObject[];
+    };
+    for (const c of contents.items) {
+      await custom
+        .deleteClusterCustomObject({ ...snap, plural: "volumesnapshotcontents", name: c.metadata!.name! })
+        .catch(ignoreNotFound);
+    }
+  });
+}
+
+const hostPathSource = (short: string, sizeBytes = 12_345_678): CacheSource =>
+  CacheSourceSchema.parse({
+    backend: "host-path",
+    provisioner: "warmstart.dev/host-path",
+    sizeBytes,
+    node: "gpu-0",
+    path: `/var/lib/warmstart/store/${short}`,
+    hostPathType: "local",
+  });
+
+const sharedSource = (short: string): CacheSource =>
+  CacheSourceSchema.parse({
+    backend: "shared-volume",
+    provisioner: "nfs.csi.k8s.io",
+    sizeBytes: 5_000,
+    driver: "nfs.csi.k8s.io",
+    volumeHandle: "nas#/exports",
+    volumeAttributes: { server: "nas" },
+    attributeTemplates: { subDir: "{path}" },
+    handleTemplate: "{handle}#{path}#{namespace}",
+    subPath: short,
+  });
+
+const snapshotSource = (storageClassName: string): CacheSource =>
+  CacheSourceSchema.parse({
+    backend: "snapshot-clone",
+    provisioner: "example.csi.warmstart.dev",
+    sizeBytes: 5_000,
+    storageClassName,
+    driver: "example.csi.warmstart.dev",
+    snapshotHandle: "snap-0001",
+    snapshotClass: "example-snapclass",
+    restoreSize: "1Gi",
+  });
+
+for (const [backend, make] of [
+  ["host-path", hostPathSource],
+  ["shared-volume", sharedSource],
+  ["snapshot-clone", () => snapshotSource("")],
+] as const) {
+  void test(`${backend}: three concurrent claim creations for one namespace converge on one claim, no error, no update`, async (t) => {
+    const { kc, core, custom } = await kube();
+    const proxy = await FaultProxy.start(kc);
+    t.after(() => proxy.close());
+    const ns = await tempNamespace(t, "cc");
+    const short = newShort();
+    cleanup(t, short);
+    // Every create waits long enough that all three callers are past their existence check, and
+    // any update of a PV, claim or snapshot object would be refused: convergence must not need one.
+    proxy.inject({
+      method: "POST",
+      path: /\/(persistentvolumeclaims|persistentvolumes|volumesnapshots|volumesnapshotcontents)$/,
+      delayMs: 300,
+    });
+    for (const method of ["PUT", "PATCH"]) {
+      proxy.inject({
+        method,
+        path: /\/(persistentvolumeclaims|persistentvolumes|volumesnapshots|volumesnapshotcontents)\//,
+        status: [500],
+      });
+    }
+    const clients = promoteClients(proxy.kubeConfig());
+    const source = make(short);
+    const outcomes = await Promise.all([1, 2, 3].map(() => ensureClaim(clients, short, source, ns)));
+    assert.deepEqual([...outcomes].sort(), ["created", "exists", "exists"]);
+    assert.equal(
+      proxy.seen("POST", new RegExp(`/namespaces/${ns}/persistentvolumeclaims$`)).length,
+      3,
+      "the three really raced",
+    );
+    assert.equal(
+      proxy.requests.filter((r) => r.method === "PUT" || r.method === "PATCH").length,
+      0,
+      "nothing was ever updated",
+    );
+
+    const claims = await core.listNamespacedPersistentVolumeClaim({
+      namespace: ns,
+      labelSelector: `${LABEL_HASH}=${short}`,
+    });
+    assert.equal(claims.items.length, 1);
+    const claim = claims.items[0]!;
+    assert.equal(claim.metadata?.name, claimName(short));
+    assert.equal(claim.metadata?.labels?.[LABEL_NAMESPACE], ns);
+    assert.deepEqual(claim.spec?.accessModes, ["ReadOnlyMany"]);
+    if (backend === "snapshot-clone") {
+      assert.equal(claim.spec?.dataSource?.kind, "VolumeSnapshot");
+      const contents = (await custom.listClusterCustomObject({
+        ...snap,
+        plural: "volumesnapshotcontents",
+        labelSelector: `${LABEL_HASH}=${short}`,
+      })) as { items: unknown[] };
+      assert.equal(contents.items.length, 1);
+      const snaps = (await custom.listNamespacedCustomObject({
+        ...snap,
+        plural: "volumesnapshots",
+        namespace: ns,
+      })) as { items: unknown[] };
+      assert.equal(snaps.items.length, 1);
+    } else {
+      const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+      assert.equal(pvs.items.length, 1);
+      assert.equal(pvs.items[0]!.spec?.claimRef?.namespace, ns);
+      assert.equal(claim.spec?.volumeName, pvs.items[0]!.metadata?.name);
+      if (backend === "shared-volume")
+        assert.equal(pvs.items[0]!.spec?.csi?.volumeHandle, `nas#/exports#${short}#${ns}`);
+      await waitFor("the pre-bound pair binds", async () => {
+        const c = await core.readNamespacedPersistentVolumeClaim({ namespace: ns, name: claimName(short) });
+        return c.status?.phase === "Bound";
+      });
+    }
+  });
+}
+
+void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim counts, in every namespace with stamped pods", async (t) => {
+  const { kc, core, custom } = await kube();
+  const storage = kc.makeApiClient(k8s.StorageV1Api);
+  const className = uniqueName("wffc");
+  await storage.createStorageClass({
+    body: {
+      metadata: { name: className },
+      provisioner: "example.csi.warmstart.dev",
+      volumeBindingMode: "WaitForFirstConsumer",
+    },
+  });
+  t.after(() => storage.deleteStorageClass({ name: className }).then(() => undefined, ignoreNotFound));
+  const short = newShort();
+  cleanup(t, short);
+  const nsA = await tempNamespace(t, "wf-a");
+  const nsB = await tempNamespace(t, "wf-b");
+  const nsIdle = await tempNamespace(t, "wf-idle");
+  // Pods stamped with the hash (skipped by the webhook, labelled by hand) mark the namespaces that need the claim.
+  for (const ns of [nsA, nsB]) {
+    await core.createNamespacedPod({
+      namespace: ns,
+      body: {
+        metadata: { name: "stamped", labels: { [LABEL_HASH]: short }, annotations: { [SKIP]: "true" } },
+        spec: { containers: [{ name: "c", image: "busybox" }], schedulingGates: [{ name: "test/hold" }] },
+      },
+    });
+  }
+  const r = await ensureClaimsForStampedPods({
+    clients: promoteClients(kc),
+    short,
+    source: snapshotSource(className),
+    log,
+  });
+  assert.equal(r.ok, true, JSON.stringify(r.results));
+  assert.deepEqual(r.namespaces, [nsA, nsB].sort());
+  for (const ns of [nsA, nsB]) {
+    const claim = await core.readNamespacedPersistentVolumeClaim({ namespace: ns, name: claimName(short) });
+    assert.equal(claim.status?.phase, "Pending", "not Bound, and that is fine");
+    assert.equal(claim.spec?.storageClassName, className);
+    assert.equal(claim.spec?.resources?.requests?.storage, "1Gi");
+    const vs = (await custom.getNamespacedCustomObject({
+      ...snap,
+      plural: "volumesnapshots",
+      namespace: ns,
+      name: snapshotName(short),
+    })) as {
+      spec: { source: { volumeSnapshotContentName: string } };
+    };
+    assert.equal(vs.spec.source.volumeSnapshotContentName, perNamespaceName(short, ns));
+    const vsc = (await custom.getClusterCustomObject({
+      ...snap,
+      plural: "volumesnapshotcontents",
+      name: perNamespaceName(short, ns),
+    })) as {
+      spec: {
+        volumeSnapshotRef: { namespace: string; name: string };
+        source: { snapshotHandle: string };
+        deletionPolicy: string;
+      };
+    };
+    assert.deepEqual(vsc.spec.volumeSnapshotRef, { namespace: ns, name: snapshotName(short) });
+    assert.equal(vsc.spec.source.snapshotHandle, "snap-0001");
+    assert.equal(vsc.spec.deletionPolicy, "Retain");
+  }
+  await assert.rejects(
+    core.readNamespacedPersistentVolumeClaim({ namespace: nsIdle, name: claimName(short) }),
+    (e) => isNotFound(e),
+  );
+});
+
+void test("snapshot-clone publish: snapshots the store claim once, waits until it is ready, and records its handle", async (t) => {
+  const { kc, core, custom } = await kube();
+  const storage = kc.makeApiClient(k8s.StorageV1Api);
+  const ns = await tempNamespace(t, "ss");
+  const className = uniqueName("store");
+  await storage.createStorageClass({
+    body: {
+      metadata: { name: className },
+      provisioner: "pd.csi.storage.gke.io",
+      parameters: { type: "hyperdisk-ml" },
+    },
+  });
+  t.after(() => storage.deleteStorageClass({ name: className }).then(() => undefined, ignoreNotFound));
+  await core.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: {
+      metadata: { name: "store" },
+      spec: {
+        accessModes: ["ReadWriteOnce"],
+        storageClassName: className,
+        resources: { requests: { storage: "100Gi" } },
+      },
+    },
+  });
+  const short = newShort();
+  cleanup(t, short);
+  const store = { node: "gpu-0", dir: "/var/lib/warmstart/store", claim: { namespace: ns, name: "store" } };
+  const described = await describeStore(kc, store);
+  assert.equal(described.provisioner, "pd.csi.storage.gke.io", "the store's class picks the profile");
+  assert.equal(described.volumeType, "hyperdisk-ml");
+  const profile = resolveProfile(new Map(), described.provisioner, described.volumeType);
+  assert.equal(profile.backend, "snapshot-clone");
+
+  const publishing = publishSource(promoteClients(kc), {
+    short,
+    store,
+    storage: described,
+    profile: { ...profile, snapshotClass: "hdml" },
+    tree: `/var/lib/warmstart/store/${short}`,
+    sizeBytes: 1234,
+    snapshotTimeoutMs: 20_000,
+  });
+  // Play the snapshot controller: the snapshot appears, then is bound to a content and ready.
+  const vs = await waitFor(
+    "the store snapshot",
+    async () =>
+      (await custom.getNamespacedCustomObject({
+        ...snap,
+        plural: "volumesnapshots",
+        namespace: ns,
+        name: snapshotName(short),
+      })) as {
+        spec: { source: { persistentVolumeClaimName: string }; volumeSnapshotClassName: string };
+      },
+  );
+  assert.deepEqual(vs.spec.source, { persistentVolumeClaimName: "store" });
+  assert.equal(vs.spec.volumeSnapshotClassName, "hdml");
+  const contentName = `snapcontent-${short}`;
+  await custom.createClusterCustomObject({
+    ...snap,
+    plural: "volumesnapshotcontents",
+    body: {
+      apiVersion: `${SNAPSHOT_GROUP}/${SNAPSHOT_VERSION}`,
+      kind: "VolumeSnapshotContent",
+      metadata: { name: contentName, labels: { [LABEL_HASH]: short } },
+      spec: {
+        deletionPolicy: "Delete",
+        driver: "pd.csi.storage.gke.io",
+        source: { volumeHandle: "disk-1" },
+        volumeSnapshotRef: { namespace: ns, name: snapshotName(short) },
+      },
+    },
+  });
+  await custom.patchClusterCustomObjectStatus(
+    {
+      ...snap,
+      plural: "volumesnapshotcontents",
+      name: contentName,
+      body: { status: { snapshotHandle: "projects/p/global/snapshots/s-42", readyToUse: true } },
+    },
+    mergePatch,
+  );
+  await custom.patchNamespacedCustomObjectStatus(
+    {
+      ...snap,
+      plural: "volumesnapshots",
+      namespace: ns,
+      name: snapshotName(short),
+      body: {
+        status: { boundVolumeSnapshotContentName: contentName, readyToUse: true, restoreSize: "100Gi" },
+      },
+    },
+    mergePatch,
+  );
+  const source = await publishing;
+  assert.equal(source.backend, "snapshot-clone");
+  assert.equal(source.driver, "pd.csi.storage.gke.io");
+  assert.equal(source.snapshotHandle, "projects/p/global/snapshots/s-42");
+  assert.equal(source.restoreSize, "100Gi");
+  assert.equal(source.volumeType, "hyperdisk-ml");
+  assert.equal(source.subPath, short, "where the tree sits inside the cloned volume");
+});
+
+void test("the webhook's view: restore settings from the storage-profile ConfigMap, and a claim from the recorded source", async (t) => {
+  const { kc, core } = await kube();
+  const provisioner = `${uniqueName("nas")}.example.com`;
+  // Add one key to the shared ConfigMap (creating it if needed) and take it out again afterwards.
+  const body = {
+    metadata: { name: STORAGE_PROFILES_CONFIGMAP },
+    data: { [provisioner]: "backend: host-path\nprewarm: false\nprewarmParallelism: 3\n" },
+  };
+  try {
+    await core.createNamespacedConfigMap({ namespace: SYSTEM_NAMESPACE, body });
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw err;
+    await core.patchNamespacedConfigMap(
+      { namespace: SYSTEM_NAMESPACE, name: STORAGE_PROFILES_CONFIGMAP, body },
+      mergePatch,
+    );
+  }
+  t.after(async () => {
+    await core
+      .patchNamespacedConfigMap(
+        {
+          namespace: SYSTEM_NAMESPACE,
+          name: STORAGE_PROFILES_CONFIGMAP,
+          body: { data: { [provisioner]: null } },
+        },
+        mergePatch,
+      )
+      .catch(ignoreNotFound);
+  });
+  const short = newShort();
+  cleanup(t, short);
+  const hash = `${short}${"0".repeat(48)}`;
+  const source = { ...hostPathSource(short), provisioner };
+  const cache = {
+    metadata: { name: short, annotations: { [ANN_CACHE_SOURCE]: encodeSource(source) } },
+    spec: { hash },
+  };
+  const p = promotion(kc, SYSTEM_NAMESPACE, log);
+  assert.deepEqual(await p.restoreProfile(cache), { prewarm: false, prewarmParallelism: 3 });
+  assert.deepEqual(
+    await p.restoreProfile({ metadata: {}, spec: { hash } }),
+    { prewarm: true, prewarmParallelism: 6 },
+    "no source: defaults",
+  );
+  const ns = await tempNamespace(t, "wh");
+  assert.equal(await p.ensureClaim(cache, ns), "created");
+  assert.equal(await p.ensureClaim(cache, ns), "exists");
+  await assert.rejects(p.ensureClaim({ metadata: {}, spec: { hash } }, ns), /records no promoted source/);
+});
