@@ -7,7 +7,6 @@ import { closeSync, constants as fsc, openSync, readSync } from "node:fs";
 import { parentPort, workerData } from "node:worker_threads";
 
 export interface PrewarmWork {
-  paths: string[];
   /** Int32 slots: [next index to claim, readers in a file now, most readers in a file at once]. */
   shared: SharedArrayBuffer;
   chunkBytes: number;
@@ -37,27 +36,35 @@ function enter(): void {
   }
 }
 
-for (let i = Atomics.add(slots, 0, 1); i < work.paths.length; i = Atomics.add(slots, 0, 1)) {
-  const path = work.paths[i] as string;
-  enter();
-  try {
-    const fd = openSync(path, fsc.O_RDONLY | fsc.O_NOFOLLOW);
+function readAll(paths: string[]): void {
+  for (let i = Atomics.add(slots, 0, 1); i < paths.length; i = Atomics.add(slots, 0, 1)) {
+    const path = paths[i] as string;
+    enter();
     try {
-      for (;;) {
-        const n = readSync(fd, buf, 0, buf.length, null);
-        if (n === 0) break;
-        report.bytes += n;
+      const fd = openSync(path, fsc.O_RDONLY | fsc.O_NOFOLLOW);
+      try {
+        for (;;) {
+          const n = readSync(fd, buf, 0, buf.length, null);
+          if (n === 0) break;
+          report.bytes += n;
+        }
+        if (work.holdMs > 0) Atomics.wait(slots, 3, 0, work.holdMs);
+        report.files += 1;
+      } finally {
+        closeSync(fd);
       }
-      if (work.holdMs > 0) Atomics.wait(slots, 3, 0, work.holdMs);
-      report.files += 1;
+    } catch (err) {
+      report.errorCount += 1;
+      if (report.errors.length < KEPT_ERRORS) report.errors.push({ path, message: (err as Error).message });
     } finally {
-      closeSync(fd);
+      Atomics.sub(slots, 1, 1);
     }
-  } catch (err) {
-    report.errorCount += 1;
-    if (report.errors.length < KEPT_ERRORS) report.errors.push({ path, message: (err as Error).message });
-  } finally {
-    Atomics.sub(slots, 1, 1);
   }
 }
-parentPort?.postMessage(report);
+
+// Started before the tree is listed, so start-up and listing overlap; the list comes as a message.
+parentPort?.once("message", (paths: string[]) => {
+  readAll(paths);
+  parentPort?.postMessage(report);
+  parentPort?.close();
+});

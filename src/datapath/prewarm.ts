@@ -82,19 +82,12 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     errorCount += 1;
     if (errors.length < MAX_ERRORS_SHOWN) errors.push({ path, message: (err as Error).message });
   };
-  const paths = await listFiles(opts.dir, note);
-
   const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
-  const work: PrewarmWork = {
-    paths,
-    shared,
-    chunkBytes: opts.chunkBytes ?? 4 << 20,
-    holdMs: opts.holdMs ?? 0,
-  };
-  const readers = Math.max(1, Math.min(parallel, paths.length));
-  const reports = paths.length
-    ? await Promise.all(Array.from({ length: readers }, () => runReader(work)))
-    : [];
+  const work: PrewarmWork = { shared, chunkBytes: opts.chunkBytes ?? 4 << 20, holdMs: opts.holdMs ?? 0 };
+  const readers = Array.from({ length: parallel }, () => startReader(work));
+  const paths = await listFiles(opts.dir, note);
+  for (const r of readers) r.worker.postMessage(paths);
+  const reports = await Promise.all(readers.map((r) => r.done));
   for (const r of reports) {
     result.files += r.files;
     result.bytes += r.bytes;
@@ -108,20 +101,21 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   return result;
 }
 
-function runReader(work: PrewarmWork): Promise<PrewarmReport> {
-  return new Promise((resolve) => {
-    const w = new Worker(new URL("./prewarm-worker.js", import.meta.url), {
-      workerData: work,
-      execArgv: workerExecArgv(),
-    });
+function startReader(work: PrewarmWork): { worker: Worker; done: Promise<PrewarmReport> } {
+  const worker = new Worker(new URL("./prewarm-worker.js", import.meta.url), {
+    workerData: work,
+    execArgv: workerExecArgv(),
+  });
+  const done = new Promise<PrewarmReport>((resolve) => {
     let report: PrewarmReport | undefined;
-    w.once("message", (r: PrewarmReport) => (report = r));
+    worker.once("message", (r: PrewarmReport) => (report = r));
     // A reader that dies is one more error, not a failed prewarm.
-    w.once("error", (err) => {
+    worker.once("error", (err) => {
       report = { files: 0, bytes: 0, errorCount: 1, errors: [{ path: "(reader)", message: err.message }] };
     });
-    w.once("exit", () => resolve(report ?? { files: 0, bytes: 0, errorCount: 0, errors: [] }));
+    worker.once("exit", () => resolve(report ?? { files: 0, bytes: 0, errorCount: 0, errors: [] }));
   });
+  return { worker, done };
 }
 
 /** Every regular file under `dir`, symlinks not followed (their targets are in the tree too). */

@@ -27,7 +27,34 @@ export async function startRoles(ctx: RoleContext): Promise<RoleUrls> {
   await startNodeAgents(ctx);
   roles.server = await startServer(ctx);
   roles.controlPlane = await startControlPlane(ctx);
+  roles.clusterAgent = await startClusterAgent(ctx, roles.controlPlane);
   return roles;
+}
+
+async function startClusterAgent(ctx: RoleContext, controlPlane: string): Promise<string> {
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  const token = (await readFile(join(ctx.state.stateDir, "control-plane", "cluster-token"), "utf8")).trim();
+  ctx.progress(`starting the cluster agent at ${url} (registers the simulated GPUs with the control plane)`);
+  const rec = await ctx.launch(
+    "cluster-agent",
+    [
+      "cluster-agent",
+      `--control-plane-url=${controlPlane}`,
+      "--cluster-id=local",
+      "--cluster-name=warmstart-local",
+      "--listen-host=127.0.0.1",
+      `--port=${port}`,
+      // A local cluster changes on purpose: short waits so GPU changes show at once.
+      "--debounce=1s",
+      "--gpu-poll-interval=5s",
+      "--backoff-cap=30s",
+      "--queue-wait=5s",
+    ],
+    { WARMSTART_CLUSTER_TOKEN: token },
+  );
+  await waitUntil("the cluster agent to register", rec, async () => (await fetch(`${url}/healthz`)).ok);
+  return url;
 }
 
 async function startControlPlane(ctx: RoleContext): Promise<string> {
