@@ -10,7 +10,7 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import { PACKAGE_ROOT } from "../src/localcluster/versions.js";
-import { status as clusterStatus, type ClusterState } from "../src/localcluster/cluster.js";
+import { status as clusterStatus } from "../src/localcluster/cluster.js";
 import { SYSTEM_NAMESPACE } from "../src/common/kube.js";
 
 const RATE = Number(process.env.BENCH_ADMISSION_RATE ?? 500); // requests/s in the fixed-rate phase
@@ -19,7 +19,10 @@ const DOWNLOADER_RATE = Number(process.env.BENCH_ADMISSION_DOWNLOADER_RATE ?? 50
 const SECONDS = Number(process.env.BENCH_ADMISSION_SECONDS ?? 5);
 const CONCURRENCY = Number(process.env.BENCH_ADMISSION_CONCURRENCY ?? 32);
 
-const passPod = { metadata: { generateName: "web-" }, spec: { containers: [{ name: "web", image: "nginx:1.27" }] } };
+const passPod = {
+  metadata: { generateName: "web-" },
+  spec: { containers: [{ name: "web", image: "nginx:1.27" }] },
+};
 const benchModel = `bench/model-${randomUUID().slice(0, 8)}`;
 const gpuPod = {
   metadata: { generateName: "worker-" },
@@ -50,14 +53,17 @@ function review(object: unknown): string {
   });
 }
 
-async function startServer(mode: "noop" | "webhook", kubeconfig?: string): Promise<{ url: string; child: ChildProcess }> {
+async function startServer(
+  mode: "noop" | "webhook",
+  kubeconfig?: string,
+): Promise<{ url: string; child: ChildProcess }> {
   const child = spawn(process.execPath, [join(PACKAGE_ROOT, "dist/bench/admission-server.js"), mode], {
     env: { ...process.env, ...(kubeconfig ? { KUBECONFIG: kubeconfig } : {}), LOG_LEVEL: "warn" },
     stdio: ["ignore", "pipe", "inherit"],
   });
   const url = await new Promise<string>((resolve, reject) => {
     let out = "";
-    child.stdout!.on("data", (d: Buffer) => {
+    child.stdout.on("data", (d: Buffer) => {
       out += d.toString();
       if (out.includes("\n")) resolve(out.trim());
     });
@@ -92,7 +98,8 @@ interface Result {
   max: number;
 }
 
-const pct = (sorted: number[], p: number): number => sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!;
+const pct = (sorted: number[], p: number): number =>
+  sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * p))]!;
 
 async function measure(url: string, pod: unknown, rate = RATE): Promise<Result> {
   const agent = new Agent({ keepAlive: true, maxSockets: CONCURRENCY });
@@ -130,9 +137,12 @@ async function measure(url: string, pod: unknown, rate = RATE): Promise<Result> 
 
 export async function runAdmissionBench(): Promise<void> {
   const st = await clusterStatus();
-  const kubeconfig = process.env.KUBECONFIG ?? (st.running ? (st as ClusterState).kubeconfig : undefined);
-  if (!kubeconfig) throw new Error("the admission benchmark needs a cluster: run `bin/warmstart cluster up` first");
-  console.log(`fixed rate ${RATE}/s (downloaders ${DOWNLOADER_RATE}/s) for ${SECONDS}s, then closed loop with ${CONCURRENCY} connections, for ${SECONDS}s`);
+  const kubeconfig = process.env.KUBECONFIG ?? (st.running ? st.kubeconfig : undefined);
+  if (!kubeconfig)
+    throw new Error("the admission benchmark needs a cluster: run `bin/warmstart cluster up` first");
+  console.log(
+    `fixed rate ${RATE}/s (downloaders ${DOWNLOADER_RATE}/s) for ${SECONDS}s, then closed loop with ${CONCURRENCY} connections, for ${SECONDS}s`,
+  );
   const rows: [string, Result][] = [];
   const noop = await startServer("noop");
   try {
@@ -154,9 +164,14 @@ export async function runAdmissionBench(): Promise<void> {
     for (const l of leases.items) {
       const short = l.metadata?.labels?.["warmstart.dev/hash"];
       if (!short || l.metadata?.annotations?.["warmstart.dev/leader-namespace"] !== "bench") continue;
-      await coordination.deleteNamespacedLease({ name: l.metadata!.name!, namespace: SYSTEM_NAMESPACE });
+      await coordination.deleteNamespacedLease({ name: l.metadata.name!, namespace: SYSTEM_NAMESPACE });
       await custom
-        .deleteClusterCustomObject({ group: "warmstart.dev", version: "v1alpha1", plural: "modelcaches", name: short })
+        .deleteClusterCustomObject({
+          group: "warmstart.dev",
+          version: "v1alpha1",
+          plural: "modelcaches",
+          name: short,
+        })
         .catch(() => undefined);
     }
   }

@@ -19,7 +19,8 @@ function find(dir, out = []) {
   }
   return out;
 }
-const pick = (files) => files.filter((f) => filters.length === 0 || filters.some((x) => f.includes(x))).sort();
+const pick = (files) =>
+  files.filter((f) => filters.length === 0 || filters.some((x) => f.includes(x))).sort();
 const unit = pick(find(join(root, "dist/src")));
 const integration = pick(find(join(root, "dist/test")));
 
@@ -28,7 +29,13 @@ function runNodeTest(files, extra, env) {
   return new Promise((resolve) => {
     const child = spawn(
       process.execPath,
-      ["--test", "--test-reporter=spec", "--enable-source-maps", ...extra, ...files.map((f) => relative(root, f))],
+      [
+        "--test",
+        "--test-reporter=spec",
+        "--enable-source-maps",
+        ...extra,
+        ...files.map((f) => relative(root, f)),
+      ],
       { cwd: root, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "inherit"] },
     );
     let out = "";
@@ -58,15 +65,21 @@ if (only !== "--unit" && integration.length) {
   const env = {};
   if (!process.env.KUBECONFIG) {
     const bin = join(root, "bin/warmstart");
-    const before = spawnSync(process.execPath, [bin, "cluster", "status", "-o", "json"], { encoding: "utf8" });
+    const before = spawnSync(process.execPath, [bin, "cluster", "status", "-o", "json"], {
+      encoding: "utf8",
+    });
     const wasRunning = before.status === 0 && JSON.parse(before.stdout).running;
-    const up = spawnSync(process.execPath, [bin, "cluster", "up"], { stdio: ["ignore", "inherit", "inherit"] });
+    const up = spawnSync(process.execPath, [bin, "cluster", "up"], {
+      stdio: ["ignore", "inherit", "inherit"],
+    });
     if (up.status !== 0) {
       console.error("could not start the local cluster");
       process.exit(1);
     }
     started = !wasRunning;
-    const st = JSON.parse(spawnSync(process.execPath, [bin, "cluster", "status", "-o", "json"], { encoding: "utf8" }).stdout);
+    const st = JSON.parse(
+      spawnSync(process.execPath, [bin, "cluster", "status", "-o", "json"], { encoding: "utf8" }).stdout,
+    );
     env.KUBECONFIG = st.kubeconfig;
     env.WARMSTART_LOCAL_CLUSTER = "1";
   }

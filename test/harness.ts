@@ -27,7 +27,7 @@ export async function kube(): Promise<Kube> {
   if (!file) {
     const st = await clusterStatus();
     if (!st.running) throw new Error("no cluster: run `bin/warmstart cluster up` or set KUBECONFIG");
-    file = (st as ClusterState).kubeconfig;
+    file = st.kubeconfig;
   }
   const kc = new k8s.KubeConfig();
   kc.loadFromFile(file);
@@ -52,7 +52,11 @@ export function uniqueName(prefix: string): string {
 }
 
 /** A fresh namespace, deleted (without waiting) when the test ends. */
-export async function tempNamespace(t: TestContext, prefix = "t", labels: Record<string, string> = {}): Promise<string> {
+export async function tempNamespace(
+  t: TestContext,
+  prefix = "t",
+  labels: Record<string, string> = {},
+): Promise<string> {
   const { core } = await kube();
   const name = uniqueName(prefix);
   await core.createNamespace({ body: { metadata: { name, labels } } });
@@ -91,7 +95,9 @@ export async function waitFor<T>(
       last = err;
     }
     if (Date.now() > deadline) {
-      const detail = last ? `; last error: ${(last as Error).message ?? String(last)}` : `; last value: ${JSON.stringify(lastValue)}`;
+      const detail = last
+        ? `; last error: ${last instanceof Error ? last.message : JSON.stringify(last)}`
+        : `; last value: ${JSON.stringify(lastValue)}`;
       throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
     }
     await sleep(delay);

@@ -29,7 +29,7 @@ async function keyPem(key: CryptoKey): Promise<string> {
 
 /** A fresh certificate authority (ECDSA P-256), valid for a year. */
 export async function createCA(commonName: string): Promise<Issuer> {
-  const keys = (await webcrypto.subtle.generateKey(ALG, true, ["sign", "verify"])) as CryptoKeyPair;
+  const keys = await webcrypto.subtle.generateKey(ALG, true, ["sign", "verify"]);
   const name = `CN=${commonName}`;
   const cert = await x509.X509CertificateGenerator.createSelfSigned({
     name,
@@ -57,7 +57,7 @@ export interface LeafOptions {
 
 /** A leaf certificate signed by `ca`. */
 export async function issueCert(ca: Issuer, opts: LeafOptions): Promise<Pem> {
-  const keys = (await webcrypto.subtle.generateKey(ALG, true, ["sign", "verify"])) as CryptoKeyPair;
+  const keys = await webcrypto.subtle.generateKey(ALG, true, ["sign", "verify"]);
   const eku =
     opts.usage === "server"
       ? [x509.ExtendedKeyUsage.serverAuth]

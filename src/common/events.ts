@@ -12,7 +12,13 @@ export async function postPodEvent(
     namespace,
     body: {
       metadata: { generateName: `${pod.metadata!.name!}.`, namespace },
-      involvedObject: { kind: "Pod", apiVersion: "v1", namespace, name: pod.metadata!.name!, uid: pod.metadata!.uid! },
+      involvedObject: {
+        kind: "Pod",
+        apiVersion: "v1",
+        namespace,
+        name: pod.metadata!.name!,
+        uid: pod.metadata!.uid!,
+      },
       type: ev.type,
       reason: ev.reason,
       message: ev.message.slice(0, 1024),

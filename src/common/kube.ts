@@ -51,13 +51,14 @@ export function apiErrorInfo(err: unknown): { code?: number; reason?: string; me
     return { code: err.code, reason: body?.reason, message: body?.message ?? String(err.message) };
   }
   const e = err as { code?: unknown; statusCode?: unknown; body?: unknown; message?: unknown };
-  const code = typeof e?.code === "number" ? e.code : typeof e?.statusCode === "number" ? e.statusCode : undefined;
+  const code =
+    typeof e?.code === "number" ? e.code : typeof e?.statusCode === "number" ? e.statusCode : undefined;
   const body = parseBody(e?.body);
   return { code, reason: body?.reason, message: body?.message ?? String(e?.message ?? err) };
 }
 
 function parseBody(body: unknown): { reason?: string; message?: string } | undefined {
-  if (body && typeof body === "object") return body as { reason?: string; message?: string };
+  if (body && typeof body === "object") return body;
   if (typeof body !== "string") return undefined;
   try {
     return JSON.parse(body) as { reason?: string; message?: string };
@@ -79,9 +80,12 @@ export const isConflict = (err: unknown): boolean => {
 /** Wrap an API error with context, keeping the original as `cause`. */
 export function apiError(context: string, err: unknown): Error {
   const i = apiErrorInfo(err);
-  return new Error(`${context}: ${i.code ?? "?"} ${i.reason ?? ""} ${i.message}`.replace(/\s+/g, " ").trim(), {
-    cause: err,
-  });
+  return new Error(
+    `${context}: ${i.code ?? "?"} ${i.reason ?? ""} ${i.message}`.replace(/\s+/g, " ").trim(),
+    {
+      cause: err,
+    },
+  );
 }
 
 /** Names shared by every role. */

@@ -8,15 +8,31 @@ export type { Logger };
  */
 export function createLogger(name: string, level = process.env.LOG_LEVEL ?? "info"): Logger {
   const pretty = process.stderr.isTTY && process.env.WARMSTART_LOG_FORMAT !== "json";
-  return pino({
-    name,
-    level,
-    redact: {
-      paths: ["token", "*.token", "credentials", "*.credentials", "authorization", "*.authorization", "secret"],
-      censor: "[redacted]",
+  return pino(
+    {
+      name,
+      level,
+      redact: {
+        paths: [
+          "token",
+          "*.token",
+          "credentials",
+          "*.credentials",
+          "authorization",
+          "*.authorization",
+          "secret",
+        ],
+        censor: "[redacted]",
+      },
+      ...(pretty
+        ? {
+            transport: {
+              target: "pino-pretty",
+              options: { destination: 2, translateTime: "SYS:HH:MM:ss.l" },
+            },
+          }
+        : {}),
     },
-    ...(pretty
-      ? { transport: { target: "pino-pretty", options: { destination: 2, translateTime: "SYS:HH:MM:ss.l" } } }
-      : {}),
-  }, pretty ? undefined : pino.destination(2));
+    pretty ? undefined : pino.destination(2),
+  );
 }

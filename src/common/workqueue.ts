@@ -16,7 +16,12 @@ export class WorkQueue {
 
   constructor(
     private readonly handler: (key: string) => Promise<void | { requeueAfterMs?: number }>,
-    private readonly opts: { workers: number; initialMs?: number; maxMs?: number; onError?: (key: string, err: unknown) => void },
+    private readonly opts: {
+      workers: number;
+      initialMs?: number;
+      maxMs?: number;
+      onError?: (key: string, err: unknown) => void;
+    },
   ) {}
 
   add(key: string): void {
@@ -72,7 +77,11 @@ export class WorkQueue {
       } catch (err) {
         this.opts.onError?.(key, err);
         let b = this.backoffs.get(key);
-        if (!b) this.backoffs.set(key, (b = new Backoff({ initialMs: this.opts.initialMs ?? 5, maxMs: this.opts.maxMs ?? 60_000 })));
+        if (!b)
+          this.backoffs.set(
+            key,
+            (b = new Backoff({ initialMs: this.opts.initialMs ?? 5, maxMs: this.opts.maxMs ?? 60_000 })),
+          );
         this.addAfter(key, b.next());
       } finally {
         this.active.delete(key);

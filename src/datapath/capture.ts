@@ -341,6 +341,7 @@ async function copyFiles(
       const w = new Worker(new URL("./copy-worker.js", import.meta.url), {
         workerData,
         execArgv: workerExecArgv(),
+        resourceLimits: WORKER_LIMITS,
       });
       let result: Extract<FromWorker, { kind: "done" }> | undefined;
       w.on("message", (m: FromWorker) => {

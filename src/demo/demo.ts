@@ -24,7 +24,11 @@ const out: Out = {
   line: (text) => process.stdout.write(`      ${text}\n`),
 };
 
-async function until<T>(what: string, check: () => Promise<T | undefined | false>, timeoutMs = 120_000): Promise<T> {
+async function until<T>(
+  what: string,
+  check: () => Promise<T | undefined | false>,
+  timeoutMs = 120_000,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await check().catch(() => undefined);
@@ -35,11 +39,21 @@ async function until<T>(what: string, check: () => Promise<T | undefined | false
 }
 
 function podTable(pods: k8s.V1Pod[]): string {
-  const t = new Table({ head: ["POD", "ROLE", "GATED", "NODE", "PHASE", "READY IN"], style: { head: [], border: [] } });
+  const t = new Table({
+    head: ["POD", "ROLE", "GATED", "NODE", "PHASE", "READY IN"],
+    style: { head: [], border: [] },
+  });
   for (const p of pods.sort((a, b) => a.metadata!.name!.localeCompare(b.metadata!.name!))) {
     const r = podRow(p);
     const gated = (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
-    t.push([r.name, p.metadata?.annotations?.[ANN_ROLE] ?? "-", gated ? "yes" : "no", r.node || "-", r.phase, r.readySeconds === null ? "-" : `${r.readySeconds.toFixed(1)}s`]);
+    t.push([
+      r.name,
+      p.metadata?.annotations?.[ANN_ROLE] ?? "-",
+      gated ? "yes" : "no",
+      r.node || "-",
+      r.phase,
+      r.readySeconds === null ? "-" : `${r.readySeconds.toFixed(1)}s`,
+    ]);
   }
   return t.toString().split("\n").join("\n      ");
 }
@@ -52,8 +66,17 @@ function podTable(pods: k8s.V1Pod[]): string {
  */
 export async function runDemo(opts: { shardMiB: number }): Promise<void> {
   const total = 6;
-  out.step(1, total, "a real local Kubernetes control plane with simulated GPU nodes, and every Warmstart role");
-  const state: ClusterState = await up({ nodes: 2, gpusPerNode: 4, bare: false, progress: (l) => out.line(l) });
+  out.step(
+    1,
+    total,
+    "a real local Kubernetes control plane with simulated GPU nodes, and every Warmstart role",
+  );
+  const state: ClusterState = await up({
+    nodes: 2,
+    gpusPerNode: 4,
+    bare: false,
+    progress: (l) => out.line(l),
+  });
   const kc = new k8s.KubeConfig();
   kc.loadFromFile(state.kubeconfig);
   const core = makeApiClient(kc, k8s.CoreV1Api);
@@ -63,9 +86,16 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
   await core.deleteNamespace({ name: NS }).catch((err: unknown) => {
     if (!isNotFound(err)) throw err;
   });
-  await until("the previous demo namespace to go", async () => core.readNamespace({ name: NS }).then(() => false, (e: unknown) => isNotFound(e)));
+  await until("the previous demo namespace to go", async () =>
+    core.readNamespace({ name: NS }).then(
+      () => false,
+      (e: unknown) => isNotFound(e),
+    ),
+  );
   await core.createNamespace({ body: { metadata: { name: NS } } });
-  await until("the default ServiceAccount", () => core.readNamespacedServiceAccount({ name: "default", namespace: NS }));
+  await until("the default ServiceAccount", () =>
+    core.readNamespacedServiceAccount({ name: "default", namespace: NS }),
+  );
 
   out.step(2, total, `a chart: 3 vLLM workers serving ${MODEL} (no Warmstart labels) and a frontend`);
   const labels = { app: "vllm-worker" };
@@ -107,27 +137,49 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
     },
   });
   const workers = (): Promise<k8s.V1Pod[]> =>
-    core.listNamespacedPod({ namespace: NS, labelSelector: "app=vllm-worker" }).then((l) => l.items.filter((p) => !p.metadata?.deletionTimestamp));
+    core
+      .listNamespacedPod({ namespace: NS, labelSelector: "app=vllm-worker" })
+      .then((l) => l.items.filter((p) => !p.metadata?.deletionTimestamp));
   let pods = await until("3 workers", async () => ((await workers()).length === 3 ? workers() : undefined));
   const leader = pods.find((p) => p.metadata?.annotations?.[ANN_ROLE] === "leader");
   if (!leader) throw new Error("demo: no leader was elected (is the webhook running with election on?)");
   const short = leader.metadata!.labels![LABEL_HASH]!;
-  out.line(`admission elected one leader for cache ${short}; the other 2 wait gated, holding no node and no GPU:`);
+  out.line(
+    `admission elected one leader for cache ${short}; the other 2 wait gated, holding no node and no GPU:`,
+  );
   out.line(podTable(pods));
   const frontend = (await core.listNamespacedPod({ namespace: NS, labelSelector: "app=frontend" })).items[0];
-  out.line(`the frontend has no GPU: ${frontend?.metadata?.annotations?.[ANN_ROLE] ? "decorated (unexpected)" : "left alone"}`);
+  out.line(
+    `the frontend has no GPU: ${frontend?.metadata?.annotations?.[ANN_ROLE] ? "decorated (unexpected)" : "left alone"}`,
+  );
 
-  out.step(3, total, "the leader downloads the model and compiles (played by the demo: files written into its cache volume)");
+  out.step(
+    3,
+    total,
+    "the leader downloads the model and compiles (played by the demo: files written into its cache volume)",
+  );
   const running = await until("the leader to run", async () => {
     const p = await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS });
     return p.status?.phase === "Running" ? p : undefined;
   });
   const node = state.nodes.find((n) => n.name === running.spec?.nodeName);
-  if (!node) throw new Error(`demo: the leader runs on ${running.spec?.nodeName}, which is not a local simulated node`);
-  const root = join(node.kubeletRoot, "pods", running.metadata!.uid!, "volumes", "kubernetes.io~empty-dir", CACHE_VOLUME);
+  if (!node)
+    throw new Error(
+      `demo: the leader runs on ${running.spec?.nodeName}, which is not a local simulated node`,
+    );
+  const root = join(
+    node.kubeletRoot,
+    "pods",
+    running.metadata!.uid!,
+    "volumes",
+    "kubernetes.io~empty-dir",
+    CACHE_VOLUME,
+  );
   const started = Date.now();
   const bytes = await writeModelTree(root, opts.shardMiB);
-  out.line(`wrote ${(bytes / 2 ** 20).toFixed(0)} MiB (4 weight shards, tokenizer, 400 compile-cache files) in ${((Date.now() - started) / 1000).toFixed(1)}s`);
+  out.line(
+    `wrote ${(bytes / 2 ** 20).toFixed(0)} MiB (4 weight shards, tokenizer, 400 compile-cache files) in ${((Date.now() - started) / 1000).toFixed(1)}s`,
+  );
   await markReady(core, leader.metadata!.name!);
   out.line("the leader is Ready");
 
@@ -136,8 +188,20 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
   const ready = await until(
     "the cache to be Ready",
     async () => {
-      const mc = (await custom.getClusterCustomObject({ group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural, name: short })) as {
-        status?: { phase?: string; reason?: string; message?: string; sizeBytes?: number; files?: number; captureSeconds?: number };
+      const mc = (await custom.getClusterCustomObject({
+        group: MODELCACHE.group,
+        version: MODELCACHE.version,
+        plural: MODELCACHE.plural,
+        name: short,
+      })) as {
+        status?: {
+          phase?: string;
+          reason?: string;
+          message?: string;
+          sizeBytes?: number;
+          files?: number;
+          captureSeconds?: number;
+        };
       };
       const phase = mc.status?.phase ?? "Electing";
       if (phase !== last) {
@@ -149,16 +213,21 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
     },
     180_000,
   ).catch((err: unknown) => {
-    throw err instanceof Error && err.message.startsWith("demo: capture failed") ? err : new Error(`${(err as Error).message} (see ${state.stateDir}/logs)`);
+    throw err instanceof Error && err.message.startsWith("demo: capture failed")
+      ? err
+      : new Error(`${(err as Error).message} (see ${state.stateDir}/logs)`);
   });
-  out.line(`${ready.status?.files ?? "?"} files, ${((ready.status?.sizeBytes ?? 0) / 2 ** 20).toFixed(0)} MiB captured in ${(ready.status?.captureSeconds ?? 0).toFixed(1)}s`);
+  out.line(
+    `${ready.status?.files ?? "?"} files, ${((ready.status?.sizeBytes ?? 0) / 2 ** 20).toFixed(0)} MiB captured in ${(ready.status?.captureSeconds ?? 0).toFixed(1)}s`,
+  );
 
   out.step(5, total, "the waiting pods are released and start from the cache (seed + prewarm, no download)");
   await until("followers to run", async () => {
     const ps = (await workers()).filter((p) => p.metadata?.annotations?.[ANN_ROLE] === "follower");
     return ps.length === 2 && ps.every((p) => p.status?.phase === "Running") ? ps : undefined;
   });
-  for (const p of (await workers()).filter((x) => x.metadata?.annotations?.[ANN_ROLE] === "follower")) await markReady(core, p.metadata!.name!);
+  for (const p of (await workers()).filter((x) => x.metadata?.annotations?.[ANN_ROLE] === "follower"))
+    await markReady(core, p.metadata!.name!);
   pods = await until("all 3 Ready", async () => {
     const ps = await workers();
     return ps.every((p) => podRow(p).ready) ? ps : undefined;
@@ -166,7 +235,10 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
   out.line(podTable(pods));
 
   out.step(6, total, "scale to 4: a new replica restores directly (the host-path cache lives on one node)");
-  await apps.patchNamespacedDeploymentScale({ name: "vllm-worker", namespace: NS, body: [{ op: "replace", path: "/spec/replicas", value: 4 }] }, jsonPatch);
+  await apps.patchNamespacedDeploymentScale(
+    { name: "vllm-worker", namespace: NS, body: [{ op: "replace", path: "/spec/replicas", value: 4 }] },
+    jsonPatch,
+  );
   const fresh = await until("the new pod running", async () => {
     const ps = (await workers()).filter((p) => p.metadata?.annotations?.[ANN_ROLE] === "restore");
     return ps.length === 1 && ps.every((p) => p.status?.phase === "Running") ? ps : undefined;
@@ -185,14 +257,25 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
 
 async function markReady(core: k8s.CoreV1Api, name: string): Promise<void> {
   await core.patchNamespacedPod(
-    { name, namespace: NS, body: [{ op: "add", path: "/metadata/annotations/sim.warmstart.dev~1ready", value: "true" }] },
+    {
+      name,
+      namespace: NS,
+      body: [{ op: "add", path: "/metadata/annotations/sim.warmstart.dev~1ready", value: "true" }],
+    },
     jsonPatch,
   );
 }
 
 /** A model as the hub lays it out, plus compile caches; returns the bytes written. */
 async function writeModelTree(root: string, shardMiB: number): Promise<number> {
-  const snap = join(root, "model", "hub", "models--Qwen--Qwen2.5-7B-Instruct", "snapshots", "a09a35458c702b33eeacc393d103063234e8bc28");
+  const snap = join(
+    root,
+    "model",
+    "hub",
+    "models--Qwen--Qwen2.5-7B-Instruct",
+    "snapshots",
+    "a09a35458c702b33eeacc393d103063234e8bc28",
+  );
   await mkdir(snap, { recursive: true });
   let bytes = 0;
   const shard = Buffer.alloc(shardMiB * 2 ** 20);
@@ -205,12 +288,17 @@ async function writeModelTree(root: string, shardMiB: number): Promise<number> {
     for (let off = 0; off < shard.length; off += chunk) {
       await appendFile(file, shard.subarray(off, off + chunk));
       await sleep((chunk / 2 ** 20 / DOWNLOAD_MIB_S) * 1000);
-      if (process.stdout.isTTY) process.stdout.write(`      downloading shard ${i}/4: ${((off + chunk) / 2 ** 20).toFixed(0)}/${shardMiB} MiB\r`);
+      if (process.stdout.isTTY)
+        process.stdout.write(
+          `      downloading shard ${i}/4: ${((off + chunk) / 2 ** 20).toFixed(0)}/${shardMiB} MiB\r`,
+        );
     }
     if (!process.stdout.isTTY) process.stdout.write(`      downloaded shard ${i}/4 (${shardMiB} MiB)\n`);
     bytes += shard.length;
   }
-  process.stdout.write(`${process.stdout.isTTY ? "\n" : ""}      compiling (torch.compile, CUDA graphs)...\n`);
+  process.stdout.write(
+    `${process.stdout.isTTY ? "\n" : ""}      compiling (torch.compile, CUDA graphs)...\n`,
+  );
   for (const f of ["config.json", "tokenizer.json", "generation_config.json"]) {
     const text = JSON.stringify({ file: f, model: MODEL });
     await writeFile(join(snap, f), text);

@@ -40,7 +40,8 @@ export async function ensureBinaries(progress: (line: string) => void): Promise<
     const onData = (chunk: Buffer): void => {
       const text = chunk.toString();
       tail = (tail + text).slice(-4000);
-      for (const line of text.split("\n")) if (line.startsWith("==> ")) progress(`${line.slice(4)} [${elapsed(started)}]`);
+      for (const line of text.split("\n"))
+        if (line.startsWith("==> ")) progress(`${line.slice(4)} [${elapsed(started)}]`);
     };
     child.stdout.on("data", onData);
     child.stderr.on("data", onData);

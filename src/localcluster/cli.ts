@@ -7,7 +7,7 @@ const progress = (line: string): void => {
 
 function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unknown> {
   if (!("kubeconfig" in s)) return { running: false };
-  const st = s as ClusterState;
+  const st = s;
   return {
     running: st.running,
     kubeconfig: st.kubeconfig,
@@ -21,11 +21,15 @@ function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unk
 }
 
 export function registerClusterCommands(program: Command): void {
-  const cluster = program.command("cluster").description("a real local Kubernetes control plane with simulated GPU nodes");
+  const cluster = program
+    .command("cluster")
+    .description("a real local Kubernetes control plane with simulated GPU nodes");
 
   cluster
     .command("up")
-    .description("build (once) and start etcd, kube-apiserver, controller manager, scheduler, KWOK and the Warmstart roles")
+    .description(
+      "build (once) and start etcd, kube-apiserver, controller manager, scheduler, KWOK and the Warmstart roles",
+    )
     .addOption(new Option("--nodes <n>", "simulated GPU nodes").default(2).argParser(positiveInt))
     .addOption(new Option("--gpus <n>", "nvidia.com/gpu per node").default(4).argParser(positiveInt))
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
@@ -66,7 +70,8 @@ export function registerClusterCommands(program: Command): void {
       }
       const st = s as unknown as ClusterState;
       process.stdout.write(`running since ${st.startedAt}\nkubeconfig: ${st.kubeconfig}\n`);
-      for (const n of st.nodes) process.stdout.write(`node ${n.name}: ${n.gpus} GPU, kubelet root ${n.kubeletRoot}\n`);
+      for (const n of st.nodes)
+        process.stdout.write(`node ${n.name}: ${n.gpus} GPU, kubelet root ${n.kubeletRoot}\n`);
       for (const [k, v] of Object.entries(st.roles)) process.stdout.write(`${k}: ${String(v)}\n`);
     });
 }

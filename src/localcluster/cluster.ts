@@ -7,7 +7,14 @@ import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import { ensureBinaries } from "./build.js";
 import { createCA, createSigningKeyPair, issueCert } from "../common/certs.js";
-import { freePort, isAlive, processStartTime, startDetached, stopProcess, type ProcessRecord } from "./processes.js";
+import {
+  freePort,
+  isAlive,
+  processStartTime,
+  startDetached,
+  stopProcess,
+  type ProcessRecord,
+} from "./processes.js";
 import { ensureSimulatedNode } from "./nodes.js";
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../common/kube.js";
@@ -90,8 +97,8 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
   return withLock(dir, async () => {
     const existing = await status(dir);
     if (existing.running) {
-      opts.progress(`a local cluster is already running (${(existing as ClusterState).apiServer}); reusing it`);
-      return existing as ClusterState;
+      opts.progress(`a local cluster is already running (${existing.apiServer}); reusing it`);
+      return existing;
     }
     if ("processes" in existing) {
       opts.progress("cleaning up a previous local cluster that is no longer complete");
@@ -210,7 +217,9 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       kubeConfig.loadFromFile(kc);
       const core = kubeConfig.makeApiClient(k8s.CoreV1Api);
       await ensureNamespace(core, SYSTEM_NAMESPACE);
-      opts.progress(`creating ${opts.nodes} simulated GPU node(s) with ${opts.gpusPerNode} nvidia.com/gpu each`);
+      opts.progress(
+        `creating ${opts.nodes} simulated GPU node(s) with ${opts.gpusPerNode} nvidia.com/gpu each`,
+      );
       for (let i = 0; i < opts.nodes; i++) {
         const name = `gpu-${i}`;
         const kubeletRoot = join(dir, "nodes", name, "kubelet");
@@ -309,7 +318,11 @@ async function writePki(dir: string): Promise<Pki> {
     ips: ["127.0.0.1", "10.0.0.1"],
     usage: "server",
   });
-  const admin = await issueCert(ca, { commonName: "warmstart-admin", organization: "system:masters", usage: "client" });
+  const admin = await issueCert(ca, {
+    commonName: "warmstart-admin",
+    organization: "system:masters",
+    usage: "client",
+  });
   const sa = await createSigningKeyPair();
   const p = (f: string): string => join(pkiDir, f);
   await Promise.all([
@@ -432,7 +445,9 @@ async function waitFor(
     await sleep(delay);
     delay = Math.min(delay * 2, 1000);
   }
-  throw new Error(`timed out waiting for ${what}${last ? `: ${String((last as Error).message ?? last)}` : ""}`);
+  throw new Error(
+    `timed out waiting for ${what}${last ? `: ${String((last as Error).message ?? last)}` : ""}`,
+  );
 }
 
 async function assertProcessesAlive(state: ClusterState): Promise<void> {
@@ -444,7 +459,13 @@ async function assertProcessesAlive(state: ClusterState): Promise<void> {
   }
 }
 
-function waitHttp(url: string, what: string, state: ClusterState, timeoutMs: number, pki?: Pki): Promise<void> {
+function waitHttp(
+  url: string,
+  what: string,
+  state: ClusterState,
+  timeoutMs: number,
+  pki?: Pki,
+): Promise<void> {
   return waitFor(`${what} at ${url}`, timeoutMs, state, () => httpOk(url, pki));
 }
 
@@ -457,10 +478,14 @@ async function httpOk(url: string, pki?: Pki): Promise<boolean> {
       }
     : {};
   return new Promise((resolve, reject) => {
-    const req = (url.startsWith("https") ? httpsRequest : httpRequest)(url, { ...tls, timeout: 2000 }, (res) => {
-      res.resume();
-      resolve(res.statusCode === 200);
-    });
+    const req = (url.startsWith("https") ? httpsRequest : httpRequest)(
+      url,
+      { ...tls, timeout: 2000 },
+      (res) => {
+        res.resume();
+        resolve(res.statusCode === 200);
+      },
+    );
     req.on("timeout", () => req.destroy(new Error("timeout")));
     req.on("error", reject);
     req.end();

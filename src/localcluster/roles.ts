@@ -111,7 +111,12 @@ async function startWebhook(ctx: RoleContext): Promise<string> {
         metadata: { name: "warmstart-probe" },
         spec: {
           containers: [
-            { name: "probe", image: "probe", args: ["--model", "probe"], resources: { limits: { "nvidia.com/gpu": "1" } } },
+            {
+              name: "probe",
+              image: "probe",
+              args: ["--model", "probe"],
+              resources: { limits: { "nvidia.com/gpu": "1" } },
+            },
           ],
         },
       },
@@ -121,7 +126,12 @@ async function startWebhook(ctx: RoleContext): Promise<string> {
   return url;
 }
 
-async function waitUntil(what: string, rec: ProcessRecord, check: () => Promise<boolean>, timeoutMs = 30_000): Promise<void> {
+async function waitUntil(
+  what: string,
+  rec: ProcessRecord,
+  check: () => Promise<boolean>,
+  timeoutMs = 30_000,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   while (Date.now() < deadline) {
@@ -173,6 +183,10 @@ async function startNodeAgents(ctx: RoleContext): Promise<void> {
       "--host=127.0.0.1",
       `--port=${port}`,
     ]);
-    await waitUntil(`the node agent of ${node.name}`, rec, async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok);
+    await waitUntil(
+      `the node agent of ${node.name}`,
+      rec,
+      async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok,
+    );
   }
 }

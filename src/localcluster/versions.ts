@@ -14,7 +14,9 @@ export const PACKAGE_ROOT = resolve(fileURLToPath(new URL(".", import.meta.url))
 
 /** Binaries are cached by version outside the work tree, so every checkout and CI run reuses them. */
 export function binDir(): string {
-  const cache = process.env.WARMSTART_CACHE_DIR ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart");
+  const cache =
+    process.env.WARMSTART_CACHE_DIR ??
+    join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart");
   return join(cache, `k8s-${VERSIONS.kubernetes}-etcd-${VERSIONS.etcd}-kwok-${VERSIONS.kwok}`);
 }
 
@@ -26,5 +28,11 @@ export function stateDir(): string {
   );
 }
 
-export const BINARIES = ["etcd", "kwok", "kube-apiserver", "kube-controller-manager", "kube-scheduler"] as const;
+export const BINARIES = [
+  "etcd",
+  "kwok",
+  "kube-apiserver",
+  "kube-controller-manager",
+  "kube-scheduler",
+] as const;
 export type Binary = (typeof BINARIES)[number];

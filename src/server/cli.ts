@@ -7,10 +7,11 @@ import { fetchSnapshot, type Snapshot } from "./views.js";
 const bytes = (n: number): string => {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
-  while (n >= 1024 && i < u.length - 1) (n /= 1024), i++;
+  for (; n >= 1024 && i < u.length - 1; i++) n /= 1024;
   return `${n.toFixed(i ? 1 : 0)} ${u[i]}`;
 };
-const secs = (s: number | null): string => (s === null ? "-" : s < 120 ? `${s.toFixed(1)}s` : `${(s / 60).toFixed(1)}m`);
+const secs = (s: number | null): string =>
+  s === null ? "-" : s < 120 ? `${s.toFixed(1)}s` : `${(s / 60).toFixed(1)}m`;
 
 function print(rows: string[][], head: string[]): void {
   const t = new Table({ head, style: { head: [], border: [] } });
@@ -23,7 +24,16 @@ type View = "caches" | "elections" | "pods";
 function render(view: View, s: Snapshot): void {
   if (view === "caches") {
     print(
-      s.caches.map((c) => [c.hash, c.model, c.phase + (c.reason ? ` (${c.reason})` : ""), bytes(c.sizeBytes), String(c.restores), secs(c.leaderReadySeconds), secs(c.restoredReadySeconds), secs(c.savedSeconds)]),
+      s.caches.map((c) => [
+        c.hash,
+        c.model,
+        c.phase + (c.reason ? ` (${c.reason})` : ""),
+        bytes(c.sizeBytes),
+        String(c.restores),
+        secs(c.leaderReadySeconds),
+        secs(c.restoredReadySeconds),
+        secs(c.savedSeconds),
+      ]),
       ["HASH", "MODEL", "PHASE", "SIZE", "RESTORES", "LEADER READY", "RESTORED READY", "SAVED"],
     );
   } else if (view === "elections") {
@@ -33,12 +43,28 @@ function render(view: View, s: Snapshot): void {
     );
   } else {
     print(
-      s.pods.map((p) => [p.namespace, p.name, p.hash, p.role, p.phase, p.ready ? "yes" : "no", secs(p.readySeconds), p.node]),
+      s.pods.map((p) => [
+        p.namespace,
+        p.name,
+        p.hash,
+        p.role,
+        p.phase,
+        p.ready ? "yes" : "no",
+        secs(p.readySeconds),
+        p.node,
+      ]),
       ["NAMESPACE", "POD", "HASH", "ROLE", "PHASE", "READY", "READY IN", "NODE"],
     );
-    const cold = s.pods.filter((p) => p.role === "leader" || p.role === "cold").map((p) => p.readySeconds).filter((x): x is number => x !== null);
-    const warm = s.pods.filter((p) => p.role === "restore" || p.role === "follower").map((p) => p.readySeconds).filter((x): x is number => x !== null);
-    const avg = (xs: number[]): number | null => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
+    const cold = s.pods
+      .filter((p) => p.role === "leader" || p.role === "cold")
+      .map((p) => p.readySeconds)
+      .filter((x): x is number => x !== null);
+    const warm = s.pods
+      .filter((p) => p.role === "restore" || p.role === "follower")
+      .map((p) => p.readySeconds)
+      .filter((x): x is number => x !== null);
+    const avg = (xs: number[]): number | null =>
+      xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
     process.stdout.write(
       `cold: ${cold.length} pods, mean ready in ${secs(avg(cold))}; restored: ${warm.length} pods, mean ready in ${secs(avg(warm))}; saved ${secs(s.totals.savedSeconds)} and ${bytes(s.totals.savedBytes)} of downloads\n`,
     );
@@ -66,11 +92,18 @@ export function registerServerCommands(program: Command): void {
   for (const view of ["caches", "elections", "pods"] as const) {
     program
       .command(view)
-      .description(`operators' view: ${view}${view === "pods" ? " (time to ready, cold vs restored, and what was saved)" : ""}`)
-      .addOption(new Option("-o, --output <format>", "output format").choices(["table", "json"]).default("table"))
+      .description(
+        `operators' view: ${view}${view === "pods" ? " (time to ready, cold vs restored, and what was saved)" : ""}`,
+      )
+      .addOption(
+        new Option("-o, --output <format>", "output format").choices(["table", "json"]).default("table"),
+      )
       .action(async (opts: { output: string }) => {
         const s = await fetchSnapshot(loadKubeConfig(), SYSTEM_NAMESPACE);
-        if (opts.output === "json") process.stdout.write(`${JSON.stringify(view === "pods" ? { pods: s.pods, totals: s.totals } : s[view], null, 2)}\n`);
+        if (opts.output === "json")
+          process.stdout.write(
+            `${JSON.stringify(view === "pods" ? { pods: s.pods, totals: s.totals } : s[view], null, 2)}\n`,
+          );
         else render(view, s);
       });
   }

@@ -60,13 +60,17 @@ export class ReleaseController {
         workers: o.workers ?? 4,
         onError: (key, err) => {
           o.metrics.reconcileErrors.inc();
-          o.log.warn({ hash: key, err: err instanceof Error ? err.message : String(err) }, "reconcile failed; will retry");
+          o.log.warn(
+            { hash: key, err: err instanceof Error ? err.message : String(err) },
+            "reconcile failed; will retry",
+          );
         },
       },
     );
 
     const enqueue = (obj: k8s.KubernetesObject): void => {
-      const short = obj.metadata?.labels?.[LABEL_HASH] ?? (obj.kind === MODELCACHE.kind ? obj.metadata?.name : undefined);
+      const short =
+        obj.metadata?.labels?.[LABEL_HASH] ?? (obj.kind === MODELCACHE.kind ? obj.metadata?.name : undefined);
       if (short) this.queue.add(short);
     };
     const pods = k8s.makeInformer(
@@ -100,7 +104,7 @@ export class ReleaseController {
         name,
         clock: realClock,
         log: o.log,
-        informer: informer as k8s.Informer<k8s.KubernetesObject>,
+        informer: informer,
         onChange: (obj) => enqueue({ ...obj, kind: name === "modelcaches" ? MODELCACHE.kind : obj.kind }),
       });
       this.watches.push(watch);
@@ -108,10 +112,14 @@ export class ReleaseController {
     this.resyncAll = async (): Promise<void> => {
       const [l, c] = await Promise.all([
         coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_HASH }),
-        custom.listClusterCustomObject({ group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural }),
+        custom.listClusterCustomObject({
+          group: MODELCACHE.group,
+          version: MODELCACHE.version,
+          plural: MODELCACHE.plural,
+        }) as Promise<{ items: k8s.KubernetesObject[] }>,
       ]);
       for (const lease of l.items) enqueue(lease);
-      for (const cache of (c as { items: k8s.KubernetesObject[] }).items) this.queue.add(cache.metadata!.name!);
+      for (const cache of c.items) this.queue.add(cache.metadata!.name!);
       const gated = await core.listPodForAllNamespaces({ labelSelector: "warmstart.dev/gated=true" });
       for (const p of gated.items) enqueue(p);
     };

@@ -14,10 +14,31 @@ export function createServerMetrics(): ServerMetrics {
   collectDefaultMetrics({ register: registry });
   return {
     registry,
-    released: new Counter({ name: "warmstart_server_followers_released_total", help: "Gated followers released to restore", registers: [registry] }),
-    retired: new Counter({ name: "warmstart_server_elections_retired_total", help: "Elections retired, by cause", labelNames: ["why"], registers: [registry] }),
-    evicted: new Counter({ name: "warmstart_server_followers_evicted_total", help: "Followers evicted to be re-elected", registers: [registry] }),
-    reconcileSeconds: new Histogram({ name: "warmstart_server_reconcile_duration_seconds", help: "One reconcile pass of a cache hash", registers: [registry] }),
-    reconcileErrors: new Counter({ name: "warmstart_server_reconcile_errors_total", help: "Reconcile passes that failed and were retried", registers: [registry] }),
+    released: new Counter({
+      name: "warmstart_server_followers_released_total",
+      help: "Gated followers released to restore",
+      registers: [registry],
+    }),
+    retired: new Counter({
+      name: "warmstart_server_elections_retired_total",
+      help: "Elections retired, by cause",
+      labelNames: ["why"],
+      registers: [registry],
+    }),
+    evicted: new Counter({
+      name: "warmstart_server_followers_evicted_total",
+      help: "Followers evicted to be re-elected",
+      registers: [registry],
+    }),
+    reconcileSeconds: new Histogram({
+      name: "warmstart_server_reconcile_duration_seconds",
+      help: "One reconcile pass of a cache hash",
+      registers: [registry],
+    }),
+    reconcileErrors: new Counter({
+      name: "warmstart_server_reconcile_errors_total",
+      help: "Reconcile passes that failed and were retried",
+      registers: [registry],
+    }),
   };
 }

@@ -31,8 +31,10 @@ export interface ReconcileResult {
 const COMPONENT = "warmstart-server";
 const CLAIM_BIND_GRACE_MS = 10_000;
 
-const isGated = (p: k8s.V1Pod): boolean => (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
-const hasController = (p: k8s.V1Pod): boolean => (p.metadata?.ownerReferences ?? []).some((o) => o.controller);
+const isGated = (p: k8s.V1Pod): boolean =>
+  (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
+const hasController = (p: k8s.V1Pod): boolean =>
+  (p.metadata?.ownerReferences ?? []).some((o) => o.controller);
 const isTerminated = (p: k8s.V1Pod): boolean =>
   Boolean(p.metadata?.deletionTimestamp) || p.status?.phase === "Failed" || p.status?.phase === "Succeeded";
 const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date(t).getTime() : undefined);
@@ -90,7 +92,8 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
     log.info("orphaned followers wait: capture in progress");
     return { requeueAfterMs: d.recheckMs };
   }
-  const why = phase === "Failed" ? `cache Failed: ${cache?.status?.reason ?? ""}` : "no election and no cache";
+  const why =
+    phase === "Failed" ? `cache Failed: ${cache?.status?.reason ?? ""}` : "no election and no cache";
   log.warn({ why }, "orphaned followers: evicting them to re-elect");
   await evictFollowers(d, followers, short, why);
   return {};
@@ -112,11 +115,12 @@ function electionFailure(
   if (deadline !== undefined && d.now() > deadline) return "election past its deadline";
   const leader = pods.find((p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder);
   if (!leader) {
-    const acquired = toMs(lease.spec?.acquireTime as unknown as string) ?? toMs(lease.metadata?.creationTimestamp);
+    const acquired = toMs(lease.spec?.acquireTime) ?? toMs(lease.metadata?.creationTimestamp);
     if (acquired !== undefined && d.now() - acquired > d.leaderGraceMs) return "leader pod gone";
     return undefined;
   }
-  if (isTerminated(leader)) return `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} terminated`;
+  if (isTerminated(leader))
+    return `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} terminated`;
   return undefined;
 }
 
@@ -132,7 +136,10 @@ async function claimPhase(d: ReleaseDeps, namespace: string, short: string): Pro
 
 async function readLease(d: ReleaseDeps, short: string): Promise<k8s.V1Lease | undefined> {
   try {
-    return await d.coordination.readNamespacedLease({ name: `warmstart-capture-${short}`, namespace: d.systemNamespace });
+    return await d.coordination.readNamespacedLease({
+      name: `warmstart-capture-${short}`,
+      namespace: d.systemNamespace,
+    });
   } catch (err) {
     if (isNotFound(err)) return undefined;
     throw apiError(`reading Lease warmstart-capture-${short}`, err);
@@ -180,7 +187,8 @@ async function ungate(d: ReleaseDeps, pod: k8s.V1Pod, short: string): Promise<vo
     { op: "test", path: `/spec/schedulingGates/${index}/name`, value: SCHEDULING_GATE },
     { op: "remove", path: `/spec/schedulingGates/${index}` },
   ];
-  if (pod.metadata?.labels?.[LABEL_GATED]) ops.push({ op: "remove", path: `/metadata/labels/${LABEL_GATED.replace("/", "~1")}` });
+  if (pod.metadata?.labels?.[LABEL_GATED])
+    ops.push({ op: "remove", path: `/metadata/labels/${LABEL_GATED.replace("/", "~1")}` });
   try {
     await d.core.patchNamespacedPod(
       { name: pod.metadata!.name!, namespace: pod.metadata!.namespace!, body: ops },
@@ -199,7 +207,12 @@ async function ungate(d: ReleaseDeps, pod: k8s.V1Pod, short: string): Promise<vo
   }).catch((err: unknown) => d.log.warn({ err }, "could not post event"));
 }
 
-async function evictFollowers(d: ReleaseDeps, followers: k8s.V1Pod[], short: string, why: string): Promise<void> {
+async function evictFollowers(
+  d: ReleaseDeps,
+  followers: k8s.V1Pod[],
+  short: string,
+  why: string,
+): Promise<void> {
   let evicted = 0;
   for (const pod of followers) {
     const { name, namespace } = pod.metadata as { name: string; namespace: string };
@@ -233,7 +246,9 @@ async function markFailed(d: ReleaseDeps, short: string, reason: string, message
         version: "v1alpha1",
         plural: "modelcaches",
         name: short,
-        body: { status: { phase: "Failed", reason, message, lastTransitionTime: new Date(d.now()).toISOString() } },
+        body: {
+          status: { phase: "Failed", reason, message, lastTransitionTime: new Date(d.now()).toISOString() },
+        },
       },
       mergePatch,
     );

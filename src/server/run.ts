@@ -21,7 +21,10 @@ export interface RunningServer {
 }
 
 /** `warmstart server`: the release controller, the operators' API and the dashboard. */
-export async function runServer(cfg: ServerConfig, opts: { kubeConfig?: k8s.KubeConfig; log?: Logger } = {}): Promise<RunningServer> {
+export async function runServer(
+  cfg: ServerConfig,
+  opts: { kubeConfig?: k8s.KubeConfig; log?: Logger } = {},
+): Promise<RunningServer> {
   const log = opts.log ?? createLogger("server");
   const kc = opts.kubeConfig ?? loadKubeConfig();
   const metrics = createServerMetrics();
@@ -51,7 +54,12 @@ export async function runServer(cfg: ServerConfig, opts: { kubeConfig?: k8s.Kube
       case "/metrics":
         return send(res, 200, metrics.registry.contentType, await metrics.registry.metrics());
       case "/api/snapshot":
-        return send(res, 200, "application/json", JSON.stringify(await fetchSnapshot(kc, cfg.systemNamespace)));
+        return send(
+          res,
+          200,
+          "application/json",
+          JSON.stringify(await fetchSnapshot(kc, cfg.systemNamespace)),
+        );
       default:
         return send(res, 404, "application/json", JSON.stringify({ error: `no route ${path}` }));
     }
@@ -59,7 +67,8 @@ export async function runServer(cfg: ServerConfig, opts: { kubeConfig?: k8s.Kube
   const http = createServer((req, res) => {
     route(req, res).catch((err: unknown) => {
       log.warn({ err }, "request failed");
-      if (!res.headersSent) send(res, 502, "application/json", JSON.stringify({ error: (err as Error).message }));
+      if (!res.headersSent)
+        send(res, 502, "application/json", JSON.stringify({ error: (err as Error).message }));
     });
   });
   http.keepAliveTimeout = 30_000;

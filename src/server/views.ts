@@ -50,10 +50,13 @@ export interface Snapshot {
 const iso = (t: Date | string | undefined): string => (t ? new Date(t).toISOString() : "");
 
 export function podRow(p: k8s.V1Pod): PodRow {
-  const created = p.metadata?.creationTimestamp ? new Date(p.metadata.creationTimestamp).getTime() : undefined;
+  const created = p.metadata?.creationTimestamp
+    ? new Date(p.metadata.creationTimestamp).getTime()
+    : undefined;
   const readyCond = p.status?.conditions?.find((c) => c.type === "Ready");
   const ready = readyCond?.status === "True";
-  const readyAt = ready && readyCond?.lastTransitionTime ? new Date(readyCond.lastTransitionTime).getTime() : undefined;
+  const readyAt =
+    ready && readyCond?.lastTransitionTime ? new Date(readyCond.lastTransitionTime).getTime() : undefined;
   return {
     namespace: p.metadata?.namespace ?? "",
     name: p.metadata?.name ?? "",
@@ -61,7 +64,8 @@ export function podRow(p: k8s.V1Pod): PodRow {
     role: p.metadata?.annotations?.[ANN_ROLE] ?? "",
     phase: p.status?.phase ?? "",
     ready,
-    readySeconds: created !== undefined && readyAt !== undefined ? Math.max(0, (readyAt - created) / 1000) : null,
+    readySeconds:
+      created !== undefined && readyAt !== undefined ? Math.max(0, (readyAt - created) / 1000) : null,
     node: p.spec?.nodeName ?? "",
   };
 }
@@ -69,16 +73,24 @@ export function podRow(p: k8s.V1Pod): PodRow {
 const mean = (xs: number[]): number | null => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
 
 /** Pure: turn the cluster's objects into the operators' rows, with the benefit of each cache. */
-export function buildSnapshot(caches: ModelCacheObject[], leases: k8s.V1Lease[], pods: k8s.V1Pod[]): Snapshot {
+export function buildSnapshot(
+  caches: ModelCacheObject[],
+  leases: k8s.V1Lease[],
+  pods: k8s.V1Pod[],
+): Snapshot {
   const podRows = pods.map(podRow);
   const cacheRows = caches.map((c): CacheRow => {
     const short = c.metadata.name ?? "";
     const mine = podRows.filter((p) => p.hash === short);
-    const restored = mine.filter((p) => p.role === "restore" || p.role === "follower").filter((p) => p.readySeconds !== null);
+    const restored = mine
+      .filter((p) => p.role === "restore" || p.role === "follower")
+      .filter((p) => p.readySeconds !== null);
     const leaderReady =
       typeof c.status?.leaderReadySeconds === "number"
         ? c.status.leaderReadySeconds
-        : mean(mine.filter((p) => p.role === "leader" && p.readySeconds !== null).map((p) => p.readySeconds!));
+        : mean(
+            mine.filter((p) => p.role === "leader" && p.readySeconds !== null).map((p) => p.readySeconds!),
+          );
     const restoredReady = mean(restored.map((p) => p.readySeconds!));
     const ready = c.status?.phase === "Ready";
     const sizeBytes = Number(c.status?.sizeBytes ?? 0);
@@ -96,7 +108,9 @@ export function buildSnapshot(caches: ModelCacheObject[], leases: k8s.V1Lease[],
       restores: ready ? restored.length : 0,
       restoredReadySeconds: restoredReady,
       savedSeconds:
-        ready && leaderReady !== null && restoredReady !== null ? Math.max(0, leaderReady - restoredReady) * restored.length : 0,
+        ready && leaderReady !== null && restoredReady !== null
+          ? Math.max(0, leaderReady - restoredReady) * restored.length
+          : 0,
       savedBytes: ready ? modelBytes * restored.length : 0,
       age: iso(c.metadata.creationTimestamp),
     };
@@ -107,9 +121,10 @@ export function buildSnapshot(caches: ModelCacheObject[], leases: k8s.V1Lease[],
       hash: short,
       holder: l.spec?.holderIdentity ?? "",
       leaderNamespace: l.metadata?.annotations?.["warmstart.dev/leader-namespace"] ?? "",
-      acquired: iso(l.spec?.acquireTime as unknown as string),
+      acquired: iso(l.spec?.acquireTime),
       deadline: l.metadata?.annotations?.[ANN_DEADLINE] ?? "",
-      followers: podRows.filter((p) => p.hash === short && p.role === "follower" && !p.ready && !p.node).length,
+      followers: podRows.filter((p) => p.hash === short && p.role === "follower" && !p.ready && !p.node)
+        .length,
     };
   });
   return {
@@ -130,9 +145,13 @@ export async function fetchSnapshot(kc: k8s.KubeConfig, systemNamespace: string)
   const coordination = kc.makeApiClient(k8s.CoordinationV1Api);
   const custom = kc.makeApiClient(k8s.CustomObjectsApi);
   const [caches, leases, pods] = await Promise.all([
-    custom.listClusterCustomObject({ group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural }),
+    custom.listClusterCustomObject({
+      group: MODELCACHE.group,
+      version: MODELCACHE.version,
+      plural: MODELCACHE.plural,
+    }) as Promise<{ items: ModelCacheObject[] }>,
     coordination.listNamespacedLease({ namespace: systemNamespace, labelSelector: LABEL_HASH }),
     core.listPodForAllNamespaces({ labelSelector: LABEL_HASH }),
   ]);
-  return buildSnapshot((caches as { items: ModelCacheObject[] }).items, leases.items, pods.items);
+  return buildSnapshot(caches.items, leases.items, pods.items);
 }

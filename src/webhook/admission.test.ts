@@ -12,7 +12,14 @@ import { ANN_ROLE } from "../core/contract.js";
 const gpuPod = (model = "org/m"): V1Pod => ({
   metadata: { name: "w", namespace: "ns" },
   spec: {
-    containers: [{ name: "vllm", image: "vllm:1", args: ["--model", model], resources: { limits: { "nvidia.com/gpu": "1" } } }],
+    containers: [
+      {
+        name: "vllm",
+        image: "vllm:1",
+        args: ["--model", model],
+        resources: { limits: { "nvidia.com/gpu": "1" } },
+      },
+    ],
   },
 });
 
@@ -29,7 +36,10 @@ const review = (pod: V1Pod, extra: Partial<AdmissionReview["request"]> = {}): Ad
   },
 });
 
-function deps(cluster: Partial<ClusterView>, flags: Record<string, unknown> = {}): AdmissionDeps & { calls: string[] } {
+function deps(
+  cluster: Partial<ClusterView>,
+  flags: Record<string, unknown> = {},
+): AdmissionDeps & { calls: string[] } {
   const calls: string[] = [];
   const view: ClusterView = {
     getModelCache: () => Promise.resolve(undefined),
@@ -64,7 +74,9 @@ test("pods that download nothing, opted-out pods and the system namespace are le
 
 test("election disabled admits cold; a dry run never takes a Lease", async () => {
   let acquired = 0;
-  const cluster = { tryAcquire: () => (acquired++, Promise.resolve({ role: "leader" as const, leaseUid: "x" })) };
+  const cluster = {
+    tryAcquire: () => (acquired++, Promise.resolve({ role: "leader" as const, leaseUid: "x" })),
+  };
   const off = await decide(review(gpuPod()), deps(cluster, { electionEnabled: "false" }));
   assert.deepEqual([off.role, off.reason], ["cold", "election disabled"]);
   const dry = await decide(review(gpuPod(), { dryRun: true }), deps(cluster));

@@ -2,7 +2,13 @@ import { randomBytes } from "node:crypto";
 import type { V1Pod } from "@kubernetes/client-node";
 import { classifyPod } from "../core/classify.js";
 import { cacheHash } from "../core/hash.js";
-import { decorateCold, decorateFollower, decorateLeader, decorateRestore, jsonPatch } from "../core/decorate.js";
+import {
+  decorateCold,
+  decorateFollower,
+  decorateLeader,
+  decorateRestore,
+  jsonPatch,
+} from "../core/decorate.js";
 import { ANN_RESTORE_FROM, SKIP, claimName, shortHash, type Role } from "../core/contract.js";
 import type { Logger } from "../common/log.js";
 import type { AdmissionResponse, AdmissionReview } from "./server.js";
@@ -72,7 +78,10 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
   const admissionId = mintId();
   const stamped: V1Pod = {
     ...pod,
-    metadata: { ...pod.metadata, annotations: { ...pod.metadata?.annotations, [ANN_ADMISSION_ID]: admissionId } },
+    metadata: {
+      ...pod.metadata,
+      annotations: { ...pod.metadata?.annotations, [ANN_ADMISSION_ID]: admissionId },
+    },
   };
   const cold = (reason: string): Decision => ({
     role: "cold",
@@ -105,7 +114,8 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
   const restoreFrom = pod.metadata?.annotations?.[ANN_RESTORE_FROM];
   if (restoreFrom) {
     const cache = await deps.cluster.getModelCache(restoreFrom);
-    if (cache?.status?.phase === "Ready") return restore(cache, `restore from ${shortHash(restoreFrom)} (requested)`);
+    if (cache?.status?.phase === "Ready")
+      return restore(cache, `restore from ${shortHash(restoreFrom)} (requested)`);
     return cold(`restore-from ${restoreFrom} has no Ready cache`);
   }
 
@@ -165,7 +175,9 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
 }
 
 /** The AdmissionReview handler: decide within the deadline, or admit unchanged and say why. */
-export function admissionHandler(deps: AdmissionDeps): (review: AdmissionReview) => Promise<AdmissionResponse> {
+export function admissionHandler(
+  deps: AdmissionDeps,
+): (review: AdmissionReview) => Promise<AdmissionResponse> {
   // Stay inside the API server's timeout so our fail-open answer is the one that counts.
   const budgetMs = Math.max(200, deps.cfg.timeoutSeconds * 1000 - 750);
   return async (review) => {
@@ -193,7 +205,13 @@ export function admissionHandler(deps: AdmissionDeps): (review: AdmissionReview)
       }
       const patch = jsonPatch(pod, decision.pod);
       deps.log.info(
-        { namespace, pod: name, role: decision.role, reason: decision.reason, hash: decision.hash && shortHash(decision.hash) },
+        {
+          namespace,
+          pod: name,
+          role: decision.role,
+          reason: decision.reason,
+          hash: decision.hash && shortHash(decision.hash),
+        },
         "admission decision",
       );
       deps.recordEvent({
@@ -207,7 +225,12 @@ export function admissionHandler(deps: AdmissionDeps): (review: AdmissionReview)
       });
       observe(decision.role);
       return patch.length
-        ? { uid, allowed: true, patchType: "JSONPatch", patch: Buffer.from(JSON.stringify(patch)).toString("base64") }
+        ? {
+            uid,
+            allowed: true,
+            patchType: "JSONPatch",
+            patch: Buffer.from(JSON.stringify(patch)).toString("base64"),
+          }
         : { uid, allowed: true };
     } catch (err) {
       observe("fail-open");
@@ -225,5 +248,9 @@ export function failOpen(deps: AdmissionDeps, err: unknown, review: AdmissionRev
   const namespace = review.request.namespace ?? "default";
   deps.metrics.failOpen.inc({ cause: /within \d+ ms/.test(message) ? "timeout" : "error" });
   deps.log.warn({ namespace, pod: pod?.metadata?.name, err: message }, "admitted unchanged (fail open)");
-  return { uid: review.request.uid, allowed: true, warnings: [`warmstart: admitted unchanged: ${message}`.slice(0, 250)] };
+  return {
+    uid: review.request.uid,
+    allowed: true,
+    warnings: [`warmstart: admitted unchanged: ${message}`.slice(0, 250)],
+  };
 }

@@ -35,7 +35,11 @@ export const WebhookConfig = z.object({
   image: z.string().default("ghcr.io/warmstart/warmstart:0.1.0"),
   cacheRoot: z.string().default("/warmstart/cache-root"),
   cacheSizeLimit: z.string().default("200Gi"),
-  maxBodyBytes: z.coerce.number().int().min(1024).default(3 * 1024 * 1024),
+  maxBodyBytes: z.coerce
+    .number()
+    .int()
+    .min(1024)
+    .default(3 * 1024 * 1024),
   /** Event posting is asynchronous; this bounds the backlog so a slow API server cannot grow memory. */
   maxPendingEvents: z.coerce.number().int().min(0).default(1000),
 });

@@ -14,7 +14,13 @@ export type ElectionResult = { role: "leader"; leaseUid: string } | { role: "fol
  */
 export async function tryAcquire(
   coordination: k8s.CoordinationV1Api,
-  opts: { namespace: string; hash: string; electionId: string; deadlineSeconds: number; podNamespace: string },
+  opts: {
+    namespace: string;
+    hash: string;
+    electionId: string;
+    deadlineSeconds: number;
+    podNamespace: string;
+  },
 ): Promise<ElectionResult> {
   const now = new Date();
   const lease: k8s.V1Lease = {
@@ -90,7 +96,11 @@ export async function releaseLease(
   uid: string,
 ): Promise<void> {
   try {
-    await coordination.deleteNamespacedLease({ name: leaseName(hash), namespace, body: { preconditions: { uid } } });
+    await coordination.deleteNamespacedLease({
+      name: leaseName(hash),
+      namespace,
+      body: { preconditions: { uid } },
+    });
   } catch (err) {
     if (!isNotFound(err)) throw apiError(`releasing Lease ${leaseName(hash)}`, err);
   }
@@ -104,7 +114,14 @@ export async function releaseLease(
  */
 export async function recordElection(
   custom: k8s.CustomObjectsApi,
-  opts: { hash: string; model?: string; inputs?: unknown; electionId: string; namespace: string; name?: string },
+  opts: {
+    hash: string;
+    model?: string;
+    inputs?: unknown;
+    electionId: string;
+    namespace: string;
+    name?: string;
+  },
 ): Promise<ModelCacheObject | undefined> {
   const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
   const name = shortHash(opts.hash);
@@ -138,7 +155,12 @@ export async function recordElection(
       ...ref,
       name,
       body: {
-        status: { phase: "Electing", reason: "LeaderElected", message: "", lastTransitionTime: new Date().toISOString() },
+        status: {
+          phase: "Electing",
+          reason: "LeaderElected",
+          message: "",
+          lastTransitionTime: new Date().toISOString(),
+        },
       },
     },
     merge,

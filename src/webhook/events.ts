@@ -77,7 +77,9 @@ export class PodEventRecorder {
         try {
           const list = await this.core.listNamespacedPod({ namespace, labelSelector: LABEL_HASH });
           pods = new Map(
-            list.items.map((p) => [p.metadata?.annotations?.[ANN_ADMISSION_ID] ?? "", p] as const).filter(([id]) => id),
+            list.items
+              .map((p) => [p.metadata?.annotations?.[ANN_ADMISSION_ID] ?? "", p] as const)
+              .filter(([id]) => id),
           );
         } catch (err) {
           this.log.warn({ err, namespace }, "could not list pods to post events; will retry");
@@ -95,12 +97,16 @@ export class PodEventRecorder {
 
   private async post(ev: PendingEvent, pod: k8s.V1Pod): Promise<void> {
     try {
-      await postPodEvent(this.core, { ...pod, metadata: { ...pod.metadata, namespace: ev.namespace } }, {
-        type: ev.type,
-        reason: ev.reason,
-        message: ev.message,
-        component: this.component,
-      });
+      await postPodEvent(
+        this.core,
+        { ...pod, metadata: { ...pod.metadata, namespace: ev.namespace } },
+        {
+          type: ev.type,
+          reason: ev.reason,
+          message: ev.message,
+          component: this.component,
+        },
+      );
       this.onResult("posted");
     } catch (err) {
       this.onResult("error");

@@ -29,7 +29,13 @@ export function webhookConfiguration(opts: {
           caBundle: Buffer.from(opts.caBundle).toString("base64"),
         },
         rules: [
-          { operations: ["CREATE"], apiGroups: [""], apiVersions: ["v1"], resources: ["pods"], scope: "Namespaced" },
+          {
+            operations: ["CREATE"],
+            apiGroups: [""],
+            apiVersions: ["v1"],
+            resources: ["pods"],
+            scope: "Namespaced",
+          },
         ],
         failurePolicy: "Ignore",
         sideEffects: "None",
@@ -38,7 +44,11 @@ export function webhookConfiguration(opts: {
         matchPolicy: "Equivalent",
         namespaceSelector: {
           matchExpressions: [
-            { key: "kubernetes.io/metadata.name", operator: "NotIn", values: [opts.systemNamespace, "kube-system"] },
+            {
+              key: "kubernetes.io/metadata.name",
+              operator: "NotIn",
+              values: [opts.systemNamespace, "kube-system"],
+            },
             { key: SKIP, operator: "NotIn", values: ["true"] },
           ],
         },

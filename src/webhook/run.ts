@@ -23,7 +23,11 @@ async function devCertificate(cfg: WebhookConfig): Promise<{ cert: string; key: 
   const ca = await createCA("warmstart-webhook-ca");
   const leaf = await issueCert(ca, {
     commonName: "warmstart-webhook",
-    dns: ["localhost", `warmstart-webhook.${cfg.systemNamespace}.svc`, `warmstart-webhook.${cfg.systemNamespace}.svc.cluster.local`],
+    dns: [
+      "localhost",
+      `warmstart-webhook.${cfg.systemNamespace}.svc`,
+      `warmstart-webhook.${cfg.systemNamespace}.svc.cluster.local`,
+    ],
     ips: ["127.0.0.1"],
     usage: "server",
   });
@@ -40,7 +44,9 @@ export async function runWebhook(
   const coordination = makeApiClient(kc, k8s.CoordinationV1Api);
   const custom = makeApiClient(kc, k8s.CustomObjectsApi);
   const metrics = createWebhookMetrics();
-  const events = new PodEventRecorder(core, log, cfg.maxPendingEvents, (result) => metrics.events.inc({ result }));
+  const events = new PodEventRecorder(core, log, cfg.maxPendingEvents, (result) =>
+    metrics.events.inc({ result }),
+  );
 
   const cluster: ClusterView = {
     getModelCache: (h) => getModelCache(custom, h),
@@ -55,7 +61,10 @@ export async function runWebhook(
     recordElection: (o) => recordElection(custom, o),
     releaseLease: (hash, uid) => releaseLease(coordination, cfg.systemNamespace, hash, uid),
     restoreProfile: (cache) => promotion(kc, cfg.systemNamespace, log).restoreProfile(cache),
-    ensureClaim: (cache, namespace) => promotion(kc, cfg.systemNamespace, log).ensureClaim(cache, namespace).then(() => undefined),
+    ensureClaim: (cache, namespace) =>
+      promotion(kc, cfg.systemNamespace, log)
+        .ensureClaim(cache, namespace)
+        .then(() => undefined),
   };
   const deps: AdmissionDeps = { cfg, cluster, log, metrics, recordEvent: (ev) => events.record(ev) };
 
@@ -99,7 +108,10 @@ export async function runWebhook(
         systemNamespace: cfg.systemNamespace,
       }),
     );
-    log.info({ name: cfg.configurationName, url: cfg.registerUrl }, "registered MutatingWebhookConfiguration");
+    log.info(
+      { name: cfg.configurationName, url: cfg.registerUrl },
+      "registered MutatingWebhookConfiguration",
+    );
   }
 
   return {

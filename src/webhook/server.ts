@@ -159,7 +159,10 @@ function parseReview(body: Buffer, contentType: string | undefined): AdmissionRe
   const parsed = AdmissionReviewSchema.safeParse(json);
   if (!parsed.success) {
     const i = parsed.error.issues[0]!;
-    throw new HttpError(400, `not an admission.k8s.io/v1 AdmissionReview: ${i.path.join(".") || "body"}: ${i.message}`);
+    throw new HttpError(
+      400,
+      `not an admission.k8s.io/v1 AdmissionReview: ${i.path.join(".") || "body"}: ${i.message}`,
+    );
   }
   return parsed.data;
 }

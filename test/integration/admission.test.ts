@@ -56,7 +56,12 @@ async function cleanupHash(t: { after: (fn: () => Promise<void>) => void }, shor
         if (!isNotFound(err)) throw err;
       });
     await custom
-      .deleteClusterCustomObject({ group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural, name: short })
+      .deleteClusterCustomObject({
+        group: MODELCACHE.group,
+        version: MODELCACHE.version,
+        plural: MODELCACHE.plural,
+        name: short,
+      })
       .catch((err: unknown) => {
         if (!isNotFound(err)) throw err;
       });
@@ -107,7 +112,10 @@ test("a chart's 4 GPU workers get 1 leader and 3 gated followers of one hash; it
   assert.equal(leaders[0]!.metadata?.labels?.[LABEL_CAPTURE], "true");
   for (const f of followers) {
     assert.equal(f.metadata?.labels?.[LABEL_GATED], "true");
-    assert.deepEqual(f.spec?.schedulingGates?.map((g) => g.name), [SCHEDULING_GATE]);
+    assert.deepEqual(
+      f.spec?.schedulingGates?.map((g) => g.name),
+      [SCHEDULING_GATE],
+    );
   }
   await waitFor("followers SchedulingGated", async () => {
     const now = await listPods(ns, `${LABEL_GATED}=true`);
@@ -120,7 +128,10 @@ test("a chart's 4 GPU workers get 1 leader and 3 gated followers of one hash; it
     );
   });
   const { coordination } = await kube();
-  const lease = await coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
+  const lease = await coordination.readNamespacedLease({
+    name: leaseName(hash),
+    namespace: SYSTEM_NAMESPACE,
+  });
   assert.equal(lease.spec?.holderIdentity, leaders[0]!.metadata?.annotations?.["warmstart.dev/election-id"]);
   assert.equal(lease.metadata?.labels?.[LABEL_HASH], shortHash(hash));
 
@@ -181,7 +192,10 @@ test("20 concurrent pods of one hash elect exactly one leader (20 trials)", asyn
       Array.from({ length: 20 }, (_, i) =>
         core.createNamespacedPod({
           namespace: ns,
-          body: { metadata: { name: `t${trial}-p${i}` }, spec: { containers: [gpuContainer("vllm", ["--model", model])] } },
+          body: {
+            metadata: { name: `t${trial}-p${i}` },
+            spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+          },
         }),
       ),
     );
@@ -189,7 +203,11 @@ test("20 concurrent pods of one hash elect exactly one leader (20 trials)", asyn
     const hashes = new Set(created.map((p) => p.metadata?.annotations?.[ANN_HASH]));
     assert.equal(hashes.size, 1);
     await cleanupHash(t, shortHash([...hashes][0]!));
-    assert.equal(roles.filter((r) => r === "leader").length, 1, `trial ${trial}: one leader, got ${roles.join(",")}`);
+    assert.equal(
+      roles.filter((r) => r === "leader").length,
+      1,
+      `trial ${trial}: one leader, got ${roles.join(",")}`,
+    );
     assert.equal(roles.filter((r) => r === "follower").length, 19, `trial ${trial}: 19 followers`);
   }
 });
@@ -202,7 +220,10 @@ test("generateName pods (no name, no UID at admission) are elected and stamped",
     [0, 1, 2].map(() =>
       core.createNamespacedPod({
         namespace: ns,
-        body: { metadata: { generateName: "worker-" }, spec: { containers: [gpuContainer("vllm", ["--model", model])] } },
+        body: {
+          metadata: { generateName: "worker-" },
+          spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+        },
       }),
     ),
   );
@@ -210,7 +231,7 @@ test("generateName pods (no name, no UID at admission) are elected and stamped",
   assert.deepEqual(pods.map(role).sort(), ["follower", "follower", "leader"]);
   const leader = pods.find((p) => role(p) === "leader")!;
   assert.ok(leader.metadata?.annotations?.["warmstart.dev/election-id"]);
-  assert.match(leader.metadata!.name!, /^worker-/);
+  assert.match(leader.metadata.name!, /^worker-/);
 });
 
 test("a Ready ModelCache makes new pods of its hash restore, in any namespace; restore-from skips the election", async (t) => {
@@ -228,7 +249,12 @@ test("a Ready ModelCache makes new pods of its hash restore, in any namespace; r
   const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
   await custom.createClusterCustomObject({
     ...ref,
-    body: { apiVersion: "warmstart.dev/v1alpha1", kind: "ModelCache", metadata: { name: short }, spec: { hash, model } },
+    body: {
+      apiVersion: "warmstart.dev/v1alpha1",
+      kind: "ModelCache",
+      metadata: { name: short },
+      spec: { hash, model },
+    },
   });
   await custom.patchClusterCustomObjectStatus(
     { ...ref, name: short, body: { status: { phase: "Ready", backend: "host-path" } } },
@@ -306,14 +332,20 @@ test("a hung webhook does not block pods: they are admitted unchanged within the
     await core.createNamespacedPod({
       namespace: ns,
       dryRun: "All",
-      body: { metadata: { generateName: "probe-" }, spec: { containers: [gpuContainer("vllm", ["--model", "x"])] } },
+      body: {
+        metadata: { generateName: "probe-" },
+        spec: { containers: [gpuContainer("vllm", ["--model", "x"])] },
+      },
     });
     return sockets.size > 0;
   }
   const started = Date.now();
   const pod = await core.createNamespacedPod({
     namespace: ns,
-    body: { metadata: { name: "admitted" }, spec: { containers: [gpuContainer("vllm", ["--model", "org/m"])] } },
+    body: {
+      metadata: { name: "admitted" },
+      spec: { containers: [gpuContainer("vllm", ["--model", "org/m"])] },
+    },
   });
   const elapsed = Date.now() - started;
   assert.equal(role(pod), undefined, "admitted unchanged");
@@ -338,7 +370,9 @@ test("a malformed AdmissionReview gets a clear 400 and the webhook keeps serving
   const broken = await post("{not json");
   assert.equal(broken.status, 400);
   assert.match(broken.body, /not JSON/);
-  const wrongShape = await post(JSON.stringify({ apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview" }));
+  const wrongShape = await post(
+    JSON.stringify({ apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview" }),
+  );
   assert.equal(wrongShape.status, 400);
   assert.match(wrongShape.body, /request/);
   const wrongType = await post("{}", "text/plain");

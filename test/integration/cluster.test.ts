@@ -9,7 +9,16 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
 import * as k8s from "@kubernetes/client-node";
-import { gpuContainer, isPodReady, kube, listPods, podCondition, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import {
+  gpuContainer,
+  isPodReady,
+  kube,
+  listPods,
+  podCondition,
+  tempNamespace,
+  uniqueName,
+  waitFor,
+} from "../harness.js";
 import { ensureSimulatedNode, setNodeGpus } from "../../src/localcluster/nodes.js";
 import { processStartTime } from "../../src/localcluster/processes.js";
 import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
@@ -31,10 +40,14 @@ test("a Deployment of 3 GPU replicas is scheduled onto the simulated GPU nodes a
       },
     },
   });
-  const pods = await waitFor("3 Ready pods", async () => {
-    const items = await listPods(ns, "app=worker");
-    return items.length === 3 && items.every(isPodReady) ? items : undefined;
-  }, 60_000);
+  const pods = await waitFor(
+    "3 Ready pods",
+    async () => {
+      const items = await listPods(ns, "app=worker");
+      return items.length === 3 && items.every(isPodReady) ? items : undefined;
+    },
+    60_000,
+  );
   const gpuNodes = new Set(
     (await core.listNode()).items
       .filter((n) => Number(n.status?.allocatable?.["nvidia.com/gpu"] ?? 0) > 0)
@@ -92,7 +105,9 @@ test("evicting a pod owned by a ReplicaSet gets it replaced", async (t) => {
       },
     },
   });
-  const first = await waitFor("the first pod Ready", async () => (await listPods(ns, "app=evictee")).find(isPodReady));
+  const first = await waitFor("the first pod Ready", async () =>
+    (await listPods(ns, "app=evictee")).find(isPodReady),
+  );
   await core.createNamespacedPodEviction({
     name: first.metadata!.name!,
     namespace: ns,
@@ -171,27 +186,30 @@ test("cluster up reuses a running cluster, and down leaves no process behind (al
     await rm(dir, { recursive: true, force: true });
   });
   const readPids = async (): Promise<number[]> =>
-    (JSON.parse(await readFile(join(dir, "state.json"), "utf8")) as { processes: { pid: number }[] }).processes.map(
-      (p) => p.pid,
-    );
+    (
+      JSON.parse(await readFile(join(dir, "state.json"), "utf8")) as { processes: { pid: number }[] }
+    ).processes.map((p) => p.pid);
 
   // A crash of `cluster up` midway: SIGKILL it once the API server has started.
-  const crashing = spawn(process.execPath, [bin, "cluster", "up", "--bare", "--nodes", "1"], { env, stdio: "ignore" });
+  const crashing = spawn(process.execPath, [bin, "cluster", "up", "--bare", "--nodes", "1"], {
+    env,
+    stdio: "ignore",
+  });
   await waitFor("up to start kube-apiserver", async () => (await readPids()).length >= 2, 60_000);
   crashing.kill("SIGKILL");
   const orphaned = await readPids();
-  assert.ok((await Promise.all(orphaned.map(processStartTime))).every(Boolean), "processes outlive the crashed parent");
+  assert.ok(
+    (await Promise.all(orphaned.map(processStartTime))).every(Boolean),
+    "processes outlive the crashed parent",
+  );
   assert.equal(cli("cluster", "down").status, 0);
-  for (const pid of orphaned) assert.equal(await processStartTime(pid), undefined, `pid ${pid} gone after down`);
+  for (const pid of orphaned)
+    assert.equal(await processStartTime(pid), undefined, `pid ${pid} gone after down`);
 
   const first = cli("cluster", "up", "--bare", "--nodes", "1");
   assert.equal(first.status, 0, String(first.stderr));
   const pids = await readPids();
-  assert.deepEqual(
-    pids.length,
-    5,
-    "etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok",
-  );
+  assert.deepEqual(pids.length, 5, "etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok");
   const second = cli("cluster", "up", "--bare", "--nodes", "1");
   assert.equal(second.status, 0);
   assert.match(String(second.stderr), /already running/);

@@ -204,6 +204,10 @@ async function claimIn(namespace: string, short: string): Promise<k8s.V1Persiste
 void test("a Ready leader's cache is captured and promoted: a Ready ModelCache and rox claims wherever its pods are", async (t) => {
   const st = (await localCluster())!;
   const { core, custom } = await kube();
+  const t0 = Date.now();
+  const laps: string[] = [];
+  const lap = (what: string): number => laps.push(`${what} +${((Date.now() - t0) / 1000).toFixed(1)}s`);
+  t.after(() => t.diagnostic(laps.join(", ")));
   const nsA = await tempNamespace(t, "cap-a");
   const nsB = await tempNamespace(t, "cap-b");
   const model = `org/llama-${nsA}`;
@@ -276,6 +280,7 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
     await waitFor(`claim in ${ns} Bound`, async () => (await claimIn(ns, short))?.status?.phase === "Bound");
   }
 
+  lap("claims Bound");
   await waitFor("the WarmstartCaptured event on the leader", async () => {
     const evs = await core.listNamespacedEvent({
       namespace: nsA,
@@ -298,6 +303,7 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
     }
   }
 
+  lap("followers Ready");
   // A restore admitted later in a namespace the promote never saw gets its claim at admission.
   const nsC = await tempNamespace(t, "cap-c");
   const late = await createPod(nsC, workerPod("late", model));

@@ -8,16 +8,30 @@ import assert from "node:assert/strict";
 import * as k8s from "@kubernetes/client-node";
 import { pino } from "pino";
 import { gpuContainer, kube, listPods, tempNamespace, waitFor } from "../harness.js";
-import { ANN_ELECTION_ID, ANN_HASH, ANN_ROLE, LABEL_GATED, MODELCACHE, SCHEDULING_GATE, leaseName, shortHash } from "../../src/core/contract.js";
+import {
+  ANN_ELECTION_ID,
+  ANN_HASH,
+  ANN_ROLE,
+  LABEL_GATED,
+  MODELCACHE,
+  SCHEDULING_GATE,
+  leaseName,
+  shortHash,
+} from "../../src/core/contract.js";
 import { SYSTEM_NAMESPACE, isNotFound } from "../../src/common/kube.js";
 import { retireLease } from "../../src/server/release.js";
 
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
 const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
-const gated = (p: k8s.V1Pod): boolean => (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
+const gated = (p: k8s.V1Pod): boolean =>
+  (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
 
-async function deployWorkers(ns: string, replicas: number, model: string): Promise<{ hash: string; pods: k8s.V1Pod[] }> {
+async function deployWorkers(
+  ns: string,
+  replicas: number,
+  model: string,
+): Promise<{ hash: string; pods: k8s.V1Pod[] }> {
   const { apps } = await kube();
   const labels = { app: "worker" };
   await apps.createNamespacedDeployment({
@@ -46,13 +60,18 @@ async function cleanup(t: { after: (fn: () => Promise<void>) => void }, short: s
   const { custom, coordination } = await kube();
   t.after(async () => {
     await custom.deleteClusterCustomObject({ ...ref, name: short }).catch(() => undefined);
-    await coordination.deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE }).catch(() => undefined);
+    await coordination
+      .deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE })
+      .catch(() => undefined);
   });
 }
 
 async function setCachePhase(short: string, phase: string, reason = ""): Promise<void> {
   const { custom } = await kube();
-  await custom.patchClusterCustomObjectStatus({ ...ref, name: short, body: { status: { phase, reason } } }, merge);
+  await custom.patchClusterCustomObjectStatus(
+    { ...ref, name: short, body: { status: { phase, reason } } },
+    merge,
+  );
 }
 
 test("a Ready cache releases every gated follower and retires the election's Lease", async (t) => {
@@ -68,7 +87,11 @@ test("a Ready cache releases every gated follower and retires the election's Lea
   const released = await waitFor("followers released", async () => {
     const followers = (await listPods(ns, "app=worker")).filter((p) => role(p) === "follower");
     return followers.length === 3 &&
-      followers.every((p) => !gated(p) && p.status?.conditions?.find((c) => c.type === "PodScheduled")?.reason !== "SchedulingGated")
+      followers.every(
+        (p) =>
+          !gated(p) &&
+          p.status?.conditions?.find((c) => c.type === "PodScheduled")?.reason !== "SchedulingGated",
+      )
       ? followers
       : undefined;
   });
@@ -91,7 +114,10 @@ test("a leader that goes away ends its election: Lease retired, followers evicte
   await cleanup(t, short);
   const { core, coordination } = await kube();
   const leader = pods.find((p) => role(p) === "leader")!;
-  const oldLease = await coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
+  const oldLease = await coordination.readNamespacedLease({
+    name: leaseName(hash),
+    namespace: SYSTEM_NAMESPACE,
+  });
   assert.equal(oldLease.spec?.holderIdentity, leader.metadata?.annotations?.[ANN_ELECTION_ID]);
   const before = new Set(pods.map((p) => p.metadata!.uid!));
 
@@ -103,7 +129,10 @@ test("a leader that goes away ends its election: Lease retired, followers evicte
     async () => {
       const now = (await listPods(ns, "app=worker")).filter((p) => !p.metadata?.deletionTimestamp);
       if (now.length !== 3 || now.some((p) => before.has(p.metadata!.uid!))) return undefined;
-      const lease = await coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
+      const lease = await coordination.readNamespacedLease({
+        name: leaseName(hash),
+        namespace: SYSTEM_NAMESPACE,
+      });
       return lease.metadata?.uid !== oldLease.metadata?.uid ? { now, lease } : undefined;
     },
     60_000,
@@ -120,19 +149,31 @@ test("an election past its deadline is retired and re-run", async (t) => {
   const short = shortHash(hash);
   await cleanup(t, short);
   const { coordination } = await kube();
-  const lease = await coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
+  const lease = await coordination.readNamespacedLease({
+    name: leaseName(hash),
+    namespace: SYSTEM_NAMESPACE,
+  });
   await coordination.patchNamespacedLease(
     {
       name: leaseName(hash),
       namespace: SYSTEM_NAMESPACE,
-      body: { metadata: { annotations: { "warmstart.dev/deadline": new Date(Date.now() - 1000).toISOString() } } },
+      body: {
+        metadata: { annotations: { "warmstart.dev/deadline": new Date(Date.now() - 1000).toISOString() } },
+      },
     },
     merge,
   );
-  await waitFor("a new Lease", async () => {
-    const now = await coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
-    return now.metadata?.uid !== lease.metadata?.uid;
-  }, 60_000);
+  await waitFor(
+    "a new Lease",
+    async () => {
+      const now = await coordination.readNamespacedLease({
+        name: leaseName(hash),
+        namespace: SYSTEM_NAMESPACE,
+      });
+      return now.metadata?.uid !== lease.metadata?.uid;
+    },
+    60_000,
+  );
 });
 
 test("an orphaned follower (no Lease) is released when its cache is Ready", async (t) => {
@@ -145,9 +186,15 @@ test("an orphaned follower (no Lease) is released when its cache is Ready", asyn
   await setCachePhase(short, "Capturing");
   await coordination.deleteNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
   await new Promise((r) => setTimeout(r, 500));
-  assert.equal((await listPods(ns, `${LABEL_GATED}=true`)).length, 1, "capture in progress: the orphan waits");
+  assert.equal(
+    (await listPods(ns, `${LABEL_GATED}=true`)).length,
+    1,
+    "capture in progress: the orphan waits",
+  );
   await setCachePhase(short, "Ready");
-  await waitFor("the orphan released", async () => (await listPods(ns, "app=worker")).every((p) => !gated(p)));
+  await waitFor("the orphan released", async () =>
+    (await listPods(ns, "app=worker")).every((p) => !gated(p)),
+  );
 });
 
 test("retiring a Lease never deletes a newer election's Lease of the same name", async (t) => {
@@ -160,7 +207,12 @@ test("retiring a Lease never deletes a newer election's Lease of the same name",
   const old = await coordination.createNamespacedLease({ namespace: SYSTEM_NAMESPACE, body: body("old") });
   await coordination.deleteNamespacedLease({ name, namespace: SYSTEM_NAMESPACE });
   await coordination.createNamespacedLease({ namespace: SYSTEM_NAMESPACE, body: body("new") });
-  t.after(() => coordination.deleteNamespacedLease({ name, namespace: SYSTEM_NAMESPACE }).then(() => undefined, () => undefined));
+  t.after(() =>
+    coordination.deleteNamespacedLease({ name, namespace: SYSTEM_NAMESPACE }).then(
+      () => undefined,
+      () => undefined,
+    ),
+  );
   const result = await retireLease(
     {
       core: undefined as never,
@@ -195,5 +247,11 @@ test("the dashboard and the operators' API show caches, elections and pods", asy
     pods: { namespace: string; role: string }[];
   };
   assert.equal(snap.elections.find((e) => e.hash === shortHash(hash))?.followers, 1);
-  assert.deepEqual(snap.pods.filter((p) => p.namespace === ns).map((p) => p.role).sort(), ["follower", "leader"]);
+  assert.deepEqual(
+    snap.pods
+      .filter((p) => p.namespace === ns)
+      .map((p) => p.role)
+      .sort(),
+    ["follower", "leader"],
+  );
 });
