@@ -9,9 +9,9 @@
  */
 import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, statfsSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statfsSync } from "node:fs";
 import { mkdir, open, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { capture } from "../src/datapath/capture.js";
@@ -81,29 +81,44 @@ async function buildTree(root: string, shards: number, shardMiB: number, small: 
   return total;
 }
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  const mid = Math.floor(s.length / 2);
-  return s.length % 2 ? (s[mid] as number) : ((s[mid - 1] as number) + (s[mid] as number)) / 2;
-};
+const hasTime = existsSync("/usr/bin/time");
 
-function sh(cmd: string, timeoutMs = 600_000): void {
-  const r = spawnSync("sh", ["-c", cmd], {
+/** Runs a shell command; returns the CPU seconds (user + sys) it and its children used, or NaN. */
+function sh(cmd: string, timeoutMs = 600_000): number {
+  const out = join(tmpdir(), `ws-bench-time-${process.pid}`);
+  const argv = hasTime ? ["/usr/bin/time", "-o", out, "-f", "%U %S", "sh", "-c", cmd] : ["sh", "-c", cmd];
+  const r = spawnSync(argv[0] as string, argv.slice(1), {
     stdio: ["ignore", "ignore", "pipe"],
     timeout: timeoutMs,
     encoding: "utf8",
   });
   if (r.status !== 0) throw new Error(`\`${cmd}\` failed: ${r.error?.message ?? r.stderr.trim()}`);
+  if (!hasTime) return NaN;
+  const [u, sys] = readFileSync(out, "utf8").trim().split(/\s+/).map(Number);
+  rmSync(out, { force: true });
+  return (u ?? NaN) + (sys ?? NaN);
 }
 
-async function timed(fn: () => Promise<unknown> | void): Promise<number> {
+interface Sample {
+  wall: number;
+  cpu: number;
+}
+
+/** Wall seconds, and CPU seconds: this process's (all its threads) plus what `fn` reports for
+ * the children it ran. The CPU figure does not depend on what else the machine is doing. */
+async function timed(fn: () => unknown): Promise<Sample> {
+  const c = process.cpuUsage();
   const t = performance.now();
-  await fn();
-  return (performance.now() - t) / 1000;
+  const child = await fn();
+  const wall = (performance.now() - t) / 1000;
+  const own = process.cpuUsage(c);
+  const cpu =
+    (own.user + own.system) / 1e6 + (typeof child === "number" && Number.isFinite(child) ? child : 0);
+  return { wall, cpu };
 }
 
 /** Flushes dirty pages so each measured run starts from the same state. */
-const settle = (): void => sh("sync");
+const settle = (): void => void sh("sync");
 
 function dropCaches(): boolean {
   try {
@@ -116,23 +131,32 @@ function dropCaches(): boolean {
 
 interface Row {
   what: string;
-  secs: number;
+  samples: Sample[];
   bytes: number;
   note?: string;
 }
 
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  const mid = Math.floor(s.length / 2);
+  return s.length % 2 ? (s[mid] as number) : ((s[mid - 1] as number) + (s[mid] as number)) / 2;
+};
+const wall = (xs: Sample[] | undefined): number => median((xs ?? []).map((x) => x.wall));
+const cpu = (xs: Sample[] | undefined): number => median((xs ?? []).map((x) => x.cpu));
+
 function table(rows: Row[]): string {
-  const head = ["", "median s", "MB/s", ""];
+  const head = ["", "median s", "MB/s", "CPU s", ""];
   const body = rows.map((r) => [
     r.what,
-    r.secs.toFixed(2),
-    (r.bytes / 1e6 / r.secs).toFixed(0),
+    wall(r.samples).toFixed(2),
+    (r.bytes / 1e6 / wall(r.samples)).toFixed(0),
+    Number.isFinite(cpu(r.samples)) ? cpu(r.samples).toFixed(2) : "n/a",
     r.note ?? "",
   ]);
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => (b[i] as string).length)));
   const line = (cells: string[]): string =>
     cells
-      .map((c, i) => (i === 0 || i === 3 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number)))
+      .map((c, i) => (i === 0 || i === 4 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number)))
       .join("  ");
   return [line(head), ...body.map(line)].join("\n");
 }
@@ -157,6 +181,7 @@ export async function runDatapathBench(): Promise<void> {
     process.exit(130);
   });
 
+  const loadStart = loadavg()[0] ?? 0;
   try {
     const src = join(dir, "src");
     console.log(
@@ -169,7 +194,7 @@ export async function runDatapathBench(): Promise<void> {
     settle();
 
     // --- capture vs cp -a (source warm in the page cache, as on a leader that just loaded it)
-    const t: Record<string, number[]> = { cap: [], cp: [], capSync: [], cpSync: [] };
+    const t: Record<string, Sample[]> = { cap: [], cp: [], capSync: [], cpSync: [] };
     let method = "";
     const fresh = async (name: string): Promise<string> => {
       const p = join(dir, name);
@@ -240,7 +265,7 @@ export async function runDatapathBench(): Promise<void> {
 
     // --- prewarm vs find | xargs cat, from disk when caches can be dropped
     const canDrop = dropCaches();
-    const pw: Record<string, number[]> = {
+    const pw: Record<string, Sample[]> = {
       prewarm: [],
       xargs: [],
       xargsN: [],
@@ -249,12 +274,12 @@ export async function runDatapathBench(): Promise<void> {
     };
     const xargs = `find '${src}' -type f -print0 | xargs -0 -P6 cat > /dev/null`;
     const xargsN = `find '${src}' -type f -print0 | xargs -0 -n 64 -P6 cat > /dev/null`;
-    const cold = async (f: () => Promise<unknown> | void): Promise<number> => {
+    const cold = async (f: () => unknown): Promise<Sample> => {
       if (canDrop) dropCaches();
       return timed(f);
     };
     for (let r = 0; r < runs; r++) {
-      const steps: [string, () => Promise<unknown> | void][] = [
+      const steps: [string, () => unknown][] = [
         ["prewarm", () => prewarm({ dir: src, parallel: 6 })],
         ["xargs", () => sh(xargs)],
         ["xargsN", () => sh(xargsN)],
@@ -265,7 +290,7 @@ export async function runDatapathBench(): Promise<void> {
     // Warm: everything already in the page cache (what both measure when caches cannot drop).
     sh(xargsN);
     for (let r = 0; r < runs; r++) {
-      const steps: [string, () => Promise<unknown> | void][] = [
+      const steps: [string, () => unknown][] = [
         ["prewarmWarm", () => prewarm({ dir: src, parallel: 6 })],
         ["xargsWarm", () => sh(xargsN)],
       ];
@@ -274,33 +299,41 @@ export async function runDatapathBench(): Promise<void> {
     }
     const cliStart = await timed(() => sh(`'${process.execPath}' '${BIN}' prewarm '${src}' --skip`));
 
-    const m = (xs: number[] | undefined): number => median(xs ?? []);
-    const ratio = (base: number, ours: number): string => `${(base / ours).toFixed(2)}x`;
+    const ratio = (base: Sample[] | undefined, ours: Sample[] | undefined): string =>
+      `${(wall(base) / wall(ours)).toFixed(2)}x`;
     const coldNote = canDrop
       ? "page cache dropped before each run"
       : "could not drop caches: both read from the page cache";
     console.log(
       table([
-        { what: "capture, no flush", secs: m(t.cap), bytes: total, note: `${method}, sha256 of every byte` },
-        { what: "cp -a", secs: m(t.cp), bytes: total },
-        { what: "capture (default: flushed before commit)", secs: m(t.capSync), bytes: total },
-        { what: "cp -a && sync -f", secs: m(t.cpSync), bytes: total },
-        { what: "prewarm -P6 (cold)", secs: m(pw.prewarm), bytes: total, note: coldNote },
-        { what: "find | xargs -0 -P6 cat (cold)", secs: m(pw.xargs), bytes: total },
-        { what: "find | xargs -0 -n64 -P6 cat (cold)", secs: m(pw.xargsN), bytes: total },
-        { what: "prewarm -P6 (warm)", secs: m(pw.prewarmWarm), bytes: total },
-        { what: "find | xargs -0 -n64 -P6 cat (warm)", secs: m(pw.xargsWarm), bytes: total },
+        {
+          what: "capture, no flush",
+          samples: t.cap ?? [],
+          bytes: total,
+          note: `${method}, sha256 of every byte`,
+        },
+        { what: "cp -a", samples: t.cp ?? [], bytes: total },
+        { what: "capture (default: flushed before commit)", samples: t.capSync ?? [], bytes: total },
+        { what: "cp -a && sync -f", samples: t.cpSync ?? [], bytes: total },
+        { what: "prewarm -P6 (cold)", samples: pw.prewarm ?? [], bytes: total, note: coldNote },
+        { what: "find | xargs -0 -P6 cat (cold)", samples: pw.xargs ?? [], bytes: total },
+        { what: "find | xargs -0 -n64 -P6 cat (cold)", samples: pw.xargsN ?? [], bytes: total },
+        { what: "prewarm -P6 (warm)", samples: pw.prewarmWarm ?? [], bytes: total },
+        { what: "find | xargs -0 -n64 -P6 cat (warm)", samples: pw.xargsWarm ?? [], bytes: total },
       ]),
     );
     console.log(
       [
         "",
-        `capture vs cp -a:                   ${ratio(m(t.cp), m(t.cap))} (goal >= 1.0x)`,
-        `capture vs cp -a && sync (durable): ${ratio(m(t.cpSync), m(t.capSync))}`,
-        `prewarm vs find|xargs -P6 cat:      ${ratio(m(pw.xargs), m(pw.prewarm))} cold (goal >= 1.0x); vs -n64: ${ratio(m(pw.xargsN), m(pw.prewarm))} cold, ${ratio(m(pw.xargsWarm), m(pw.prewarmWarm))} warm`,
+        `capture vs cp -a:                   ${ratio(t.cp, t.cap)} (goal >= 1.0x)`,
+        `capture vs cp -a && sync (durable): ${ratio(t.cpSync, t.capSync)}`,
+        `prewarm vs find|xargs -P6 cat:      ${ratio(pw.xargs, pw.prewarm)} cold (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)} cold, ${ratio(pw.xargsWarm, pw.prewarmWarm)} warm`,
         `drop_caches:                        ${canDrop ? "worked" : "not permitted"}`,
         `capture peak RSS (CLI):             ${rss} (goal < 256 MiB; the CLI alone: ${Number.isFinite(baseKb) ? `${(baseKb / 1024).toFixed(0)} MiB` : "n/a"})`,
-        `CLI start-up (prewarm --skip):      ${cliStart.toFixed(2)} s, not in the prewarm figures`,
+        `CLI start-up (prewarm --skip):      ${cliStart.wall.toFixed(2)} s, not in the prewarm figures`,
+        `load average (1 min) start/end:     ${loadStart.toFixed(1)} / ${loadavg()[0]?.toFixed(1)} on ${availableParallelism()} CPUs`,
+        "CPU s: user + sys of the process and its children; unlike wall time, it does not depend on",
+        "what else the machine is running.",
       ].join("\n"),
     );
   } finally {

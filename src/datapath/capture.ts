@@ -117,10 +117,11 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
   active.add(staging);
   try {
     await mkdir(staging, { mode: 0o700 });
+    const durable = opts.durable ?? true;
     const copied = await copyTree(src, staging, scan, parallel, opts.progress);
     const tCopy = performance.now();
 
-    if (opts.durable ?? true) await syncFilesystem(staging);
+    if (durable) await syncFilesystem(staging);
     const tFlush = performance.now();
 
     const manifest = buildManifest(opts, scan, copied, {
@@ -256,7 +257,7 @@ async function copyTree(
 
   const sample = tasks.find((t) => size(t) > 0n)?.[0];
   const method: CopyMethod = sample ? await probeCopyMethod(`${src}/${sample.rel}`, staging) : "copy";
-  const copied = await copyFiles(src, staging, tasks, parallel, method === "reflink", progressOut);
+  const copied = await copyFiles(src, staging, tasks, parallel, { clone: method === "reflink" }, progressOut);
 
   const symlinks: Copied["symlinks"] = [];
   for (const e of links) {
@@ -306,7 +307,7 @@ async function copyFiles(
   staging: string,
   tasks: CopyTask[],
   parallel: number,
-  clone: boolean,
+  how: { clone: boolean },
   progressOut: ProgressSink | false | undefined,
 ): Promise<{ files: CopiedFile[]; vanished: string[]; digestMs: number }> {
   const counters = new SharedArrayBuffer(16);
@@ -335,7 +336,7 @@ async function copyFiles(
     }
     return out;
   };
-  const workerData: CopyWorkerData = { src, staging, chunkBytes: CHUNK, clone, counters };
+  const workerData: CopyWorkerData = { src, staging, chunkBytes: CHUNK, ...how, counters };
   const run = (): Promise<Extract<FromWorker, { kind: "done" }> | undefined> =>
     new Promise((resolve) => {
       const w = new Worker(new URL("./copy-worker.js", import.meta.url), {

@@ -71,6 +71,7 @@ export class NodeAgent {
   private readonly promoting = new Map<string, Promise<PromoteOutcome>>();
   private storage: StoreStorage | undefined;
   private listed = false;
+  private everListed = false;
   private stopped = true;
   private resyncTimer: NodeJS.Timeout | undefined;
   private resyncing: Promise<void> | undefined;
@@ -102,13 +103,15 @@ export class NodeAgent {
       new k8s.Watch(kc),
       async () => {
         const list = await this.core.listPodForAllNamespaces({ fieldSelector });
-        this.listed = true;
+        this.listed = this.everListed = true;
         return list;
       },
       false,
       undefined,
       fieldSelector,
     );
+    // A restarted watch resumes from its resourceVersion without listing again.
+    this.informer.on("connect", () => (this.listed = this.everListed));
     this.informer.on("error", () => {
       this.listed = false;
       this.metrics.watchRestarts.inc();

@@ -69,8 +69,8 @@ async function claimExists(
 
 /**
  * Makes `rox-<short>` exist in `namespace` for a promoted cache. A pre-bound PV goes before its
- * claim: the volume controller binds such a pair when it syncs the claim, so a claim created
- * first would wait for the next periodic resync (15 s by default) once its PV appears.
+ * claim: the volume controller binds such a pair when it syncs the claim, and a claim synced
+ * while its PV does not exist yet waits for the controller's periodic resync (15 s by default).
  */
 export async function ensureClaim(
   c: PromoteClients,

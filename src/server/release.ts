@@ -78,7 +78,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
       return { requeueAfterMs: Math.min(d.recheckMs, untilDeadline) };
     }
     log.warn({ why }, "election failed: retiring its Lease and re-electing");
-    if (cache && phase !== "Failed") await markFailed(d, short, "ElectionFailed", why);
+    if (cache) await markFailed(d, short, cache, why);
     const retired = await retireLease(d, lease, why);
     d.onRetire?.(short, why);
     // Only the followers listed before the Lease was retired: replacements admitted since then
@@ -238,7 +238,28 @@ async function evictFollowers(
   if (evicted) d.onEvict?.(short, evicted);
 }
 
-async function markFailed(d: ReleaseDeps, short: string, reason: string, message: string): Promise<void> {
+/**
+ * Record the failed election: Failed (unless the capture already said why) and one more failed
+ * attempt, so admission stops electing after a few (a capture that always fails must not evict
+ * and re-elect forever).
+ */
+async function markFailed(
+  d: ReleaseDeps,
+  short: string,
+  cache: ModelCacheObject,
+  why: string,
+): Promise<void> {
+  const failures = (typeof cache.status?.failures === "number" ? cache.status.failures : 0) + 1;
+  const status =
+    cache.status?.phase === "Failed"
+      ? { failures }
+      : {
+          phase: "Failed",
+          reason: "ElectionFailed",
+          message: why,
+          failures,
+          lastTransitionTime: new Date(d.now()).toISOString(),
+        };
   try {
     await d.custom.patchClusterCustomObjectStatus(
       {
@@ -246,9 +267,7 @@ async function markFailed(d: ReleaseDeps, short: string, reason: string, message
         version: "v1alpha1",
         plural: "modelcaches",
         name: short,
-        body: {
-          status: { phase: "Failed", reason, message, lastTransitionTime: new Date(d.now()).toISOString() },
-        },
+        body: { status },
       },
       mergePatch,
     );

@@ -128,3 +128,18 @@ test("a leader's answer is a base64 JSON patch that stamps the pod", async () =>
   assert.ok(ops.some((o) => o.path.startsWith("/metadata/annotations")));
   assert.ok(ops.some((o) => o.path.startsWith("/spec/volumes")));
 });
+
+test("after repeated failed captures a hash is admitted cold instead of re-elected", async () => {
+  const failed = (failures: number): ModelCacheObject => ({
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: "0123456789abcdef" },
+    spec: { hash: "0123456789abcdef".repeat(4) },
+    status: { phase: "Failed", reason: "CaptureFailed", message: "no space left on device", failures },
+  });
+  const twice = await decide(review(gpuPod()), deps({ getModelCache: () => Promise.resolve(failed(2)) }));
+  assert.equal(twice.role, "leader", "a failed attempt is retried");
+  const thrice = await decide(review(gpuPod()), deps({ getModelCache: () => Promise.resolve(failed(3)) }));
+  assert.equal(thrice.role, "cold");
+  assert.match(thrice.reason, /failed 3 times .*no space left/);
+});

@@ -124,6 +124,13 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
   if (cache?.status?.phase === "Failed" && cache.status.reason === "Unsupported") {
     return cold(`cache backend unsupported: ${cache.status.message ?? ""}`.trim());
   }
+  const failures = Number(cache?.status?.failures ?? 0);
+  if (cache?.status?.phase === "Failed" && failures >= deps.cfg.maxCaptureAttempts) {
+    // Delete the ModelCache to try again.
+    return cold(
+      `capture failed ${failures} times (last: ${cache.status.message ?? cache.status.reason ?? "?"})`,
+    );
+  }
 
   if (!deps.cfg.electionEnabled) return cold("election disabled");
   // A dry run must not leave a Lease behind (the webhook declares no side effects).

@@ -31,6 +31,8 @@ export const WebhookConfig = z.object({
   timeoutSeconds: z.coerce.number().int().min(1).max(30).default(5),
   electionEnabled: bool.default(false),
   electionDeadline: duration.default(3600),
+  /** Failed elections of one hash after which its pods are admitted cold. */
+  maxCaptureAttempts: z.coerce.number().int().min(1).default(3),
   systemNamespace: z.string().default(SYSTEM_NAMESPACE),
   image: z.string().default("ghcr.io/warmstart/warmstart:0.1.0"),
   cacheRoot: z.string().default("/warmstart/cache-root"),

@@ -229,12 +229,15 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
   const pod = await bound(nsA, "leader");
   const node = st.nodes.find((n) => n.name === pod.spec!.nodeName)!;
   const tree = await writeCacheTree(emptyDirPath(node.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME));
+  lap("leader bound");
   const readyAt = await makeReady(nsA, "leader");
+  lap("leader Ready");
 
   const { cache, at, phases } = await watchCache(
     short,
     (c) => c.status?.phase === "Ready" || c.status?.phase === "Failed",
   );
+  lap("cache Ready");
   assert.equal(cache.status?.phase, "Ready", `status: ${JSON.stringify(cache.status)}`);
   assert.ok(phases.includes("Capturing") || phases.includes("Promoting"), `phases: ${phases.join(" → ")}`);
   const s = cache.status as Record<string, unknown>;
@@ -277,7 +280,12 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
     assert.deepEqual(pv.spec?.nodeAffinity?.required?.nodeSelectorTerms?.[0]?.matchExpressions?.[0]?.values, [
       node.name,
     ]);
-    await waitFor(`claim in ${ns} Bound`, async () => (await claimIn(ns, short))?.status?.phase === "Bound");
+    // Up to one volume-controller resync (15 s) when its claim sync loses the race with the PV.
+    await waitFor(
+      `claim in ${ns} Bound`,
+      async () => (await claimIn(ns, short))?.status?.phase === "Bound",
+      45_000,
+    );
   }
 
   lap("claims Bound");
@@ -295,10 +303,14 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
       [nsA, "follower-a"],
       [nsB, "follower-b"],
     ] as const) {
-      const p = await waitFor(`${ns}/${name} released and Ready`, async () => {
-        const x = await readPod(ns, name);
-        return isPodReady(x) ? x : undefined;
-      });
+      const p = await waitFor(
+        `${ns}/${name} released and Ready`,
+        async () => {
+          const x = await readPod(ns, name);
+          return isPodReady(x) ? x : undefined;
+        },
+        45_000,
+      );
       assert.equal(p.spec?.nodeName, node.name, "the PV's node affinity brings restores to the tree");
     }
   }

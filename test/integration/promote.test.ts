@@ -194,10 +194,15 @@ for (const [backend, make] of [
       assert.equal(claim.spec?.volumeName, pvs.items[0]!.metadata?.name);
       if (backend === "shared-volume")
         assert.equal(pvs.items[0]!.spec?.csi?.volumeHandle, `nas#/exports#${short}#${ns}`);
-      await waitFor("the pre-bound pair binds", async () => {
-        const c = await core.readNamespacedPersistentVolumeClaim({ namespace: ns, name: claimName(short) });
-        return c.status?.phase === "Bound";
-      });
+      // Up to one volume-controller resync (15 s) when its claim sync loses the race with the PV.
+      await waitFor(
+        "the pre-bound pair binds",
+        async () => {
+          const c = await core.readNamespacedPersistentVolumeClaim({ namespace: ns, name: claimName(short) });
+          return c.status?.phase === "Bound";
+        },
+        45_000,
+      );
     }
   });
 }

@@ -141,6 +141,11 @@ test("a leader that goes away ends its election: Lease retired, followers evicte
   assert.equal(leaders.length, 1);
   assert.equal(next.lease.spec?.holderIdentity, leaders[0]!.metadata?.annotations?.[ANN_ELECTION_ID]);
   assert.equal(next.now.filter((p) => role(p) === "follower" && gated(p)).length, 2);
+  const { custom } = await kube();
+  const cache = (await custom.getClusterCustomObject({ ...ref, name: short })) as {
+    status?: { failures?: number };
+  };
+  assert.equal(cache.status?.failures, 1, "the failed election is counted");
 });
 
 test("an election past its deadline is retired and re-run", async (t) => {
