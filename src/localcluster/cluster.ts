@@ -187,6 +187,8 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         "--bind-address=127.0.0.1",
         `--secure-port=${kcmPort}`,
         "--use-service-account-credentials=false",
+        // Pre-bound claims made just before their volume otherwise wait for the 15 s resync.
+        "--pvclaimbinder-sync-period=2s",
         "--v=0",
       ]);
       await launch("kube-scheduler", [
@@ -396,11 +398,13 @@ async function applyCrds(kc: k8s.KubeConfig): Promise<void> {
   const dir = join(PACKAGE_ROOT, "deploy/crds");
   if (!existsSync(dir)) return;
   const { readdir } = await import("node:fs/promises");
-  const { parseAllDocuments } = await import("yaml");
   const client = k8s.KubernetesObjectApi.makeApiClient(kc);
   for (const f of (await readdir(dir)).filter((x) => x.endsWith(".yaml")).sort()) {
-    for (const doc of parseAllDocuments(await readFile(join(dir, f), "utf8"))) {
-      const obj = doc.toJSON() as k8s.KubernetesObject | null;
+    // loadAllYaml gives typed objects: plain ones lose fields the serializer does not know,
+    // such as x-kubernetes-preserve-unknown-fields.
+    for (const obj of k8s.loadAllYaml(
+      await readFile(join(dir, f), "utf8"),
+    ) as (k8s.KubernetesObject | null)[]) {
       if (!obj?.kind) continue;
       try {
         await client.create(obj);

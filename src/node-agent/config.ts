@@ -17,9 +17,9 @@ export const durationMs = z.union([z.number(), z.string()]).transform((v, ctx) =
 
 const absolute = (what: string): z.ZodString =>
   z
-    .string()
+    .string({ error: `is required (${what})` })
     .min(1)
-    .refine(isAbsolute, { message: `${what} must be an absolute path` });
+    .refine(isAbsolute, { message: "must be an absolute path" });
 
 const bool = z
   .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
@@ -27,9 +27,9 @@ const bool = z
 
 /** Every setting of the node agent, validated once at boot (flags, then env, then defaults). */
 export const NodeAgentConfig = z.object({
-  node: z.string().min(1),
-  kubeletRoot: absolute("--kubelet-root"),
-  store: absolute("--store"),
+  node: z.string({ error: "is required (or env NODE_NAME)" }).min(1),
+  kubeletRoot: absolute("the kubelet's root directory as mounted here"),
+  store: absolute("the node's cache store directory"),
   /** `namespace/name` of the claim the store directory is mounted from (shared-volume, snapshot-clone). */
   storeClaim: z
     .string()

@@ -5,7 +5,8 @@
  */
 import type * as k8s from "@kubernetes/client-node";
 import { createLogger, type Logger } from "../common/log.js";
-import { shortHash } from "../core/contract.js";
+import { claimName, shortHash } from "../core/contract.js";
+import { apiError, isNotFound } from "../common/kube.js";
 import { ensureClaim, promoteClients, type EnsureOutcome, type PromoteClients } from "./claims.js";
 import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles } from "./profiles.js";
 import { sourceOf } from "./source.js";
@@ -32,11 +33,22 @@ export function createPromotion(clients: PromoteClients, profiles: StorageProfil
     async ensureClaim(cache, namespace) {
       const short = shortHash(cache.spec.hash);
       const source = sourceOf(cache);
-      if (!source)
-        throw new Error(`cache ${short} records no promoted source; cannot make its claim in ${namespace}`);
-      return ensureClaim(clients, short, source, namespace);
+      if (source) return ensureClaim(clients, short, source, namespace);
+      // Nothing says what to make the claim from: only a claim that is already there will do.
+      if (await claimPresent(clients, short, namespace)) return "exists";
+      throw new Error(`cache ${short} records no promoted source; cannot make its claim in ${namespace}`);
     },
   };
+}
+
+async function claimPresent(c: PromoteClients, short: string, namespace: string): Promise<boolean> {
+  try {
+    await c.core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace });
+    return true;
+  } catch (err) {
+    if (isNotFound(err)) return false;
+    throw apiError(`reading claim ${namespace}/${claimName(short)}`, err);
+  }
 }
 
 const byConfig = new WeakMap<k8s.KubeConfig, Map<string, Promotion>>();

@@ -92,7 +92,8 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
   });
   const restore = async (cache: ModelCacheObject, reason: string): Promise<Decision> => {
     const cacheHashFull = cache.spec.hash;
-    await deps.cluster.ensureClaim?.(cache, namespace);
+    // A dry run must not create the claim (the webhook declares no side effects).
+    if (!req.dryRun) await deps.cluster.ensureClaim?.(cache, namespace);
     const profile = await deps.cluster.restoreProfile(cache);
     return {
       role: "restore",

@@ -24,6 +24,8 @@ import {
   LABEL_CAPTURE,
   LABEL_GATED,
   LABEL_HASH,
+  ANN_CACHE_SOURCE,
+  HOST_PATH_PROVISIONER,
   MODELCACHE,
   SCHEDULING_GATE,
   claimName,
@@ -48,8 +50,10 @@ const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN
 
 /** Leases and caches a test created in cluster scope are removed with it. */
 async function cleanupHash(t: { after: (fn: () => Promise<void>) => void }, short: string): Promise<void> {
-  const { coordination, custom } = await kube();
+  const { coordination, custom, core } = await kube();
   t.after(async () => {
+    const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+    for (const pv of pvs.items) await core.deletePersistentVolume({ name: pv.metadata!.name! });
     await coordination
       .deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE })
       .catch((err: unknown) => {
@@ -252,7 +256,20 @@ test("a Ready ModelCache makes new pods of its hash restore, in any namespace; r
     body: {
       apiVersion: "warmstart.dev/v1alpha1",
       kind: "ModelCache",
-      metadata: { name: short },
+      // Where promote put the tree: a later restore in a new namespace gets its claim from this.
+      metadata: {
+        name: short,
+        annotations: {
+          [ANN_CACHE_SOURCE]: JSON.stringify({
+            backend: "host-path",
+            provisioner: HOST_PATH_PROVISIONER,
+            sizeBytes: 1024,
+            node: "gpu-0",
+            path: `/var/lib/warmstart/store/${short}`,
+            hostPathType: "hostPath",
+          }),
+        },
+      },
       spec: { hash, model },
     },
   });
@@ -267,6 +284,8 @@ test("a Ready ModelCache makes new pods of its hash restore, in any namespace; r
     assert.equal(pod.spec?.schedulingGates, undefined, "a restore is not gated");
     const claims = (pod.spec?.volumes ?? []).map((v) => v.persistentVolumeClaim?.claimName).filter(Boolean);
     assert.deepEqual(claims, [claimName(hash)]);
+    // The claim exists once the pod does: a restore in a new namespace gets it at admission.
+    await core.readNamespacedPersistentVolumeClaim({ name: claimName(hash), namespace: ns });
     const inits = (pod.spec?.initContainers ?? []).map((c) => c.name);
     assert.ok(inits.includes("warmstart-seed-cache") && inits.includes("warmstart-prewarm"), inits.join(","));
     assert.ok(inits.indexOf("warmstart-seed-cache") < inits.indexOf("warmstart-prewarm"));

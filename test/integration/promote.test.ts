@@ -427,5 +427,11 @@ void test("the webhook's view: restore settings from the storage-profile ConfigM
   const ns = await tempNamespace(t, "wh");
   assert.equal(await p.ensureClaim(cache, ns), "created");
   assert.equal(await p.ensureClaim(cache, ns), "exists");
-  await assert.rejects(p.ensureClaim({ metadata: {}, spec: { hash } }, ns), /records no promoted source/);
+  // A cache with no recorded source: an existing claim is accepted, a missing one cannot be made.
+  assert.equal(await p.ensureClaim({ metadata: {}, spec: { hash } }, ns), "exists");
+  const elsewhere = await tempNamespace(t, "wh2");
+  await assert.rejects(
+    p.ensureClaim({ metadata: {}, spec: { hash } }, elsewhere),
+    /records no promoted source/,
+  );
 });
