@@ -16,11 +16,11 @@ import type {
   TerminationRequest,
 } from "../control-plane/api.js";
 import { ControlPlaneClient, ControlPlaneError } from "../control-plane/client.js";
-import { realClock, type Clock } from "./clock.js";
+import { realClock, type Clock } from "../common/clock.js";
 import type { AgentConfig } from "./config.js";
 import { SecretStore, type InstalledCredentials } from "./credentials.js";
 import { Heartbeat } from "./heartbeat.js";
-import { ResilientWatch } from "./informer.js";
+import { ResilientWatch } from "../common/watch.js";
 import { describe, fits, inventoryFromNodes, nodeGpus, type GpuInventory } from "./inventory.js";
 import { createMetrics, type AgentMetrics } from "./metrics.js";
 import { GpuMonitor } from "./monitor.js";

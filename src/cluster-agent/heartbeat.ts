@@ -6,7 +6,7 @@
 import type { Logger } from "../common/log.js";
 import type { HeartbeatRequest, Instruction } from "../control-plane/api.js";
 import { isAbortError } from "../core/gate.js";
-import { Alarm, type Clock } from "./clock.js";
+import { Alarm, type Clock } from "../common/clock.js";
 
 export interface HeartbeatOptions {
   clock: Clock;

@@ -4,7 +4,7 @@
  * debounce time before it is accepted; a failed lookup keeps the last known state.
  */
 import type { Logger } from "../common/log.js";
-import { Alarm, type Clock } from "./clock.js";
+import { Alarm, type Clock } from "../common/clock.js";
 import { describe, sameNodes, type GpuInventory } from "./inventory.js";
 
 export interface MonitorOptions {

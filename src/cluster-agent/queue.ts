@@ -7,7 +7,7 @@ import type { Logger } from "../common/log.js";
 import type { QueueMessage, QueueName, ReceiveRequest } from "../control-plane/api.js";
 import { Backoff } from "../core/backoff.js";
 import { isAbortError } from "../core/gate.js";
-import { sleep, type Clock } from "./clock.js";
+import { sleep, type Clock } from "../common/clock.js";
 
 export interface QueueApi {
   receive(req: ReceiveRequest, signal: AbortSignal): Promise<QueueMessage[]>;

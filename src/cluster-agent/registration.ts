@@ -11,7 +11,7 @@ import type { Logger } from "../common/log.js";
 import type { InventoryItem } from "../control-plane/api.js";
 import { Backoff } from "../core/backoff.js";
 import { Gate, isAbortError } from "../core/gate.js";
-import { Alarm, type Clock } from "./clock.js";
+import { Alarm, type Clock } from "../common/clock.js";
 import { isNewer, type InstalledCredentials } from "./credentials.js";
 import { describe, sameCapacity, type GpuInventory } from "./inventory.js";
 

@@ -6,7 +6,7 @@
  */
 import type { Logger } from "../common/log.js";
 import type { StatusReport } from "../control-plane/api.js";
-import { Alarm, type Clock } from "./clock.js";
+import { Alarm, type Clock } from "../common/clock.js";
 import type { RequestRecord, Workloads } from "./workloads.js";
 
 /** How long a termination tombstone is kept so a late redelivery of the request is recognised. */

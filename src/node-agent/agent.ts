@@ -11,8 +11,8 @@
 import { performance } from "node:perf_hooks";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
-import { ResilientWatch } from "../cluster-agent/informer.js";
-import { realClock } from "../cluster-agent/clock.js";
+import { ResilientWatch } from "../common/watch.js";
+import { realClock } from "../common/clock.js";
 import { apiError, isNotFound, makeApiClient } from "../common/kube.js";
 import { postPodEvent } from "../common/events.js";
 import { createLogger, type Logger } from "../common/log.js";

@@ -3,8 +3,8 @@ import type { Logger } from "../common/log.js";
 import { makeApiClient } from "../common/kube.js";
 import { WorkQueue } from "../common/workqueue.js";
 import { LABEL_HASH, MODELCACHE } from "../core/contract.js";
-import { ResilientWatch } from "../cluster-agent/informer.js";
-import { realClock } from "../cluster-agent/clock.js";
+import { ResilientWatch } from "../common/watch.js";
+import { realClock } from "../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
 import type { ServerMetrics } from "./metrics.js";
 

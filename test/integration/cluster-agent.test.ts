@@ -23,7 +23,7 @@ import type { RequestStatus } from "../../src/control-plane/api.js";
 import { ClusterAgent } from "../../src/cluster-agent/agent.js";
 import { loadConfig, type AgentConfigInput } from "../../src/cluster-agent/config.js";
 import { LABEL_REQUEST_ID, recordName } from "../../src/cluster-agent/workloads.js";
-import { memoryLogger, type LogEntry } from "../../src/cluster-agent/testing.js";
+import { memoryLogger, type LogEntry } from "../../src/common/testing.js";
 
 const CLUSTER_TOKEN = "agent-it-cluster-token-0001";
 const OPERATOR_TOKEN = "agent-it-operator-token-0001";

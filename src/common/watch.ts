@@ -3,7 +3,7 @@
  * restarts; this restarts it with capped backoff, resetting once a watch has held for a while.
  */
 import type * as k8s from "@kubernetes/client-node";
-import type { Logger } from "../common/log.js";
+import type { Logger } from "./log.js";
 import { Backoff } from "../core/backoff.js";
 import { Alarm, type Clock } from "./clock.js";
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
-import { ResilientWatch } from "./informer.js";
+import { ResilientWatch } from "./watch.js";
 import { FakeClock, memoryLogger, settle } from "./testing.js";
 
 /**
