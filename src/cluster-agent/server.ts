@@ -3,7 +3,7 @@
  * /healthz (readiness: 503 with the reason until registered with GPUs), /metrics.
  */
 import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
+import { listen } from "../common/http.js";
 import type { Registry } from "prom-client";
 import type { Logger } from "../common/log.js";
 
@@ -67,30 +67,5 @@ export async function startHttp(o: HttpOptions): Promise<HttpHandle> {
       })
       .catch((err: unknown) => o.log.debug({ err }, "could not answer"));
   });
-  // Probes are tiny; these only bound slow or stuck clients.
-  server.headersTimeout = 10_000;
-  server.requestTimeout = 10_000;
-  server.keepAliveTimeout = 5_000;
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(o.port, o.host, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  }).catch((err: unknown) => {
-    throw new Error(`cluster agent cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`, {
-      cause: err,
-    });
-  });
-  const addr = server.address() as AddressInfo;
-  const host =
-    addr.family === "IPv6" ? `[${addr.address}]` : addr.address === "0.0.0.0" ? "127.0.0.1" : addr.address;
-  return {
-    url: `http://${host}:${addr.port}`,
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeIdleConnections();
-      }),
-  };
+  return listen(server, { host: o.host, port: o.port, role: "cluster agent" });
 }

@@ -1,6 +1,6 @@
 /** The agent's HTTP surface: /livez (the process runs), /healthz (the pod watch is up), /metrics. */
 import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
+import { listen } from "../common/http.js";
 import type { Registry } from "prom-client";
 import type { Logger } from "../common/log.js";
 
@@ -50,29 +50,5 @@ export async function startHttp(o: {
         return json(404, { error: `no route for ${path}` });
     }
   });
-  // Probes and scrapes are small; these only bound slow or stuck clients.
-  server.headersTimeout = 10_000;
-  server.requestTimeout = 10_000;
-  server.keepAliveTimeout = 5_000;
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(o.port, o.host, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  }).catch((err: unknown) => {
-    throw new Error(`node agent cannot listen on ${o.host}:${o.port}: ${(err as Error).message}`, {
-      cause: err,
-    });
-  });
-  const addr = server.address() as AddressInfo;
-  const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
-  return {
-    url: `http://${host === "0.0.0.0" ? "127.0.0.1" : host}:${addr.port}`,
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      }),
-  };
+  return listen(server, { host: o.host, port: o.port, role: "node agent" });
 }

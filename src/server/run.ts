@@ -6,6 +6,7 @@ import { ReleaseController } from "./controller.js";
 import { createServerMetrics } from "./metrics.js";
 import { fetchSnapshot } from "./views.js";
 import { DASHBOARD_HTML } from "./dashboard.js";
+import { listen } from "../common/http.js";
 
 export interface ServerConfig {
   host: string;
@@ -71,21 +72,14 @@ export async function runServer(
         send(res, 502, "application/json", JSON.stringify({ error: (err as Error).message }));
     });
   });
-  http.keepAliveTimeout = 30_000;
-  http.headersTimeout = 10_000;
-  await new Promise<void>((resolve, reject) => {
-    http.once("error", reject);
-    http.listen(cfg.port, cfg.host, resolve);
-  });
-  const addr = http.address() as { port: number };
-  const url = `http://${cfg.host === "0.0.0.0" ? "127.0.0.1" : cfg.host}:${addr.port}`;
+  const listening = await listen(http, { host: cfg.host, port: cfg.port, role: "server" });
+  const url = listening.url;
   log.info({ url }, "server serving (release controller, API, dashboard)");
   return {
     url,
     stop: async () => {
       await controller.stop();
-      await new Promise<void>((r) => http.close(() => r()));
-      http.closeAllConnections();
+      await listening.close();
     },
   };
 }

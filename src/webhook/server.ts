@@ -4,6 +4,7 @@ import { readFileSync, watchFile, unwatchFile } from "node:fs";
 import { z } from "zod";
 import type { Logger } from "../common/log.js";
 import type { Registry } from "prom-client";
+import { listen } from "../common/http.js";
 
 /** The part of an AdmissionReview v1 request the webhook reads. */
 export const AdmissionReviewSchema = z.object({
@@ -77,10 +78,6 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
       if (!res.headersSent) send(res, 500, { error: "internal error" });
     });
   });
-  // Explicit timeouts: a slow client must not hold sockets for the default minutes.
-  server.keepAliveTimeout = 30_000;
-  server.headersTimeout = 10_000;
-  server.requestTimeout = 15_000;
 
   const watched: string[] = [];
   if ("certFile" in opts.cert) {
@@ -128,20 +125,20 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
     send(res, 200, { apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview", response });
   }
 
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(opts.port, opts.host, () => resolve());
+  const listening = await listen(server, {
+    host: opts.host,
+    port: opts.port,
+    role: "webhook",
+    scheme: "https",
   });
-  const addr = server.address();
-  const port = typeof addr === "object" && addr ? addr.port : opts.port;
-  const host = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
+  // The API server reuses its connections to us: keep them longer than the default.
+  server.keepAliveTimeout = 30_000;
   return {
     server,
-    url: `https://${host}:${port}`,
+    url: listening.url,
     close: async () => {
       for (const f of watched) unwatchFile(f);
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-      server.closeAllConnections();
+      await listening.close();
     },
   };
 }
