@@ -21,7 +21,7 @@ import { ANN_CACHE_SOURCE, ANN_ELECTION_ID, CACHE_VOLUME, claimName, shortHash }
 import { AlreadyCapturedError, capture } from "../datapath/capture.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { formatBytes } from "../datapath/progress.js";
-import type { ModelCacheObject } from "../webhook/election.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
 import { promoteClients, type PromoteClients } from "../promote/claims.js";
 import { describeFailures, ensureClaimsForStampedPods, type ClaimsResult } from "../promote/promote.js";
 import { StorageProfiles, type StorageProfile } from "../promote/profiles.js";

@@ -7,7 +7,7 @@
 import * as k8s from "@kubernetes/client-node";
 import { apiError, isAlreadyExists, isConflict, isNotFound } from "../common/kube.js";
 import { LABEL_HASH, MODELCACHE, type CachePhase, shortHash } from "../core/contract.js";
-import type { ModelCacheObject } from "../webhook/election.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
 
 const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);

@@ -3,7 +3,8 @@ import type { Logger } from "../common/log.js";
 import { apiError, apiErrorInfo, isConflict, isNotFound } from "../common/kube.js";
 import { postPodEvent } from "../common/events.js";
 import { ANN_ELECTION_ID, LABEL_GATED, LABEL_HASH, SCHEDULING_GATE } from "../core/contract.js";
-import { ANN_DEADLINE, getModelCache, type ModelCacheObject } from "../webhook/election.js";
+import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
+import { ANN_DEADLINE } from "../core/contract.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);

@@ -1,6 +1,7 @@
 import * as k8s from "@kubernetes/client-node";
 import { ANN_ROLE, LABEL_HASH, MODELCACHE } from "../core/contract.js";
-import { ANN_DEADLINE, type ModelCacheObject } from "../webhook/election.js";
+import { type ModelCacheObject } from "../common/modelcache.js";
+import { ANN_DEADLINE } from "../core/contract.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster on each request. */
 export interface CacheRow {

@@ -6,7 +6,7 @@ import { admissionHandler, decide, type AdmissionDeps, type ClusterView } from "
 import { loadWebhookConfig } from "./config.js";
 import { createWebhookMetrics } from "./metrics.js";
 import type { AdmissionReview } from "./server.js";
-import type { ModelCacheObject } from "./election.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
 import { ANN_ROLE } from "../core/contract.js";
 
 const gpuPod = (model = "org/m"): V1Pod => ({

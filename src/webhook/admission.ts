@@ -14,7 +14,8 @@ import type { Logger } from "../common/log.js";
 import type { AdmissionResponse, AdmissionReview } from "./server.js";
 import type { WebhookConfig } from "./config.js";
 import type { WebhookMetrics } from "./metrics.js";
-import type { ElectionResult, ModelCacheObject } from "./election.js";
+import type { ElectionResult } from "./election.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
 import { ANN_ADMISSION_ID, type PendingEvent } from "./events.js";
 
 /** What the decision needs from the cluster; each call is bounded by the admission deadline. */

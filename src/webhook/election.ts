@@ -1,9 +1,16 @@
 import * as k8s from "@kubernetes/client-node";
-import { ANN_HASH, LABEL_HASH, MODELCACHE, leaseName, shortHash } from "../core/contract.js";
-import { isAlreadyExists, apiError, isNotFound } from "../common/kube.js";
+import {
+  ANN_DEADLINE,
+  ANN_HASH,
+  ANN_LEADER_NAMESPACE,
+  LABEL_HASH,
+  MODELCACHE,
+  leaseName,
+  shortHash,
+} from "../core/contract.js";
+import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
 
-export const ANN_DEADLINE = "warmstart.dev/deadline";
-export const ANN_LEADER_NAMESPACE = "warmstart.dev/leader-namespace";
+import { isAlreadyExists, apiError, isNotFound } from "../common/kube.js";
 
 export type ElectionResult = { role: "leader"; leaseUid: string } | { role: "follower" };
 
@@ -47,44 +54,6 @@ export async function tryAcquire(
   } catch (err) {
     if (isAlreadyExists(err)) return { role: "follower" };
     throw apiError(`creating Lease ${lease.metadata!.name}`, err);
-  }
-}
-
-export interface ModelCacheObject {
-  apiVersion: string;
-  kind: string;
-  metadata: k8s.V1ObjectMeta;
-  spec: {
-    hash: string;
-    model?: string;
-    inputs?: unknown;
-    electionId?: string;
-    leader?: { namespace?: string; name?: string; uid?: string; node?: string };
-  };
-  status?: {
-    phase?: string;
-    reason?: string;
-    message?: string;
-    backend?: string;
-    namespaces?: string[];
-    [k: string]: unknown;
-  };
-}
-
-export async function getModelCache(
-  custom: k8s.CustomObjectsApi,
-  hashOrShort: string,
-): Promise<ModelCacheObject | undefined> {
-  try {
-    return (await custom.getClusterCustomObject({
-      group: MODELCACHE.group,
-      version: MODELCACHE.version,
-      plural: MODELCACHE.plural,
-      name: shortHash(hashOrShort),
-    })) as ModelCacheObject;
-  } catch (err) {
-    if (isNotFound(err)) return undefined;
-    throw apiError(`reading ModelCache ${shortHash(hashOrShort)}`, err);
   }
 }
 

@@ -43,7 +43,7 @@ import { ensureSimulatedNode } from "../../src/localcluster/nodes.js";
 import { NodeAgent } from "../../src/node-agent/agent.js";
 import { loadNodeAgentConfig } from "../../src/node-agent/config.js";
 import { emptyDirPath } from "../../src/node-agent/store.js";
-import type { ModelCacheObject } from "../../src/webhook/election.js";
+import type { ModelCacheObject } from "../../src/common/modelcache.js";
 
 const MANUAL_READY = "sim.warmstart.dev/manual-ready";
 const READY = "sim.warmstart.dev/ready";
