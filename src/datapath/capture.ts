@@ -3,9 +3,9 @@
  *
  * The tree is walked first (and refused whole if a symlink leads out of it), copied into a
  * staging directory beside the destination, flushed, renamed into place, and only then marked
- * ready. Data moves through the kernel (copyFile with COPYFILE_FICLONE: a reflink where the
- * filesystem shares extents, copy_file_range otherwise) while the same open file is hashed in
- * parallel, so each byte is read once by user space and never held whole in memory.
+ * ready. File data moves inside the kernel (a reflink where the filesystem shares extents,
+ * copy_file_range otherwise) on worker threads, each of which hashes the file it just copied
+ * from the same open descriptor with a 1 MiB buffer, so nothing is ever held whole in memory.
  */
 import { randomBytes } from "node:crypto";
 import { chmodSync, constants as fsc, lchownSync, mkdirSync, symlinkSync } from "node:fs";
@@ -51,7 +51,8 @@ export interface CaptureOptions {
   dest: string;
   hash?: string;
   model?: string;
-  /** Files copied at once (default 8). */
+  /** Most files copied at once (default 8); the copiers are worker threads, no more of them
+   * than the machine has CPUs (at least 2). */
   parallel?: number;
   /** Where progress is drawn when it is a TTY (default stderr); false: never. */
   progress?: ProgressSink | false;
@@ -358,11 +359,12 @@ async function copyFiles(
     });
 
   // A worker costs tens of milliseconds and ~10 MB to start: no more of them than the work can
-  // use (one per big file, one per 64 small ones) or the CPUs can run (two per CPU: the copies
-  // wait on the disk part of the time), and at most `parallel`.
+  // use (one per big file, one per 64 small ones) or the CPUs can run (copying and hashing from
+  // the page cache keep a CPU busy; measured on 2 CPUs, a third and fourth worker only slowed
+  // the capture down), and at most `parallel`.
   const big = tasks.filter((t) => (t[0] as CopyMember).size >= BATCH_BYTES).length;
   const useful = Math.max(big + 1, Math.ceil(tasks.length / 64));
-  const workers = Math.max(1, Math.min(parallel, useful, 2 * availableParallelism()));
+  const workers = Math.max(1, Math.min(parallel, useful, Math.max(2, availableParallelism())));
   try {
     const results = await Promise.all(Array.from({ length: workers }, run));
     if (failure) throw failure;

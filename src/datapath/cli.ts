@@ -27,7 +27,10 @@ export function registerDatapathCommands(program: Command): void {
     .argument("<dest>", "where the committed tree goes (must not exist yet)")
     .option("--hash <hash>", "cache hash recorded in the manifest (sha256 hex)")
     .option("--model <model>", "model name recorded in the manifest")
-    .option("--parallel <n>", `files copied at once (default ${DEFAULT_CAPTURE_PARALLEL})`)
+    .option(
+      "--parallel <n>",
+      `most files copied at once (default ${DEFAULT_CAPTURE_PARALLEL}; no more copiers than CPUs)`,
+    )
     .option("--no-sync", "do not flush the copy to disk before committing (faster, not crash-safe)")
     .action(
       async (

@@ -1,10 +1,10 @@
 /**
  * One capture copier (a worker thread). It asks for batches of files, and for each file makes
- * direct, synchronous system calls: open the source once (never following a symlink), let the
- * kernel copy it through that descriptor (copyFile with COPYFILE_FICLONE: reflink, else
- * copy_file_range), hash it from the same descriptor, then set owner, mode and nanosecond times.
- * A libuv thread-pool round trip per call costs more than the calls themselves on small files,
- * and a worker keeps hashing off the main thread.
+ * direct, synchronous system calls on descriptors: open the source once (never following a
+ * symlink), let the kernel copy it (FICLONE where the filesystem shares extents, else
+ * copy_file_range), hash it from the same descriptor, then set owner, mode and nanosecond times
+ * (fchown, fchmod, futimens). A libuv thread-pool round trip per call would cost more than the
+ * calls themselves on small files, and workers keep the hashing off the main thread.
  */
 import { createHash } from "node:crypto";
 import {

@@ -33,14 +33,15 @@ void test("prewarm reads every byte of every file once", async (t) => {
 
 void test("prewarm respects its parallelism: exactly P readers at once", async (t) => {
   const dir = tempDir(t);
-  await tree(dir, 12, () => 4096);
-  // Each reader holds each file 40 ms, so readers overlap whenever there are several.
-  const three = await prewarm({ dir, parallel: 3, holdMs: 40 });
+  await tree(dir, 24, () => 4096);
+  // Each reader holds each file 80 ms (about 0.6 s of work each), so all three overlap even if
+  // one starts late on a busy machine.
+  const three = await prewarm({ dir, parallel: 3, holdMs: 80 });
   assert.equal(three.peakReaders, 3);
-  assert.equal(three.files, 12);
-  const one = await prewarm({ dir, parallel: 1, holdMs: 5 });
+  assert.equal(three.files, 24);
+  const one = await prewarm({ dir, parallel: 1, holdMs: 2 });
   assert.equal(one.peakReaders, 1);
-  assert.equal(one.files, 12);
+  assert.equal(one.files, 24);
 });
 
 void test("prewarm is best effort: read errors are counted and reported, and it still resolves", async (t) => {

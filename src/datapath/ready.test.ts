@@ -27,7 +27,7 @@ void test("waitForReady returns once the marker appears", async (t) => {
   await writeReadyMarker(dir, "{}\n");
   await waiting;
   const took = Date.now() - start;
-  assert.ok(took >= 200 && took < 2000, `returned after ${took} ms`);
+  assert.ok(took >= 200 && took < 5000, `returned after ${took} ms`);
   await assert.rejects(writeReadyMarker(dir, "{}\n"), /EEXIST/, "a marker is written once");
 });
 

@@ -98,6 +98,15 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
     const existing = await status(dir);
     if (existing.running) {
       opts.progress(`a local cluster is already running (${existing.apiServer}); reusing it`);
+      // One started with --bare gets the roles when they are asked for now.
+      if (!opts.bare && Object.keys(existing.roles).length === 0) {
+        existing.roles = await startRoles({
+          state: existing,
+          launch: launchRole(existing, dir),
+          progress: opts.progress,
+        });
+        await writeState(existing);
+      }
       return existing;
     }
     if ("processes" in existing) {
