@@ -320,8 +320,8 @@ async function copyFiles(
     "capture",
     fileCount,
     totalBytes,
-    progressOut === false ? undefined : progressOut,
     () => ({ files: Atomics.load(filesDone, 0), bytes: Number(Atomics.load(bytesRead, 0)) }),
+    progressOut === false ? null : (progressOut ?? process.stderr),
   );
 
   let next = 0;

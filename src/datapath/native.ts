@@ -2,7 +2,7 @@
  * The few system calls Node's fs module cannot make exactly, reached through koffi (a C FFI with
  * prebuilt binaries shipped in its npm package). Node's utimes/lutimes go through libuv, which
  * takes a double in seconds and truncates to microseconds, so nanosecond times need utimensat
- * itself (docs/adr/0002-nanosecond-times.md). When koffi cannot load (an unusual platform), the
+ * itself (docs/adr/0003-nanosecond-times.md). When koffi cannot load (an unusual platform), the
  * fallbacks keep working at microsecond precision and `exactTimes` says so.
  */
 import { constants as fsc, lutimesSync } from "node:fs";

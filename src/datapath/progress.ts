@@ -9,8 +9,6 @@ export interface ProgressSink {
 }
 
 export class Progress {
-  private files = 0;
-  private bytes = 0;
   private readonly start = performance.now();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
@@ -19,23 +17,16 @@ export class Progress {
     private readonly label: string,
     private readonly totalFiles: number,
     private readonly totalBytes: number,
-    private readonly out: ProgressSink | undefined = process.stderr,
-    /** Where the counts come from when others (worker threads) keep them. */
-    private readonly sample?: () => { files: number; bytes: number },
+    /** The counts so far (kept by whoever does the work, worker threads included). */
+    private readonly sample: () => { files: number; bytes: number },
+    /** Where to draw; null: nowhere. */
+    private readonly out: ProgressSink | null,
     intervalMs = 250,
   ) {
     if (this.out?.isTTY) {
       this.timer = setInterval(() => this.draw(), intervalMs);
       this.timer.unref();
     }
-  }
-
-  addBytes(n: number): void {
-    this.bytes += n;
-  }
-
-  fileDone(): void {
-    this.files += 1;
   }
 
   /** Final line (on a TTY, however short the work was); safe to call more than once. */
@@ -50,12 +41,12 @@ export class Progress {
   }
 
   private draw(): void {
-    if (this.sample) ({ files: this.files, bytes: this.bytes } = this.sample());
+    const { files, bytes } = this.sample();
     const secs = (performance.now() - this.start) / 1000;
-    const rate = secs > 0 ? this.bytes / 1e6 / secs : 0;
+    const rate = secs > 0 ? bytes / 1e6 / secs : 0;
     const line =
-      `${this.label}: ${this.files}/${this.totalFiles} files, ` +
-      `${formatBytes(this.bytes)}/${formatBytes(this.totalBytes)}, ${rate.toFixed(0)} MB/s`;
+      `${this.label}: ${files}/${this.totalFiles} files, ` +
+      `${formatBytes(bytes)}/${formatBytes(this.totalBytes)}, ${rate.toFixed(0)} MB/s`;
     this.out?.write(`\r${line}\x1b[K`);
   }
 }

@@ -15,6 +15,10 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { pino } from "pino";
 import * as k8s from "@kubernetes/client-node";
 import { isPodReady, kube, listPods, localCluster, tempNamespace, uniqueName, waitFor } from "../harness.js";
+
+// These tests are about the agent's workloads, not the model cache: keep the admission webhook
+// (election on in the local cluster) out of their namespaces, or followers would stay gated.
+const SKIP_CACHE = { "warmstart.dev/skip": "true" };
 import { isNotFound } from "../../src/common/kube.js";
 import { setNodeGpus, simulatedNode } from "../../src/localcluster/nodes.js";
 import { ControlPlaneClient } from "../../src/control-plane/client.js";
@@ -311,7 +315,7 @@ void test("no GPUs: alive, not ready, nothing consumed; a GPU node appears: regi
   const cp = await controlPlane(t);
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
-  const workNs = await tempNamespace(t, "work");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
   const kubeconfig = process.env.KUBECONFIG ?? (await localCluster())?.kubeconfig;
   assert.ok(kubeconfig, "a kubeconfig for the child process");
@@ -497,7 +501,7 @@ void test("heartbeat instructions: cordon stops new work, drain removes the work
   const cp = await controlPlane(t);
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
-  const workNs = await tempNamespace(t, "work");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
   await gpus.add(4);
   const { agent } = await startAgent(t, agentConfig(cp.url, clusterId, agentNs, gpus.label));
@@ -706,7 +710,7 @@ void test("a redelivered request creates no second workload, across an agent res
   const px = await proxy(t, cp.url);
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
-  const workNs = await tempNamespace(t, "work");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
   const cfg = agentConfig(px.url, clusterId, agentNs, gpus.label, { visibilityTimeout: "2s" });
   await gpus.add(4);
@@ -799,7 +803,7 @@ void test("control plane restarted on the same database: registration, queues an
   const px = await proxy(t, cp.url);
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
-  const workNs = await tempNamespace(t, "work");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
   await gpus.add(4);
   const { agent, entries } = await startAgent(
