@@ -1,30 +1,51 @@
 import { Command, CommanderError } from "commander";
-import { registerClusterCommands } from "../localcluster/cli.js";
-import { registerExplainCommands } from "./explain.js";
-import { registerWebhookCommands } from "../webhook/cli.js";
-import { registerServerCommands } from "../server/cli.js";
-import { registerDemoCommands } from "../demo/cli.js";
-import { registerControlPlaneCommands } from "../control-plane/cli.js";
-import { registerDatapathCommands } from "../datapath/cli.js";
-import { registerClusterAgentCommands } from "../cluster-agent/cli.js";
-import { registerNodeAgentCommands } from "../node-agent/cli.js";
+
+type Register = (program: Command) => void;
+
+/**
+ * Every subcommand, by the module that registers it. Only the module of the command being run is
+ * loaded, so the data-path steps that run in every restored pod's init containers (seed,
+ * prewarm, wait-ready) start without loading the Kubernetes client.
+ */
+const MODULES: { commands: string[]; load: () => Promise<Register> }[] = [
+  {
+    commands: ["cluster"],
+    load: async () => (await import("../localcluster/cli.js")).registerClusterCommands,
+  },
+  { commands: ["explain"], load: async () => (await import("./explain.js")).registerExplainCommands },
+  { commands: ["webhook"], load: async () => (await import("../webhook/cli.js")).registerWebhookCommands },
+  {
+    commands: ["server", "caches", "elections", "pods"],
+    load: async () => (await import("../server/cli.js")).registerServerCommands,
+  },
+  { commands: ["demo"], load: async () => (await import("../demo/cli.js")).registerDemoCommands },
+  {
+    commands: ["control-plane", "submit", "requests", "clusters", "terminate"],
+    load: async () => (await import("../control-plane/cli.js")).registerControlPlaneCommands,
+  },
+  {
+    commands: ["capture", "seed", "prewarm", "wait-ready"],
+    load: async () => (await import("../datapath/cli.js")).registerDatapathCommands,
+  },
+  {
+    commands: ["cluster-agent"],
+    load: async () => (await import("../cluster-agent/cli.js")).registerClusterAgentCommands,
+  },
+  {
+    commands: ["node-agent"],
+    load: async () => (await import("../node-agent/cli.js")).registerNodeAgentCommands,
+  },
+];
 
 const program = new Command("warmstart")
   .description("Start GPU model-serving workloads warm on Kubernetes")
   .showHelpAfterError()
   .exitOverride();
 
-registerClusterCommands(program);
-registerExplainCommands(program);
-registerWebhookCommands(program);
-registerServerCommands(program);
-registerDemoCommands(program);
-registerControlPlaneCommands(program);
-registerDatapathCommands(program);
-registerClusterAgentCommands(program);
-registerNodeAgentCommands(program);
-
 try {
+  const wanted = process.argv[2];
+  const owner = MODULES.find((m) => m.commands.includes(wanted ?? ""));
+  for (const m of owner ? [owner] : MODULES) (await m.load())(program);
   await program.parseAsync(process.argv);
 } catch (err) {
   if (err instanceof CommanderError) process.exit(err.exitCode);
