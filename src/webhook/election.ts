@@ -101,6 +101,23 @@ export async function recordElection(
     electionId: opts.electionId,
     leader: { namespace: opts.namespace, ...(opts.name ? { name: opts.name } : {}) },
   };
+  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  const electing = (): Promise<unknown> =>
+    custom.patchClusterCustomObjectStatus(
+      {
+        ...ref,
+        name,
+        body: {
+          status: {
+            phase: "Electing",
+            reason: "LeaderElected",
+            message: "",
+            lastTransitionTime: new Date().toISOString(),
+          },
+        },
+      },
+      merge,
+    );
   try {
     await custom.createClusterCustomObject({
       ...ref,
@@ -111,28 +128,15 @@ export async function recordElection(
         spec,
       },
     });
+    await electing();
   } catch (err) {
     if (!isAlreadyExists(err)) throw apiError(`creating ModelCache ${name}`, err);
     const existing = await getModelCache(custom, name);
     if (existing?.status?.phase === "Ready") return existing;
-    const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+    // Status before spec: for a moment the record must never read "Failed" with the new
+    // election's id, which the release controller would take for this election failing.
+    await electing();
     await custom.patchClusterCustomObject({ ...ref, name, body: { spec } }, merge);
   }
-  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
-  await custom.patchClusterCustomObjectStatus(
-    {
-      ...ref,
-      name,
-      body: {
-        status: {
-          phase: "Electing",
-          reason: "LeaderElected",
-          message: "",
-          lastTransitionTime: new Date().toISOString(),
-        },
-      },
-    },
-    merge,
-  );
   return undefined;
 }
