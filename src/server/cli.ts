@@ -1,6 +1,8 @@
 import { Command, Option } from "commander";
 import Table from "cli-table3";
+import type { KubeConfig } from "@kubernetes/client-node";
 import { SYSTEM_NAMESPACE, loadKubeConfig } from "../common/kube.js";
+import { status as clusterStatus } from "../localcluster/cluster.js";
 import { defaultServerConfig, runServer } from "./run.js";
 import { fetchSnapshot, type Snapshot } from "./views.js";
 
@@ -71,6 +73,15 @@ function render(view: View, s: Snapshot): void {
   }
 }
 
+/** $KUBECONFIG, else the running local cluster's, else the usual defaults (in-cluster, ~/.kube). */
+async function operatorKubeConfig(): Promise<KubeConfig> {
+  if (!process.env.KUBECONFIG) {
+    const local = await clusterStatus();
+    if (local.running && "kubeconfig" in local) return loadKubeConfig(local.kubeconfig);
+  }
+  return loadKubeConfig();
+}
+
 export function registerServerCommands(program: Command): void {
   program
     .command("server")
@@ -99,7 +110,7 @@ export function registerServerCommands(program: Command): void {
         new Option("-o, --output <format>", "output format").choices(["table", "json"]).default("table"),
       )
       .action(async (opts: { output: string }) => {
-        const s = await fetchSnapshot(loadKubeConfig(), SYSTEM_NAMESPACE);
+        const s = await fetchSnapshot(await operatorKubeConfig(), SYSTEM_NAMESPACE);
         if (opts.output === "json")
           process.stdout.write(
             `${JSON.stringify(view === "pods" ? { pods: s.pods, totals: s.totals } : s[view], null, 2)}\n`,
