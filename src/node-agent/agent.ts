@@ -289,7 +289,7 @@ export class NodeAgent {
         return "cache-ready";
       }
       const started = await this.records.transition(short, (c) =>
-        c.status?.phase === "Ready"
+        c.status?.phase === "Ready" || !ofElection(c, fresh)
           ? undefined
           : {
               phase: "Capturing",
@@ -573,7 +573,9 @@ export class NodeAgent {
   private async fail(hash: string, reason: string, message: string, pod?: k8s.V1Pod): Promise<void> {
     await this.records
       .transition(shortHash(hash), (c) =>
-        c.status?.phase === "Ready" ? undefined : { phase: "Failed", reason, message },
+        c.status?.phase === "Ready" || (pod && !ofElection(c, pod))
+          ? undefined
+          : { phase: "Failed", reason, message },
       )
       .catch((err: unknown) =>
         this.log.error({ err: (err as Error).message }, "could not record the failure"),
@@ -666,4 +668,14 @@ export class NodeAgent {
       await Promise.allSettled([...this.pipelines, ...this.promoting.values()]);
     }
   }
+}
+
+/**
+ * Whether a leader pod belongs to the election the record is about now: a pod of an election
+ * that was retired (and re-run) must not write Capturing or Failed onto the new one's record.
+ */
+function ofElection(cache: ModelCacheObject, pod: k8s.V1Pod): boolean {
+  const current = cache.spec.electionId;
+  const mine = pod.metadata?.annotations?.[ANN_ELECTION_ID];
+  return !current || !mine || current === mine;
 }

@@ -143,3 +143,28 @@ test("after repeated failed captures a hash is admitted cold instead of re-elect
   assert.equal(thrice.role, "cold");
   assert.match(thrice.reason, /failed 3 times .*no space left/);
 });
+
+test("a Lease won by a pod that is then admitted unchanged is given back", async () => {
+  // The record cannot be written (e.g. the CRD is missing): the pod fails open, the Lease goes.
+  const failing = deps({ recordElection: () => Promise.reject(new Error("modelcaches not found")) });
+  const res = await admissionHandler(failing)(review(gpuPod()));
+  assert.equal(res.patch, undefined, "admitted unchanged");
+  assert.deepEqual(failing.calls, ["release lease-uid"]);
+
+  // The answer was given up on while the Lease was being created: given back too.
+  let release: () => void = () => undefined;
+  const slow = deps(
+    {
+      tryAcquire: () =>
+        new Promise((resolve) => {
+          release = () => resolve({ role: "leader", leaseUid: "late-uid" });
+        }),
+    },
+    { timeoutSeconds: 1 },
+  );
+  const answer = await admissionHandler(slow)(review(gpuPod()));
+  assert.match(answer.warnings?.[0] ?? "", /no decision within/);
+  release();
+  await new Promise((r) => setTimeout(r, 20));
+  assert.deepEqual(slow.calls, ["release late-uid"]);
+});

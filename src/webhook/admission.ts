@@ -61,7 +61,12 @@ const mintId = (): string => randomBytes(8).toString("hex");
  * pod (or none when the pod is left alone). Throws only on cluster errors, which the caller turns
  * into a fail-open admit.
  */
-export async function decide(review: AdmissionReview, deps: AdmissionDeps): Promise<Decision> {
+export async function decide(
+  review: AdmissionReview,
+  deps: AdmissionDeps,
+  /** True once the caller has stopped waiting (it already admitted the pod unchanged). */
+  expired?: () => boolean,
+): Promise<Decision> {
   const req = review.request;
   if (req.operation !== "CREATE" || req.resource?.resource !== "pods" || req.subResource) {
     return { role: "pass", reason: "not a pod creation" };
@@ -141,17 +146,31 @@ export async function decide(review: AdmissionReview, deps: AdmissionDeps): Prom
   const electionId = admissionId;
   const result = await deps.cluster.tryAcquire(hash, electionId, namespace);
   if (result.role === "leader") {
-    const ready = await deps.cluster.recordElection({
-      hash,
-      model: c.model,
-      inputs,
-      electionId,
-      namespace,
-      name: pod.metadata?.name,
-    });
-    if (ready) {
-      await deps.cluster.releaseLease(hash, result.leaseUid);
-      return restore(ready, "cache Ready (turned Ready during admission)");
+    // A Lease won by a pod that is then admitted unchanged (an error below, or the answer
+    // already given up on) would gate every other replica behind a leader that never comes:
+    // give it back.
+    try {
+      if (expired?.()) throw new Error("admission deadline passed after the election");
+      const ready = await deps.cluster.recordElection({
+        hash,
+        model: c.model,
+        inputs,
+        electionId,
+        namespace,
+        name: pod.metadata?.name,
+      });
+      if (ready) {
+        await deps.cluster.releaseLease(hash, result.leaseUid);
+        return await restore(ready, "cache Ready (turned Ready during admission)");
+      }
+      if (expired?.()) throw new Error("admission deadline passed after the election");
+    } catch (err) {
+      await deps.cluster
+        .releaseLease(hash, result.leaseUid)
+        .catch((releaseErr: unknown) =>
+          deps.log.warn({ err: releaseErr, hash: shortHash(hash) }, "could not give back the election Lease"),
+        );
+      throw err;
     }
     return {
       role: "leader",
@@ -199,11 +218,15 @@ export function admissionHandler(
       deps.metrics.latency.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9);
     };
     let timer: NodeJS.Timeout | undefined;
+    let expired = false;
     try {
       const decision = await Promise.race([
-        decide(review, deps),
+        decide(review, deps, () => expired),
         new Promise<never>((_, reject) => {
-          timer = setTimeout(() => reject(new Error(`no decision within ${budgetMs} ms`)), budgetMs);
+          timer = setTimeout(() => {
+            expired = true;
+            reject(new Error(`no decision within ${budgetMs} ms`));
+          }, budgetMs);
         }),
       ]);
       deps.metrics.decisions.inc({ role: decision.role, reason: decision.reason });
