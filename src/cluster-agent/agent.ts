@@ -417,24 +417,34 @@ export class ClusterAgent {
     }
     if (this.draining) return;
     this.draining = true;
-    const records = await this.workloads.listRecords();
-    for (const rec of records.filter((r) => r.state === "applied")) {
-      await this.workloads.remove(rec.requestId, rec.namespace, rec.name);
-      await this.workloads.writeRecord({ ...rec, state: "terminated", updatedAt: new Date().toISOString() });
-      this.status.forget(rec.requestId);
-      this.log.info(
-        { requestId: rec.requestId, name: rec.name, namespace: rec.namespace },
-        "drained: workload removed",
-      );
-      await this.status
-        .reportNow(rec.requestId, {
-          phase: "Failed",
-          message: "removed: the cluster was drained",
-          instances: [],
-        })
-        .catch((err: unknown) =>
-          this.log.warn({ err: (err as Error).message }, "could not report the drained request"),
+    try {
+      const records = await this.workloads.listRecords();
+      for (const rec of records.filter((r) => r.state === "applied")) {
+        await this.workloads.remove(rec.requestId, rec.namespace, rec.name);
+        await this.workloads.writeRecord({
+          ...rec,
+          state: "terminated",
+          updatedAt: new Date().toISOString(),
+        });
+        this.status.forget(rec.requestId);
+        this.log.info(
+          { requestId: rec.requestId, name: rec.name, namespace: rec.namespace },
+          "drained: workload removed",
         );
+        await this.status
+          .reportNow(rec.requestId, {
+            phase: "Failed",
+            message: "removed: the cluster was drained",
+            instances: [],
+          })
+          .catch((err: unknown) =>
+            this.log.warn({ err: (err as Error).message }, "could not report the drained request"),
+          );
+      }
+    } catch (err) {
+      // The next drain instruction must try again.
+      this.draining = false;
+      throw err;
     }
   }
 

@@ -202,8 +202,8 @@ export class StorageProfiles {
           this.log.warn({ err: e.message }, "storage profiles unreadable; keeping the last ones read");
           return this.cached.entries;
         }
-        this.log.warn({ err: e.message }, "storage profiles unreadable; using built-in profiles");
-        return new Map();
+        // Nothing known yet: fail (and retry) rather than take a custom provisioner for unsupported.
+        throw e;
       }
     }
     const { entries, errors } = parseProfiles(data);

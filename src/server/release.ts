@@ -114,6 +114,8 @@ function electionFailure(
   }
   const deadline = toMs(lease.metadata?.annotations?.[ANN_DEADLINE]);
   if (deadline !== undefined && d.now() > deadline) return "election past its deadline";
+  // Once promoting, the capture no longer needs its leader pod.
+  if (cache?.status?.phase === "Promoting") return undefined;
   const leader = pods.find((p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder);
   if (!leader) {
     const acquired = toMs(lease.spec?.acquireTime) ?? toMs(lease.metadata?.creationTimestamp);
@@ -268,7 +270,8 @@ async function markFailed(
         version: "v1alpha1",
         plural: "modelcaches",
         name: short,
-        body: { status },
+        // Only over the record this pass read: a Ready written meanwhile must never become Failed.
+        body: { metadata: { resourceVersion: cache.metadata.resourceVersion }, status },
       },
       mergePatch,
     );
