@@ -16,7 +16,8 @@ import {
   type Comparison,
   type Explanation,
 } from "./explain.js";
-import { cacheHash } from "./hash.js";
+import type { V1Pod } from "@kubernetes/client-node";
+import { cacheHash, hashInputs, hashOfInputs, sealInputs } from "./hash.js";
 
 const podYaml = (opts: { args?: string; env?: string; image?: string; gpu?: boolean } = {}): string => `
 apiVersion: v1
@@ -377,4 +378,46 @@ function subjectPod(text: string): unknown {
 void test("explain: YAML round-trip keeps the hash", () => {
   const p = subjectPod(deploymentYaml);
   assert.equal(single(stringify(p)).hash, single(deploymentYaml).hash);
+});
+
+test("a record keeps no arg or env value verbatim, and still compares with a pod input by input", () => {
+  const pod = (model: string): string =>
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "Pod",
+      metadata: { name: "w" },
+      spec: {
+        containers: [
+          {
+            name: "vllm",
+            image: "vllm/vllm-openai:v0.8.5",
+            args: ["--model", model, "--api-key-file", "/etc/secret-value-in-args"],
+            env: [{ name: "EXTRA_OPTS", value: "password=hunter2" }],
+            resources: { limits: { "nvidia.com/gpu": "1" } },
+          },
+        ],
+      },
+    });
+  const a = subjectFromText(pod("org/a"), "a.json");
+  const inputs = hashInputs((a as { pod: V1Pod }).pod, classifyPod((a as { pod: V1Pod }).pod));
+  const sealed = sealInputs(inputs);
+  const text = JSON.stringify(sealed);
+  assert.doesNotMatch(text, /hunter2|secret-value-in-args/);
+  assert.equal(sealed.model, "org/a", "the model stays readable");
+  const record = JSON.stringify({
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: "x" },
+    spec: { hash: hashOfInputs(inputs), inputs: sealed },
+  });
+  const same = compare(subjectFromText(record, "mc.json"), a);
+  assert.equal(same.equal, true);
+  assert.deepEqual(same.differences, []);
+  const other = compare(subjectFromText(record, "mc.json"), subjectFromText(pod("org/b"), "b.json"));
+  assert.equal(other.equal, false);
+  assert.ok(other.differences.some((d) => d.input === "model"));
+  assert.ok(
+    other.differences.some((d) => d.input === "args[1]"),
+    "the differing arg is named, digested",
+  );
 });

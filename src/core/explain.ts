@@ -6,7 +6,7 @@ import type { V1Pod, V1PodTemplateSpec } from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
 import { classifyPod, type Classification } from "./classify.js";
 import { shortHash } from "./contract.js";
-import { hashInputs, hashOfInputs, type HashInputs } from "./hash.js";
+import { hashInputs, hashOfInputs, sealInputs, type HashInputs } from "./hash.js";
 import { looksLikeShell, quoteShellWord, shellWords } from "./shell.js";
 
 /** An input that looks like it changes from run to run, or pod to pod. */
@@ -158,9 +158,10 @@ interface Viewed {
 
 function view(s: Subject): Viewed {
   if (s.kind === "cache") {
-    const hash = hashOfInputs(s.inputs);
+    // Sealed inputs cannot be re-hashed: the record's own hash stands for them.
+    const hash = s.inputs.sealed && s.recordedHash ? s.recordedHash : hashOfInputs(s.inputs);
     const warnings = perRunInputs(s.inputs);
-    if (s.recordedHash !== undefined && s.recordedHash !== hash) {
+    if (!s.inputs.sealed && s.recordedHash !== undefined && s.recordedHash !== hash) {
       warnings.push({
         input: "hash",
         value: s.recordedHash,
@@ -207,6 +208,11 @@ export function explain(subject: Subject): Explanation {
 export function compare(a: Subject, b: Subject): Comparison {
   const va = view(a);
   const vb = view(b);
+  // A sealed record is compared with the other side sealed the same way.
+  if (va.inputs.sealed || vb.inputs.sealed) {
+    va.inputs = sealInputs(va.inputs);
+    vb.inputs = sealInputs(vb.inputs);
+  }
   const fa = perRunInputs(va.inputs);
   const fb = perRunInputs(vb.inputs);
   const key = (f: PerRunFlag): string => `${f.input}\u0000${f.value}`;
@@ -219,7 +225,10 @@ export function compare(a: Subject, b: Subject): Comparison {
   return {
     a: va.view,
     b: vb.view,
-    equal: hashOfInputs(va.inputs) === hashOfInputs(vb.inputs),
+    equal:
+      va.view.hash !== null && vb.view.hash !== null
+        ? va.view.hash === vb.view.hash
+        : hashOfInputs(va.inputs) === hashOfInputs(vb.inputs),
     differences: diffInputs(va.inputs, vb.inputs),
     perRun,
   };

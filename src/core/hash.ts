@@ -34,6 +34,8 @@ export interface HashInputs {
   env: EnvInput[];
   envFrom: string[];
   model: string | null;
+  /** Set on inputs kept in a record: every command word, arg and env value is a digest (SPEC 1.4). */
+  sealed?: true;
 }
 
 export interface CacheHash {
@@ -203,4 +205,24 @@ export function cacheHash(pod: V1Pod, classification: Classification): CacheHash
   const inputs = hashInputs(pod, classification);
   const hash = hashOfInputs(inputs);
   return { hash, short: shortHash(hash), inputs };
+}
+
+const SEAL = "sha256:";
+const seal = (v: string): string =>
+  v.startsWith(SEAL) ? v : `${SEAL}${createHash("sha256").update(v).digest("hex").slice(0, 16)}`;
+
+/**
+ * The inputs as a record may keep them: no arg or env value verbatim (a secret can hide in any of
+ * them), each replaced by a short digest, so two records (or a record and a pod, sealed the same
+ * way) can still be compared input by input. Image, model and names stay readable.
+ */
+export function sealInputs(inputs: HashInputs): HashInputs {
+  if (inputs.sealed) return inputs;
+  return {
+    ...inputs,
+    command: inputs.command.map(seal),
+    args: inputs.args.map(seal),
+    env: inputs.env.map((e) => (e.value === undefined ? e : { ...e, value: seal(e.value) })),
+    sealed: true,
+  };
 }

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import type { V1Pod } from "@kubernetes/client-node";
 import { classifyPod } from "../core/classify.js";
-import { cacheHash } from "../core/hash.js";
+import { cacheHash, type HashInputs } from "../core/hash.js";
 import {
   decorateCold,
   decorateFollower,
@@ -26,7 +26,7 @@ export interface ClusterView {
   recordElection(opts: {
     hash: string;
     model?: string;
-    inputs?: unknown;
+    inputs?: HashInputs;
     electionId: string;
     namespace: string;
     name?: string;

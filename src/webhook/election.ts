@@ -9,6 +9,7 @@ import {
   shortHash,
 } from "../core/contract.js";
 import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
+import { sealInputs, type HashInputs } from "../core/hash.js";
 
 import { isAlreadyExists, apiError, isNotFound } from "../common/kube.js";
 
@@ -86,7 +87,7 @@ export async function recordElection(
   opts: {
     hash: string;
     model?: string;
-    inputs?: unknown;
+    inputs?: HashInputs;
     electionId: string;
     namespace: string;
     name?: string;
@@ -97,7 +98,8 @@ export async function recordElection(
   const spec = {
     hash: opts.hash,
     model: opts.model,
-    inputs: opts.inputs,
+    // Never verbatim: a record is readable cluster-wide (SPEC 1.4).
+    inputs: opts.inputs && sealInputs(opts.inputs),
     electionId: opts.electionId,
     leader: { namespace: opts.namespace, ...(opts.name ? { name: opts.name } : {}) },
   };
