@@ -407,7 +407,7 @@ void test("no GPUs: alive, not ready, nothing consumed; a GPU node appears: regi
   const timeToReady = Date.now() - appeared;
   t.diagnostic(`time to ready after the GPU node appeared: ${timeToReady} ms (debounce 500 ms)`);
   assert.equal(await clusterCapacity(cp, clusterId), 4);
-  assert.ok(await readSecretToken(agentNs), "credentials saved in the Secret");
+  await waitFor("credentials saved in the Secret", () => readSecretToken(agentNs), 10_000);
   const ready = await get(`${url}/healthz`);
   assert.equal(ready.body.paused, false);
   assert.deepEqual(ready.body.gpuTypes, [{ gpuType: gpus.gpuType, count: 4 }]);
