@@ -54,6 +54,8 @@ export class Alarm {
 
   /** Fire in `ms` from now, replacing any earlier schedule. */
   set(ms: number): void {
+    // Timers past 2^31-1 ms fire at once in Node: a longer wait fires at the longest one instead.
+    ms = Math.min(ms, 2 ** 31 - 1);
     this.clear();
     this.at = this.clock.now() + ms;
     this.cancel = this.clock.setTimeout(() => {
