@@ -427,7 +427,12 @@ void test("no GPUs: alive, not ready, nothing consumed; a GPU node appears: regi
   assert.deepEqual(dep?.spec?.template.spec?.containers[0]?.args, ["--model", "org/model-7b"]);
   assert.equal(dep?.spec?.template.spec?.containers[0]?.resources?.limits?.["nvidia.com/gpu"], "2");
   const { core } = await kube();
-  await core.readNamespacedService({ name: "llm", namespace: workNs });
+  // The Service is applied after the Deployment, whose pods may be Ready first.
+  await waitFor(
+    "the request's Service",
+    () => core.readNamespacedService({ name: "llm", namespace: workNs }),
+    10_000,
+  );
   const view = await waitFor("status Running at the control plane", async () => {
     const r = await cp.operator.getRequest(id);
     return r.status === "Running" ? r : undefined;
