@@ -124,3 +124,26 @@ export function gpuContainer(name: string, args: string[] = [], gpus = 1): k8s.V
     resources: { limits: { "nvidia.com/gpu": String(gpus) } },
   };
 }
+
+/** A Deployment `worker` (label app=worker) of GPU workers running `args`, as a chart would make it. */
+export async function createWorkers(
+  namespace: string,
+  opts: { replicas: number; args: string[]; annotations?: Record<string, string> },
+): Promise<void> {
+  const { apps } = await kube();
+  const labels = { app: "worker" };
+  await apps.createNamespacedDeployment({
+    namespace,
+    body: {
+      metadata: { name: "worker" },
+      spec: {
+        replicas: opts.replicas,
+        selector: { matchLabels: labels },
+        template: {
+          metadata: { labels, annotations: opts.annotations },
+          spec: { containers: [gpuContainer("vllm", opts.args)] },
+        },
+      },
+    },
+  });
+}

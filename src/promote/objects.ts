@@ -60,6 +60,21 @@ export function hostPathVolume(
   if (!source.node || !source.path)
     throw new Error(`cache ${short}: host-path source needs a node and a path`);
   const type = source.hostPathType ?? "local";
+  return staticVolume(short, source, namespace, {
+    ...(type === "local"
+      ? { local: { path: source.path } }
+      : { hostPath: { path: source.path, type: "Directory" } }),
+    nodeAffinity: nodeAffinity(source.node),
+  });
+}
+
+/** A read-only PV of the cache for one namespace, pre-bound to its `rox-<short>` claim. */
+function staticVolume(
+  short: string,
+  source: CacheSource,
+  namespace: string,
+  volume: Partial<k8s.V1PersistentVolumeSpec>,
+): k8s.V1PersistentVolume {
   return {
     apiVersion: "v1",
     kind: "PersistentVolume",
@@ -71,10 +86,7 @@ export function hostPathVolume(
       persistentVolumeReclaimPolicy: "Retain",
       storageClassName: source.storageClassName,
       ...(source.mountOptions.length ? { mountOptions: [...source.mountOptions] } : {}),
-      ...(type === "local"
-        ? { local: { path: source.path } }
-        : { hostPath: { path: source.path, type: "Directory" } }),
-      nodeAffinity: nodeAffinity(source.node),
+      ...volume,
       claimRef: claimRefTo(short, namespace),
     },
   };
@@ -92,27 +104,15 @@ export function sharedVolume(short: string, source: CacheSource, namespace: stri
   const attributes: Record<string, string> = { ...source.volumeAttributes };
   for (const [k, v] of Object.entries(source.attributeTemplates ?? {}))
     attributes[k] = renderTemplate(v, vars);
-  return {
-    apiVersion: "v1",
-    kind: "PersistentVolume",
-    metadata: { name: perNamespaceName(short, namespace), labels: promoteLabels(short, namespace) },
-    spec: {
-      capacity: { storage: storageQuantity(source.sizeBytes) },
-      accessModes: ["ReadOnlyMany"],
-      volumeMode: "Filesystem",
-      persistentVolumeReclaimPolicy: "Retain",
-      storageClassName: source.storageClassName,
-      ...(source.mountOptions.length ? { mountOptions: [...source.mountOptions] } : {}),
-      csi: {
-        driver: source.driver,
-        volumeHandle: renderTemplate(source.handleTemplate ?? "{handle}", vars),
-        readOnly: true,
-        ...(source.fsType ? { fsType: source.fsType } : {}),
-        ...(Object.keys(attributes).length ? { volumeAttributes: attributes } : {}),
-      },
-      claimRef: claimRefTo(short, namespace),
+  return staticVolume(short, source, namespace, {
+    csi: {
+      driver: source.driver,
+      volumeHandle: renderTemplate(source.handleTemplate ?? "{handle}", vars),
+      readOnly: true,
+      ...(source.fsType ? { fsType: source.fsType } : {}),
+      ...(Object.keys(attributes).length ? { volumeAttributes: attributes } : {}),
     },
-  };
+  });
 }
 
 /** Claim `rox-<short>` pre-bound to its PV (host-path and shared-volume). */

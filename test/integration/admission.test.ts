@@ -16,6 +16,7 @@ import {
   tempNamespace,
   uniqueName,
   waitFor,
+  createWorkers,
 } from "../harness.js";
 import {
   ANN_HASH,
@@ -74,23 +75,9 @@ async function cleanupHash(t: { after: (fn: () => Promise<void>) => void }, shor
 
 test("a chart's 4 GPU workers get 1 leader and 3 gated followers of one hash; its frontend is untouched", async (t) => {
   const ns = await tempNamespace(t, "chart");
-  const { apps, core } = await kube();
+  const { core } = await kube();
   const model = `meta-llama/Llama-3.1-8B-Instruct-${ns}`;
-  const labels = { app: "worker" };
-  await apps.createNamespacedDeployment({
-    namespace: ns,
-    body: {
-      metadata: { name: "worker" },
-      spec: {
-        replicas: 4,
-        selector: { matchLabels: labels },
-        template: {
-          metadata: { labels },
-          spec: { containers: [gpuContainer("vllm", ["--model", model, "--tensor-parallel-size", "1"])] },
-        },
-      },
-    },
-  });
+  await createWorkers(ns, { replicas: 4, args: ["--model", model, "--tensor-parallel-size", "1"] });
   await core.createNamespacedPod({
     namespace: ns,
     body: {

@@ -18,6 +18,7 @@ import {
   tempNamespace,
   uniqueName,
   waitFor,
+  createWorkers,
 } from "../harness.js";
 import { ensureSimulatedNode, setNodeGpus } from "../../src/localcluster/nodes.js";
 import { processStartTime } from "../../src/localcluster/processes.js";
@@ -27,19 +28,8 @@ const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPat
 
 test("a Deployment of 3 GPU replicas is scheduled onto the simulated GPU nodes and becomes Ready", async (t) => {
   const ns = await tempNamespace(t, "sched");
-  const { apps, core } = await kube();
-  const labels = { app: "worker" };
-  await apps.createNamespacedDeployment({
-    namespace: ns,
-    body: {
-      metadata: { name: "worker" },
-      spec: {
-        replicas: 3,
-        selector: { matchLabels: labels },
-        template: { metadata: { labels }, spec: { containers: [gpuContainer("vllm", ["--model", "m"])] } },
-      },
-    },
-  });
+  const { core } = await kube();
+  await createWorkers(ns, { replicas: 3, args: ["--model", "m"] });
   const pods = await waitFor(
     "3 Ready pods",
     async () => {

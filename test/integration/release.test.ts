@@ -7,7 +7,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as k8s from "@kubernetes/client-node";
 import { pino } from "pino";
-import { gpuContainer, kube, listPods, tempNamespace, waitFor } from "../harness.js";
+import { kube, listPods, tempNamespace, waitFor, createWorkers } from "../harness.js";
 import {
   ANN_ELECTION_ID,
   ANN_HASH,
@@ -32,22 +32,11 @@ async function deployWorkers(
   replicas: number,
   model: string,
 ): Promise<{ hash: string; pods: k8s.V1Pod[] }> {
-  const { apps } = await kube();
-  const labels = { app: "worker" };
-  await apps.createNamespacedDeployment({
-    namespace: ns,
-    body: {
-      metadata: { name: "worker" },
-      spec: {
-        replicas,
-        selector: { matchLabels: labels },
-        template: {
-          // The leader stands for an engine still downloading: Running, not Ready.
-          metadata: { labels, annotations: { "sim.warmstart.dev/manual-ready": "true" } },
-          spec: { containers: [gpuContainer("vllm", ["--model", model])] },
-        },
-      },
-    },
+  // The leader stands for an engine still downloading: Running, not Ready.
+  await createWorkers(ns, {
+    replicas,
+    args: ["--model", model],
+    annotations: { "sim.warmstart.dev/manual-ready": "true" },
   });
   const pods = await waitFor(`${replicas} pods`, async () => {
     const items = await listPods(ns, "app=worker");
