@@ -3,7 +3,7 @@
  */
 import type * as k8s from "@kubernetes/client-node";
 import type { InventoryItem } from "../control-plane/api.js";
-import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "../localcluster/nodes.js";
+import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "../core/gpu.js";
 
 export { GPU_PRODUCT_LABEL, GPU_RESOURCE };
 

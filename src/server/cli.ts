@@ -2,7 +2,7 @@ import { Command, Option } from "commander";
 import Table from "cli-table3";
 import type { KubeConfig } from "@kubernetes/client-node";
 import { SYSTEM_NAMESPACE, loadKubeConfig } from "../common/kube.js";
-import { status as clusterStatus } from "../localcluster/cluster.js";
+import { runningLocalCluster } from "../common/local-defaults.js";
 import { defaultServerConfig, runServer } from "./run.js";
 import { fetchSnapshot, type Snapshot } from "./views.js";
 
@@ -76,8 +76,8 @@ function render(view: View, s: Snapshot): void {
 /** $KUBECONFIG, else the running local cluster's, else the usual defaults (in-cluster, ~/.kube). */
 async function operatorKubeConfig(): Promise<KubeConfig> {
   if (!process.env.KUBECONFIG) {
-    const local = await clusterStatus();
-    if (local.running && "kubeconfig" in local) return loadKubeConfig(local.kubeconfig);
+    const local = await runningLocalCluster();
+    if (local) return loadKubeConfig(local.kubeconfig);
   }
   return loadKubeConfig();
 }
