@@ -1,8 +1,9 @@
 import * as k8s from "@kubernetes/client-node";
 import { isAlreadyExists } from "../common/kube.js";
+import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "../core/gpu.js";
 
-export const GPU_RESOURCE = "nvidia.com/gpu";
-export const GPU_PRODUCT_LABEL = "nvidia.com/gpu.product";
+// Defined with the product code; re-exported for the tooling and tests that import them here.
+export { GPU_PRODUCT_LABEL, GPU_RESOURCE };
 /** Where the node agent of a simulated node finds that node's kubelet root. */
 export const KUBELET_ROOT_ANNOTATION = "sim.warmstart.dev/kubelet-root";
 
