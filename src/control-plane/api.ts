@@ -108,6 +108,13 @@ export const RegisterRequest = z.object({
   name: z.string().min(1).max(253).optional(),
   agentVersion: z.string().min(1).max(128).optional(),
   inventory: Inventory,
+  /** The namespaces this cluster's agent deploys into; requests for others are not placed here. */
+  namespaces: z
+    .array(Dns1123Label)
+    .min(1)
+    .max(256)
+    .refine((ns) => new Set(ns).size === ns.length, { message: "each namespace may appear once" })
+    .optional(),
 });
 export type RegisterRequest = z.infer<typeof RegisterRequest>;
 
@@ -288,6 +295,8 @@ export const ClusterView = z.object({
   ready: z.boolean(),
   paused: z.boolean(),
   instruction: Instruction,
+  /** The namespaces its agent deploys into; null when it did not say. */
+  namespaces: z.array(z.string()).nullable().default(null),
   registeredAt: z.iso.datetime(),
   lastHeartbeatAt: z.iso.datetime().nullable(),
   queueDepth: z.object({ deploy: z.int().min(0), termination: z.int().min(0) }),

@@ -1,15 +1,21 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { ClusterView, RequestView } from "./api.js";
-import { PACKAGE_ROOT } from "../localcluster/versions.js";
-import { CLUSTER_TOKEN, OPERATOR_TOKEN, registerAgent, startHarness } from "./testing.js";
+import { OPERATOR_TOKEN, clusterToken, registerAgent, startHarness } from "./testing.js";
+import { clusterTokenEntries } from "./cli.js";
 
-const BIN = join(PACKAGE_ROOT, "bin", "warmstart");
+const BIN = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));
+
+async function procStartTime(pid: number): Promise<string> {
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]!;
+}
 
 /** Runs the real command (asynchronously: the server under test lives in this process). */
 async function warmstart(
@@ -21,6 +27,8 @@ async function warmstart(
   delete base.WARMSTART_CONTROL_PLANE_URL;
   delete base.WARMSTART_OPERATOR_TOKEN;
   delete base.WARMSTART_CLUSTER_TOKENS;
+  delete base.WARMSTART_CLUSTER_TOKEN_FILE;
+  delete base.WARMSTART_CONTROL_PLANE_CA_FILE;
   try {
     const { stdout, stderr } = await promisify(execFile)(process.execPath, [BIN, ...args], {
       env: { ...base, ...env },
@@ -147,16 +155,42 @@ void test("the URL and token come from the local cluster's state when not given"
   t.after(() => rm(stateDir, { recursive: true, force: true }));
   await mkdir(join(stateDir, "control-plane"), { recursive: true });
   await writeFile(join(stateDir, "control-plane", "operator-token"), `${OPERATOR_TOKEN}\n`);
-  await writeFile(
-    join(stateDir, "state.json"),
-    JSON.stringify({ running: true, roles: { controlPlane: h.cp.url } }),
-  );
+  const state = (startTime: string): string =>
+    JSON.stringify({
+      running: true,
+      kubeconfig: join(stateDir, "kubeconfig"),
+      roles: { controlPlane: h.cp.url },
+      // This test process stands for the cluster's processes.
+      processes: [{ name: "apiserver", pid: process.pid, startTime, log: "x" }],
+    });
+  await writeFile(join(stateDir, "state.json"), state(await procStartTime(process.pid)));
   const r = await warmstart(["clusters", "-o", "json"], { WARMSTART_STATE_DIR: stateDir });
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(JSON.parse(r.stdout), []);
+
+  // A stopped cluster's state file is not a fallback.
+  await writeFile(join(stateDir, "state.json"), state("1"));
+  const stopped = await warmstart(["clusters", "-o", "json"], { WARMSTART_STATE_DIR: stateDir });
+  assert.equal(stopped.code, 1);
+  assert.match(stopped.stderr, /no control plane URL/);
 });
 
-void test("warmstart control-plane serves, mints its token files, and stops on SIGTERM", async (t) => {
+void test("cluster tokens from flags: ID=TOKEN each, a bare token only with its cluster id", () => {
+  assert.deepEqual(
+    clusterTokenEntries(["east=token-of-the-east-0001", "west=token-of-the-west-0001=="], undefined),
+    [
+      { clusterId: "east", token: "token-of-the-east-0001" },
+      { clusterId: "west", token: "token-of-the-west-0001==" },
+    ],
+  );
+  assert.deepEqual(clusterTokenEntries(["a-bare-token-0000000000=="], "local"), [
+    { clusterId: "local", token: "a-bare-token-0000000000==" },
+  ]);
+  assert.throws(() => clusterTokenEntries(["a-bare-token-0000000000"], undefined), /bound to one cluster/);
+  assert.throws(() => clusterTokenEntries(["east=short"], undefined), /expected CLUSTER_ID=TOKEN/);
+});
+
+void test("warmstart control-plane serves, mints its token files owner-only, binds each cluster token to its cluster, and stops on SIGTERM", async (t) => {
   const dir = await mkdtemp(join(tmpdir(), "warmstart-cp-cli-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
   const bad = await warmstart([
@@ -171,8 +205,33 @@ void test("warmstart control-plane serves, mints its token files, and stops on S
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /at least one cluster token is needed/);
 
-  const tokenFile = join(dir, "control-plane", "operator-token");
-  const clusterTokenFile = join(dir, "control-plane", "cluster-token");
+  const secrets = join(dir, "secrets");
+  const tokenFile = join(secrets, "operator-token");
+  const clusterTokenFile = join(secrets, "cluster-tokens");
+  // The operator mints a token for cluster "east" before the server starts.
+  const minted = await warmstart([
+    "control-plane",
+    "cluster-token",
+    "add",
+    "east",
+    "--cluster-token-file",
+    clusterTokenFile,
+  ]);
+  assert.equal(minted.code, 0, minted.stderr);
+  const eastToken = minted.stdout.trim();
+  assert.match(eastToken, /^wsc_/);
+  assert.equal((await stat(secrets)).mode & 0o777, 0o700, "a folder it creates is owner-only");
+  assert.equal((await stat(clusterTokenFile)).mode & 0o777, 0o600, "the token file is owner-only");
+  const again = await warmstart([
+    "control-plane",
+    "cluster-token",
+    "add",
+    "east",
+    "--cluster-token-file",
+    clusterTokenFile,
+  ]);
+  assert.equal(again.stdout.trim(), eastToken, "adding again keeps the token");
+
   const child = spawn(
     process.execPath,
     [
@@ -190,7 +249,7 @@ void test("warmstart control-plane serves, mints its token files, and stops on S
     {
       env: {
         ...process.env,
-        WARMSTART_CLUSTER_TOKENS: `${CLUSTER_TOKEN}, other-cluster-token-0002`,
+        WARMSTART_CLUSTER_TOKENS: `alpha=${clusterToken("alpha")}, beta=${clusterToken("beta")}`,
         WARMSTART_LOG_FORMAT: "json",
       },
       stdio: ["ignore", "pipe", "pipe"],
@@ -208,22 +267,85 @@ void test("warmstart control-plane serves, mints its token files, and stops on S
     });
     child.once("exit", (code) => reject(new Error(`exited early with ${code}`)));
   });
-  const minted = (await readFile(tokenFile, "utf8")).trim();
-  assert.ok(minted.length >= 16);
-  const listed = await warmstart(["clusters", "-o", "json", "--control-plane", url, "--token", minted]);
+  const operator = (await readFile(tokenFile, "utf8")).trim();
+  assert.ok(operator.length >= 16);
+  assert.equal((await stat(tokenFile)).mode & 0o777, 0o600, "the minted operator token is owner-only");
+  assert.equal((await stat(join(dir, "db"))).mode & 0o777, 0o700, "the database folder it created");
+  for (const f of ["cp.db", "cp.db-wal", "cp.db-shm"])
+    assert.equal((await stat(join(dir, "db", f))).mode & 0o777, 0o600, `${f} is owner-only`);
+  const listed = await warmstart(["clusters", "-o", "json", "--control-plane", url, "--token", operator]);
   assert.equal(listed.code, 0, listed.stderr);
-  // Every env cluster token and the minted one register.
-  const mintedClusterToken = (await readFile(clusterTokenFile, "utf8")).trim();
-  for (const token of [CLUSTER_TOKEN, "other-cluster-token-0002", mintedClusterToken]) {
-    const reg = await fetch(`${url}/v1/clusters/register`, {
+
+  const register = (token: string, clusterId: string): Promise<Response> =>
+    fetch(`${url}/v1/clusters/register`, {
       method: "POST",
       headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-      body: JSON.stringify({ clusterId: "c", inventory: [] }),
+      body: JSON.stringify({ clusterId, inventory: [] }),
     });
-    assert.equal(reg.status, 200, token);
+  // Each token registers its own cluster, and only that one.
+  for (const [token, id] of [
+    [clusterToken("alpha"), "alpha"],
+    [clusterToken("beta"), "beta"],
+    [eastToken, "east"],
+  ] as const) {
+    assert.equal((await register(token, id)).status, 200, id);
+    assert.equal((await register(token, "gamma")).status, 403, `${id}'s token as gamma`);
   }
+
+  // A token minted while the server runs works at once; a removed one stops working.
+  const west = await warmstart([
+    "control-plane",
+    "cluster-token",
+    "add",
+    "west",
+    "--cluster-token-file",
+    clusterTokenFile,
+  ]);
+  const westToken = west.stdout.trim();
+  assert.equal((await register(westToken, "west")).status, 200);
+  const list = await warmstart([
+    "control-plane",
+    "cluster-token",
+    "list",
+    "-o",
+    "json",
+    "--cluster-token-file",
+    clusterTokenFile,
+  ]);
+  const rows = JSON.parse(list.stdout) as { clusterId: string; fingerprint: string }[];
+  assert.deepEqual(
+    rows.map((r) => r.clusterId),
+    ["east", "west"],
+  );
+  assert.ok(!list.stdout.includes(westToken), "list never prints a token");
+  assert.equal(
+    (
+      await warmstart([
+        "control-plane",
+        "cluster-token",
+        "remove",
+        "west",
+        "--cluster-token-file",
+        clusterTokenFile,
+      ])
+    ).code,
+    0,
+  );
+  assert.equal((await register(westToken, "west")).status, 401, "a removed token is unknown");
 
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   child.kill("SIGTERM");
   assert.equal(await exited, 0, "a clean exit on SIGTERM");
+});
+
+void test("an existing database others can read is made owner-only before it is opened", async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), "warmstart-cp-perm-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const db = join(dir, "cp.db");
+  const h = await startHarness(t, { dbPath: db });
+  await h.cp.close();
+  for (const f of [db, `${db}-wal`, `${db}-shm`]) await chmod(f, 0o644).catch(() => undefined);
+  assert.equal((await stat(db)).mode & 0o777, 0o644);
+  await h.restart();
+  assert.equal((await stat(db)).mode & 0o777, 0o600);
 });

@@ -5,25 +5,24 @@
 import { Command, Option } from "commander";
 import Table from "cli-table3";
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
-import { dirname, join } from "node:path";
+import { readFile, stat } from "node:fs/promises";
 import type { ClusterView, RequestView } from "./api.js";
 import { ControlPlaneClient } from "./client.js";
 import { parseConfig } from "./config.js";
 import { startControlPlane } from "./server.js";
-import { readState } from "../localcluster/cluster.js";
-import { stateDir } from "../localcluster/versions.js";
-import { createLogger } from "../common/log.js";
-
-/** Where the local cluster keeps the operator token of the control plane it runs. */
-export function localOperatorTokenFile(): string {
-  return join(stateDir(), "control-plane", "operator-token");
-}
-
-/** Where the local cluster keeps the cluster token its agent registers with. */
-export function localClusterTokenFile(): string {
-  return join(stateDir(), "control-plane", "cluster-token");
-}
+import {
+  addClusterToken,
+  fingerprint,
+  openToOthers,
+  readTokenFile,
+  removeClusterToken,
+  secureExisting,
+  splitEntry,
+  writePrivateFile,
+  type ClusterTokenEntry,
+} from "./tokens.js";
+import { runningLocalCluster } from "../common/local-defaults.js";
+import { createLogger, type Logger } from "../common/log.js";
 
 const int =
   (what: string) =>
@@ -38,8 +37,11 @@ const csv = (v: string | undefined): string[] =>
     .map((s) => s.trim())
     .filter(Boolean);
 
-async function readTokenFile(file: string): Promise<string | undefined> {
+/** A single-token file's token; undefined when it does not exist. Others' read access is fixed or warned. */
+async function readSecretFile(file: string, log?: Logger): Promise<string | undefined> {
   try {
+    const mode = (await stat(file)).mode;
+    if (log && openToOthers(mode)) secureExisting(file, mode, log);
     return (await readFile(file, "utf8")).trim() || undefined;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
@@ -52,44 +54,70 @@ interface ServeOptions {
   port?: number;
   host?: string;
   clusterToken?: string[];
+  clusterId?: string;
   operatorToken?: string;
   operatorTokenFile?: string;
   clusterTokenFile?: string;
+  allowedNamespaces?: string;
+  tlsCertFile?: string;
+  tlsKeyFile?: string;
   credentialTtl?: number;
   visibilityTimeout?: number;
   heartbeatInterval?: number;
 }
 
-/** The token in `file`; on first start (no file yet) one is minted and written there, 0600. */
-async function tokenFromFile(file: string): Promise<string> {
-  const existing = await readTokenFile(file);
+/** The token in `file`; on first start (no file yet) one is minted and written there, owner-only. */
+async function tokenFromFile(file: string, log: Logger): Promise<string> {
+  const existing = await readSecretFile(file, log);
   if (existing) return existing;
   const minted = randomBytes(24).toString("base64url");
-  await mkdir(dirname(file), { recursive: true });
-  await writeFile(file, `${minted}\n`, { mode: 0o600 });
+  await writePrivateFile(file, `${minted}\n`);
   return minted;
 }
 
+/**
+ * Cluster tokens from flags or the environment: `ID=TOKEN` each. A bare token (the older form)
+ * is bound to `--cluster-id`, so one cluster can still be set up with one flag pair.
+ */
+export function clusterTokenEntries(values: string[], clusterId: string | undefined): ClusterTokenEntry[] {
+  return values.map((v) => {
+    const entry = splitEntry(v);
+    if (entry) return entry;
+    if (v.includes("=") && !/^[^=]+=*$/.test(v))
+      throw new Error(`invalid cluster token "${v.split("=")[0]}=...": expected CLUSTER_ID=TOKEN`);
+    if (!clusterId)
+      throw new Error(
+        "a cluster token is bound to one cluster: write it as CLUSTER_ID=TOKEN, or give --cluster-id for a bare token",
+      );
+    return { clusterId, token: v.trim() };
+  });
+}
+
 async function serve(opts: ServeOptions): Promise<void> {
+  const log = createLogger("control-plane");
   let operatorToken = opts.operatorToken ?? process.env.WARMSTART_OPERATOR_TOKEN;
-  if (!operatorToken && opts.operatorTokenFile) operatorToken = await tokenFromFile(opts.operatorTokenFile);
+  if (!operatorToken && opts.operatorTokenFile)
+    operatorToken = await tokenFromFile(opts.operatorTokenFile, log);
   const dbPath = opts.db ?? process.env.WARMSTART_CONTROL_PLANE_DB ?? "warmstart-control-plane.db";
-  const clusterTokens = opts.clusterToken?.length
-    ? [...opts.clusterToken]
-    : csv(process.env.WARMSTART_CLUSTER_TOKENS);
-  if (opts.clusterTokenFile) clusterTokens.push(await tokenFromFile(opts.clusterTokenFile));
+  const clusterTokens = clusterTokenEntries(
+    opts.clusterToken?.length ? opts.clusterToken : csv(process.env.WARMSTART_CLUSTER_TOKENS),
+    opts.clusterId ?? process.env.WARMSTART_CLUSTER_ID,
+  );
+  const allowed = opts.allowedNamespaces ?? process.env.WARMSTART_ALLOWED_NAMESPACES;
   const config = parseConfig({
     dbPath,
     port: opts.port,
     host: opts.host,
     clusterTokens,
+    clusterTokenFile: opts.clusterTokenFile ?? (process.env.WARMSTART_CLUSTER_TOKEN_FILE || undefined),
     operatorToken,
+    allowedNamespaces: allowed === undefined ? undefined : csv(allowed),
+    tlsCertFile: opts.tlsCertFile ?? (process.env.WARMSTART_TLS_CERT_FILE || undefined),
+    tlsKeyFile: opts.tlsKeyFile ?? (process.env.WARMSTART_TLS_KEY_FILE || undefined),
     credentialTtlSeconds: opts.credentialTtl,
     visibilityTimeoutSeconds: opts.visibilityTimeout,
     heartbeatIntervalSeconds: opts.heartbeatInterval,
   });
-  await mkdir(dirname(config.dbPath), { recursive: true });
-  const log = createLogger("control-plane");
   const cp = await startControlPlane({ ...config, logger: log });
   process.stdout.write(`control plane listening on ${cp.url}\n`);
   await new Promise<void>((resolve) => {
@@ -108,25 +136,31 @@ async function serve(opts: ServeOptions): Promise<void> {
 interface ConnectOptions {
   controlPlane?: string;
   token?: string;
+  caFile?: string;
 }
 
-/** The control plane URL and operator token: flag, then env, then the local cluster. */
+/** The control plane URL, operator token and CA: flag, then env, then the running local cluster. */
 export async function operatorClient(opts: ConnectOptions): Promise<ControlPlaneClient> {
-  const url =
-    opts.controlPlane ?? process.env.WARMSTART_CONTROL_PLANE_URL ?? (await readState())?.roles.controlPlane;
+  const local =
+    opts.controlPlane && opts.token ? undefined : await runningLocalCluster().catch(() => undefined);
+  const url = opts.controlPlane ?? process.env.WARMSTART_CONTROL_PLANE_URL ?? local?.controlPlaneUrl;
   if (!url) {
     throw new Error(
       "no control plane URL: pass --control-plane URL, set WARMSTART_CONTROL_PLANE_URL, or start the local cluster",
     );
   }
   const token =
-    opts.token ?? process.env.WARMSTART_OPERATOR_TOKEN ?? (await readTokenFile(localOperatorTokenFile()));
+    opts.token ??
+    process.env.WARMSTART_OPERATOR_TOKEN ??
+    (local ? await readSecretFile(local.operatorTokenFile) : undefined);
   if (!token) {
     throw new Error(
-      `no operator token: pass --token, set WARMSTART_OPERATOR_TOKEN, or start the local cluster (which writes ${localOperatorTokenFile()})`,
+      "no operator token: pass --token, set WARMSTART_OPERATOR_TOKEN, or start the local cluster (which keeps one)",
     );
   }
-  return new ControlPlaneClient({ baseUrl: url, token });
+  const caFile = opts.caFile ?? (process.env.WARMSTART_CONTROL_PLANE_CA_FILE || undefined);
+  const ca = caFile ? await readFile(caFile) : undefined;
+  return new ControlPlaneClient({ baseUrl: url, token, ...(ca ? { ca } : {}) });
 }
 
 function withConnection(cmd: Command): Command {
@@ -135,7 +169,11 @@ function withConnection(cmd: Command): Command {
       "--control-plane <url>",
       "control plane URL (default: $WARMSTART_CONTROL_PLANE_URL or the local cluster)",
     )
-    .option("--token <token>", "operator token (default: $WARMSTART_OPERATOR_TOKEN or the local cluster's)");
+    .option("--token <token>", "operator token (default: $WARMSTART_OPERATOR_TOKEN or the local cluster's)")
+    .option(
+      "--ca-file <file>",
+      "PEM CA to trust for an https control plane (default: $WARMSTART_CONTROL_PLANE_CA_FILE)",
+    );
 }
 
 const outputOption = (): Option =>
@@ -206,26 +244,36 @@ export function clustersTable(clusters: ClusterView[]): string {
 }
 
 export function registerControlPlaneCommands(program: Command): void {
-  program
+  const cp = program
     .command("control-plane")
     .description("the reference control plane: cluster registration, queue credentials, deployment queues")
     .option(
       "--db <file>",
-      "SQLite database file (default: $WARMSTART_CONTROL_PLANE_DB or ./warmstart-control-plane.db)",
+      "SQLite database file, created owner-only (default: $WARMSTART_CONTROL_PLANE_DB or ./warmstart-control-plane.db)",
     )
     .option("--port <n>", "port to listen on (0: any free port)", int("--port"))
     .option("--host <addr>", "address to listen on", "127.0.0.1")
     .option(
-      "--cluster-token <token>",
-      "token clusters register with; repeatable (or $WARMSTART_CLUSTER_TOKENS)",
+      "--cluster-token <id=token>",
+      "registration token of one cluster, as CLUSTER_ID=TOKEN; repeatable (or $WARMSTART_CLUSTER_TOKENS, comma-separated)",
       collect,
     )
-    .option("--operator-token <token>", "operator token (or $WARMSTART_OPERATOR_TOKEN)")
-    .option("--operator-token-file <file>", "read the operator token here; minted and written on first start")
+    .option("--cluster-id <id>", "the cluster a bare --cluster-token TOKEN belongs to")
     .option(
       "--cluster-token-file <file>",
-      "also accept the cluster token kept here; minted and written on first start",
+      "CLUSTER_ID=TOKEN lines, re-read when the file changes; manage with `control-plane cluster-token` (or $WARMSTART_CLUSTER_TOKEN_FILE)",
     )
+    .option("--operator-token <token>", "operator token (or $WARMSTART_OPERATOR_TOKEN)")
+    .option(
+      "--operator-token-file <file>",
+      "read the operator token here; minted and written (owner-only) on first start",
+    )
+    .option(
+      "--allowed-namespaces <list>",
+      "comma-separated namespaces deployment requests may target, * for any (default: default; or $WARMSTART_ALLOWED_NAMESPACES)",
+    )
+    .option("--tls-cert-file <file>", "serve HTTPS with this PEM certificate (or $WARMSTART_TLS_CERT_FILE)")
+    .option("--tls-key-file <file>", "and this PEM key (or $WARMSTART_TLS_KEY_FILE)")
     .option("--credential-ttl <seconds>", "lifetime of queue credentials", int("--credential-ttl"))
     .option(
       "--visibility-timeout <seconds>",
@@ -238,6 +286,7 @@ export function registerControlPlaneCommands(program: Command): void {
       int("--heartbeat-interval"),
     )
     .action(serve);
+  registerTokenCommands(cp);
 
   withConnection(
     program
@@ -309,4 +358,60 @@ export function registerControlPlaneCommands(program: Command): void {
     const res = await (await operatorClient(o)).terminate(id);
     process.stdout.write(`${res.id} ${res.status}\n`);
   });
+}
+
+/** `warmstart control-plane cluster-token add|list|remove`: manage the cluster token file. */
+function registerTokenCommands(cp: Command): void {
+  const tokens = cp
+    .command("cluster-token")
+    .description("mint, list and remove cluster registration tokens in a token file");
+  const fileOption = (): Option =>
+    new Option("--cluster-token-file <file>", "the token file (or $WARMSTART_CLUSTER_TOKEN_FILE)");
+  // The parent command has the same option and takes it wherever it stands: read both.
+  const fileOf = (cmd: Command): string => {
+    const o = cmd.optsWithGlobals<{ clusterTokenFile?: string }>();
+    const f = o.clusterTokenFile ?? process.env.WARMSTART_CLUSTER_TOKEN_FILE;
+    if (!f) throw new Error("no token file: pass --cluster-token-file or set WARMSTART_CLUSTER_TOKEN_FILE");
+    return f;
+  };
+  tokens
+    .command("add")
+    .description("mint a token for a cluster (kept when it has one, unless --rotate) and print it")
+    .argument("<cluster-id>", "the cluster's id, as its agent registers")
+    .addOption(fileOption())
+    .option("--rotate", "replace the cluster's token with a new one")
+    .action(async (id: string, o: { rotate?: boolean }, cmd: Command) => {
+      const r = await addClusterToken(fileOf(cmd), id, { rotate: o.rotate === true });
+      process.stdout.write(`${r.token}\n`);
+      process.stderr.write(
+        `${id}: ${r.created ? "token minted" : "token already there (--rotate replaces it)"}\n`,
+      );
+    });
+  tokens
+    .command("list")
+    .description("the clusters that have a token, with a fingerprint of it (never the token)")
+    .addOption(fileOption())
+    .addOption(outputOption())
+    .action(async (o: { output: string }, cmd: Command) => {
+      const rows = (await readTokenFile(fileOf(cmd))).map((e) => ({
+        clusterId: e.clusterId,
+        fingerprint: fingerprint(e.token),
+      }));
+      if (o.output === "json") process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`);
+      else {
+        const t = new Table({ head: ["CLUSTER", "TOKEN FINGERPRINT"], style: { head: [], border: [] } });
+        t.push(...rows.map((r) => [r.clusterId, r.fingerprint]));
+        process.stdout.write(`${t.toString()}\n`);
+      }
+    });
+  tokens
+    .command("remove")
+    .description("remove a cluster's token: it can no longer register (its queue credentials expire)")
+    .argument("<cluster-id>")
+    .addOption(fileOption())
+    .action(async (id: string, _o: unknown, cmd: Command) => {
+      if (!(await removeClusterToken(fileOf(cmd), id)))
+        throw new Error(`cluster ${id} has no token in the file`);
+      process.stderr.write(`${id}: token removed\n`);
+    });
 }

@@ -3,6 +3,7 @@
  * Every response is parsed with the same schemas the server validates with, so a contract drift
  * shows up as a clear error rather than as an undefined field deep inside the agent.
  */
+import { Agent, request as httpsRequest } from "node:https";
 import type { z } from "zod";
 import {
   AckResponse,
@@ -39,6 +40,8 @@ export interface ControlPlaneClientOptions {
   timeoutMs?: number;
   /** For tests and proxies; defaults to the global fetch. */
   fetch?: typeof fetch;
+  /** PEM certificates to trust for an https base URL (a private CA), instead of the system's. */
+  ca?: string | Buffer;
 }
 
 export interface CallOptions {
@@ -81,7 +84,7 @@ export class ControlPlaneClient {
     this.baseUrl = opts.baseUrl.replace(/\/+$/, "");
     this.token = opts.token;
     this.timeoutMs = opts.timeoutMs ?? 30_000;
-    this.fetchImpl = opts.fetch ?? fetch;
+    this.fetchImpl = opts.fetch ?? (opts.ca === undefined ? fetch : fetchTrusting(opts.ca));
   }
 
   // --- cluster agent -------------------------------------------------------------------------
@@ -269,4 +272,41 @@ export class ControlPlaneClient {
 
 function seg(s: string): string {
   return encodeURIComponent(s);
+}
+
+/**
+ * A fetch over node:https that trusts `ca`: the global fetch takes no CA (that needs undici's own
+ * Agent, which Node does not expose). Enough of fetch for this client: method, headers, a string
+ * body, a signal, and the answer's status, headers and text.
+ */
+export function fetchTrusting(ca: string | Buffer): typeof fetch {
+  const agent = new Agent({ ca, keepAlive: true, minVersion: "TLSv1.2" });
+  return (input, init) => {
+    const url = new URL(input instanceof Request ? input.url : String(input));
+    if (url.protocol !== "https:") return fetch(input, init);
+    return new Promise<Response>((resolve, reject) => {
+      const headers: Record<string, string> = {};
+      new Headers(init?.headers).forEach((v, k) => (headers[k] = v));
+      const req = httpsRequest(
+        url,
+        { method: init?.method ?? "GET", headers, agent, ...(init?.signal ? { signal: init.signal } : {}) },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (c: Buffer) => chunks.push(c));
+          res.on("error", reject);
+          res.on("end", () => {
+            const h = new Headers();
+            for (const [k, v] of Object.entries(res.headers)) {
+              if (v !== undefined) for (const one of Array.isArray(v) ? v : [v]) h.append(k, one);
+            }
+            const status = res.statusCode ?? 502;
+            const empty = status === 204 || status === 304;
+            resolve(new Response(empty ? null : Buffer.concat(chunks), { status, headers: h }));
+          });
+        },
+      );
+      req.on("error", reject);
+      req.end(typeof init?.body === "string" ? init.body : undefined);
+    });
+  };
 }

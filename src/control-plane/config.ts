@@ -1,22 +1,28 @@
 /** The control plane's configuration: every flag and env var, validated once at boot. */
 import { z } from "zod";
+import { ClusterId, Dns1123Label } from "./api.js";
+import { Token, duplicates } from "./tokens.js";
 
-/** Bearer tokens: token68 characters (so they travel in a header and in a comma-separated env). */
-const Token = z
-  .string()
-  .min(16, { message: "must be at least 16 characters" })
-  .max(512)
-  .regex(/^[A-Za-z0-9._~+/=-]+$/, { message: "may only hold letters, digits and . _ ~ + / = -" });
+export { Token };
+
+/** A namespace deployment requests may name, or `*` for any. */
+export const NamespacePattern = z.union([z.literal("*"), Dns1123Label]);
 
 export const ControlPlaneConfig = z
   .object({
     dbPath: z.string().min(1),
     port: z.int().min(0).max(65535).default(8090),
     host: z.string().min(1).default("127.0.0.1"),
-    clusterTokens: z.array(Token).min(1, {
-      message: "at least one cluster token is needed (--cluster-token or WARMSTART_CLUSTER_TOKENS)",
-    }),
+    /** Registration tokens given directly, each bound to one cluster id. */
+    clusterTokens: z.array(z.object({ clusterId: ClusterId, token: Token })).default([]),
+    /** A file of `ID=TOKEN` lines, re-read when it changes. */
+    clusterTokenFile: z.string().min(1).optional(),
     operatorToken: Token,
+    /** Namespaces deployment requests may target (`*`: any). */
+    allowedNamespaces: z.array(NamespacePattern).min(1).default(["default"]),
+    /** Serve HTTPS with this certificate and key (PEM files, reloaded when they change). */
+    tlsCertFile: z.string().min(1).optional(),
+    tlsKeyFile: z.string().min(1).optional(),
     credentialTtlSeconds: z
       .int()
       .min(1)
@@ -31,9 +37,31 @@ export const ControlPlaneConfig = z
       .max(64 * 1024 * 1024)
       .default(1024 * 1024),
   })
-  .refine((c) => !c.clusterTokens.includes(c.operatorToken), {
-    message: "the operator token must differ from every cluster token",
-    path: ["operatorToken"],
+  .superRefine((c, ctx) => {
+    if (c.clusterTokens.length === 0 && !c.clusterTokenFile) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["clusterTokens"],
+        message:
+          "at least one cluster token is needed (--cluster-token ID=TOKEN, WARMSTART_CLUSTER_TOKENS or --cluster-token-file)",
+      });
+    }
+    for (const problem of duplicates(c.clusterTokens))
+      ctx.addIssue({ code: "custom", path: ["clusterTokens"], message: problem });
+    if (c.clusterTokens.some((e) => e.token === c.operatorToken)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["operatorToken"],
+        message: "the operator token must differ from every cluster token",
+      });
+    }
+    if ((c.tlsCertFile === undefined) !== (c.tlsKeyFile === undefined)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["tlsCertFile"],
+        message: "TLS needs both a certificate file and a key file",
+      });
+    }
   });
 
 export type ControlPlaneConfigInput = z.input<typeof ControlPlaneConfig>;
@@ -45,6 +73,11 @@ export function parseConfig(input: unknown): ControlPlaneConfig {
   if (r.success) return r.data;
   const lines = r.error.issues.map((i) => `${i.path.length ? i.path.join(".") : "config"}: ${i.message}`);
   throw new Error(`invalid control plane configuration: ${lines.join("; ")}`);
+}
+
+/** Whether deployment requests may target `namespace`. */
+export function namespaceAllowed(allowed: readonly string[], namespace: string): boolean {
+  return allowed.includes("*") || allowed.includes(namespace);
 }
 
 /** Renew a credential when a quarter of its life is left (at least one second before expiry). */

@@ -12,7 +12,7 @@ export interface HandlerContext {
   params: Record<string, string>;
   query: Record<string, unknown>;
   body: unknown;
-  /** The cluster a queue credential was issued to. */
+  /** The cluster a cluster token or a queue credential was issued to. */
   credentialClusterId: string | undefined;
   /** Aborted when the caller goes away or the server shuts down. */
   signal: AbortSignal;

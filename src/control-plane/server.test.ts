@@ -535,7 +535,7 @@ void test("configuration is validated once at boot with a clear error", async ()
   await assert.rejects(
     startControlPlane({
       dbPath: "/tmp/unused.db",
-      clusterTokens: [CLUSTER_TOKEN],
+      clusterTokens: [{ clusterId: "alpha", token: CLUSTER_TOKEN }],
       operatorToken: "short",
       credentialTtlSeconds: 0,
     }),
@@ -544,9 +544,38 @@ void test("configuration is validated once at boot with a clear error", async ()
   await assert.rejects(
     startControlPlane({
       dbPath: "/tmp/unused.db",
-      clusterTokens: [CLUSTER_TOKEN],
+      clusterTokens: [{ clusterId: "alpha", token: CLUSTER_TOKEN }],
       operatorToken: CLUSTER_TOKEN,
     }),
     /operator token must differ/,
+  );
+  await assert.rejects(
+    startControlPlane({
+      dbPath: "/tmp/unused.db",
+      clusterTokens: [
+        { clusterId: "alpha", token: CLUSTER_TOKEN },
+        { clusterId: "beta", token: CLUSTER_TOKEN },
+      ],
+      operatorToken: OPERATOR_TOKEN,
+    }),
+    /clusters alpha and beta share a token/,
+  );
+  await assert.rejects(
+    startControlPlane({
+      dbPath: "/tmp/unused.db",
+      clusterTokens: [{ clusterId: "alpha", token: CLUSTER_TOKEN }],
+      operatorToken: OPERATOR_TOKEN,
+      tlsCertFile: "/tmp/cert.pem",
+    }),
+    /TLS needs both a certificate file and a key file/,
+  );
+  await assert.rejects(
+    startControlPlane({
+      dbPath: "/tmp/unused.db",
+      clusterTokens: [{ clusterId: "alpha", token: CLUSTER_TOKEN }],
+      operatorToken: OPERATOR_TOKEN,
+      allowedNamespaces: ["Not_A_Namespace"],
+    }),
+    /allowedNamespaces/,
   );
 });

@@ -3,8 +3,10 @@
  * register with a cluster token and then use short-lived queue credentials; operators use the
  * operator token. Bad input is answered with a 4xx and a JSON `{ error }`, never a crash.
  */
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
 import { createHash, timingSafeEqual } from "node:crypto";
+import { readFileSync, unwatchFile, watchFile } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { z } from "zod";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
@@ -34,11 +36,13 @@ import {
   SubmitResponse,
 } from "./api.js";
 import {
+  namespaceAllowed,
   parseConfig,
   renewBeforeSeconds,
   type ControlPlaneConfig,
   type ControlPlaneConfigInput,
 } from "./config.js";
+import { ClusterTokens } from "./tokens.js";
 import { ApiError } from "./errors.js";
 import { Router, openApiDocument, type HandlerContext, type Route, type RouteAuth } from "./router.js";
 import { Store } from "./store.js";
@@ -110,11 +114,17 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   const log = logger ?? createLogger("control-plane");
 
   const waiters = new Waiters();
+  const clusterTokens = new ClusterTokens({
+    fixed: config.clusterTokens,
+    file: config.clusterTokenFile,
+    reserved: [config.operatorToken],
+    log,
+  });
   const store = new Store({
     path: config.dbPath,
     onMessages: (clusterId, queue) => waiters.wake(queueKey(clusterId, queue)),
+    onWarning: (msg, detail) => log.warn(detail, msg),
   });
-  const clusterTokenDigests = config.clusterTokens.map(sha256);
   const operatorDigest = [sha256(config.operatorToken)];
   const shutdown = new AbortController();
 
@@ -218,12 +228,25 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       auth: "cluster",
       body: RegisterRequest,
       response: RegisterResponse,
-      handler: ({ body }) => {
+      handler: ({ body, credentialClusterId }) => {
         const b = body as z.output<typeof RegisterRequest>;
+        // A cluster token registers its own cluster only: another's would hand over its queue.
+        if (b.clusterId !== credentialClusterId) {
+          throw new ApiError(
+            403,
+            `this cluster token was issued to cluster ${credentialClusterId}, not ${b.clusterId}`,
+          );
+        }
         const { created } = store.register(b);
         registrations.inc({ result: created ? "created" : "updated" });
         log.info(
-          { clusterId: b.clusterId, created, inventory: b.inventory, agentVersion: b.agentVersion },
+          {
+            clusterId: b.clusterId,
+            created,
+            inventory: b.inventory,
+            namespaces: b.namespaces,
+            agentVersion: b.agentVersion,
+          },
           "cluster registered",
         );
         return {
@@ -374,7 +397,14 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       response: SubmitResponse,
       status: 201,
       handler: ({ body }) => {
-        const r = store.submit(body as z.output<typeof SubmitRequest>);
+        const b = body as z.output<typeof SubmitRequest>;
+        if (!namespaceAllowed(config.allowedNamespaces, b.namespace)) {
+          throw new ApiError(
+            403,
+            `namespace ${b.namespace} is not one deployment requests may target (allowed: ${config.allowedNamespaces.join(", ")})`,
+          );
+        }
+        const r = store.submit(b);
         log.info(
           { requestId: r.id, name: r.name, namespace: r.namespace, status: r.status },
           "request submitted",
@@ -441,9 +471,12 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     const need = route.auth;
     let kind: Exclude<RouteAuth, "none">;
     let clusterId: string | undefined;
+    const tokenCluster = clusterTokens.clusterOf(token);
     if (tokenIn(token, operatorDigest)) kind = "operator";
-    else if (tokenIn(token, clusterTokenDigests)) kind = "cluster";
-    else {
+    else if (tokenCluster !== undefined) {
+      kind = "cluster";
+      clusterId = tokenCluster;
+    } else {
       const cred = store.identifyCredential(token);
       if (!cred) throw new ApiError(401, "unknown token", undefined, challenge);
       if (cred.kind === "expired") {
@@ -589,7 +622,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     return status;
   }
 
-  const server = createServer((req, res) => {
+  const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
     const started = process.hrtime.bigint();
     const meta = { route: "unmatched" };
     handle(req, res, meta)
@@ -613,7 +646,42 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         httpDuration.observe({ method, route: meta.route }, Number(process.hrtime.bigint() - started) / 1e9);
       })
       .catch((err: unknown) => log.error({ err }, "could not record request metrics"));
+  };
+  const tls =
+    config.tlsCertFile && config.tlsKeyFile
+      ? { cert: config.tlsCertFile, key: config.tlsKeyFile }
+      : undefined;
+  const readTls = (): { cert: Buffer; key: Buffer } => ({
+    cert: readFileSync(tls!.cert),
+    key: readFileSync(tls!.key),
   });
+  let server: Server;
+  if (tls) {
+    let initial: { cert: Buffer; key: Buffer };
+    try {
+      initial = readTls();
+    } catch (err) {
+      store.close();
+      throw new Error(`control plane cannot read its TLS certificate: ${(err as Error).message}`, {
+        cause: err,
+      });
+    }
+    const https = createHttpsServer({ ...initial, minVersion: "TLSv1.2" }, onRequest);
+    // A rotated Secret swaps the files under the mount: pick the new pair up without a restart.
+    for (const f of [tls.cert, tls.key]) {
+      watchFile(f, { interval: 2000 }, () => {
+        try {
+          https.setSecureContext({ ...readTls(), minVersion: "TLSv1.2" });
+          log.info({ file: f }, "serving certificate reloaded");
+        } catch (err) {
+          log.warn({ err, file: f }, "could not reload the serving certificate; keeping the old one");
+        }
+      });
+    }
+    server = https;
+  } else {
+    server = createServer(onRequest);
+  }
   // Long polls answer within 20 s; these bound slow or stuck clients, not slow handlers.
   server.headersTimeout = 10_000;
   server.requestTimeout = 30_000;
@@ -632,6 +700,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     });
   }).catch((err: unknown) => {
     store.close();
+    if (tls) for (const f of [tls.cert, tls.key]) unwatchFile(f);
     throw new Error(
       `control plane cannot listen on ${config.host}:${config.port}: ${(err as Error).message}`,
       {
@@ -641,9 +710,14 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   });
   const addr = server.address() as AddressInfo;
   const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
-  const url = `http://${host}:${addr.port}`;
+  const url = `${tls ? "https" : "http"}://${host}:${addr.port}`;
   log.info(
-    { url, db: config.dbPath, credentialTtlSeconds: config.credentialTtlSeconds },
+    {
+      url,
+      db: config.dbPath,
+      credentialTtlSeconds: config.credentialTtlSeconds,
+      allowedNamespaces: config.allowedNamespaces,
+    },
     "control plane listening",
   );
 
@@ -655,6 +729,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       closing ??= (async () => {
         shutdown.abort();
         waiters.wakeAll();
+        if (tls) for (const f of [tls.cert, tls.key]) unwatchFile(f);
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
         // In-flight calls are short (long polls were just woken); do not wait on a stuck client.

@@ -6,6 +6,8 @@
  */
 import Database from "better-sqlite3";
 import { createHash, randomBytes, randomUUID } from "node:crypto";
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync, statSync } from "node:fs";
+import { dirname } from "node:path";
 import type {
   AckResponse,
   ClusterView,
@@ -22,8 +24,10 @@ import type {
   TerminationRequest,
 } from "./api.js";
 import { ApiError } from "./errors.js";
+import { redactUrlCredentials } from "../core/env.js";
 
-const SCHEMA_VERSION = 1;
+/** 2: clusters say which namespaces they deploy into. */
+const SCHEMA_VERSION = 2;
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,6 +39,7 @@ CREATE TABLE IF NOT EXISTS clusters (
   ready INTEGER NOT NULL DEFAULT 0,
   paused INTEGER NOT NULL DEFAULT 0,
   instruction TEXT NOT NULL DEFAULT 'none',
+  namespaces TEXT,
   registered_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL,
   last_heartbeat_at INTEGER
@@ -90,6 +95,8 @@ interface ClusterRow {
   ready: number;
   paused: number;
   instruction: string;
+  /** JSON array of the namespaces its agent deploys into; null: it did not say (any). */
+  namespaces: string | null;
   registered_at: number;
   updated_at: number;
   last_heartbeat_at: number | null;
@@ -164,6 +171,8 @@ const iso = (ms: number): string => new Date(ms).toISOString();
 
 export interface StoreOptions {
   path: string;
+  /** Told when the database file had to be made owner-only. */
+  onWarning?: (msg: string, detail: Record<string, unknown>) => void;
   now?: () => number;
   /** Called after a transaction commits that made messages visible on this cluster's queue. */
   onMessages?: (clusterId: string, queue: QueueName) => void;
@@ -179,6 +188,7 @@ export class Store {
   constructor(opts: StoreOptions) {
     this.now = opts.now ?? Date.now;
     this.onMessages = opts.onMessages ?? ((): void => undefined);
+    preparePrivateFile(opts.path, opts.onWarning ?? ((): void => undefined));
     this.db = new Database(opts.path);
     try {
       this.db.pragma("journal_mode = WAL");
@@ -195,6 +205,11 @@ export class Store {
         throw new Error(
           `database schema ${row.value} is newer than this control plane understands (${SCHEMA_VERSION})`,
         );
+      } else if (Number(row.value) < SCHEMA_VERSION) {
+        this.db.transaction(() => {
+          if (Number(row.value) < 2) this.db.exec("ALTER TABLE clusters ADD COLUMN namespaces TEXT");
+          this.db.prepare("UPDATE meta SET value = ? WHERE key = 'schema'").run(String(SCHEMA_VERSION));
+        })();
       }
     } catch (err) {
       this.db.close();
@@ -239,27 +254,42 @@ export class Store {
     name?: string | undefined;
     agentVersion?: string | undefined;
     inventory: Inventory;
+    namespaces?: string[] | undefined;
   }): {
     created: boolean;
   } {
     return this.tx(() => {
       const now = this.now();
       const existing = this.clusterRow(input.clusterId);
+      const namespaces = input.namespaces === undefined ? null : JSON.stringify([...input.namespaces].sort());
       if (existing) {
         this.db
-          .prepare("UPDATE clusters SET name = ?, agent_version = ?, updated_at = ? WHERE id = ?")
+          .prepare(
+            "UPDATE clusters SET name = ?, agent_version = ?, namespaces = ?, updated_at = ? WHERE id = ?",
+          )
           .run(
             input.name ?? existing.name,
             input.agentVersion ?? existing.agent_version,
+            namespaces,
             now,
             input.clusterId,
           );
+        // Requests it was given but has not taken, into namespaces it no longer deploys into.
+        if (namespaces !== null) {
+          const into = new Set(input.namespaces);
+          const ns = this.db.prepare("SELECT namespace FROM requests WHERE id = ?");
+          this.unqueueUndelivered(
+            input.clusterId,
+            (m) => !into.has((ns.get(m.request_id) as { namespace: string } | undefined)?.namespace ?? ""),
+            `cluster ${input.clusterId} does not deploy into that namespace`,
+          );
+        }
       } else {
         this.db
           .prepare(
-            "INSERT INTO clusters (id, name, agent_version, inventory, registered_at, updated_at) VALUES (?, ?, ?, '[]', ?, ?)",
+            "INSERT INTO clusters (id, name, agent_version, inventory, namespaces, registered_at, updated_at) VALUES (?, ?, ?, '[]', ?, ?, ?)",
           )
-          .run(input.clusterId, input.name ?? null, input.agentVersion ?? null, now, now);
+          .run(input.clusterId, input.name ?? null, input.agentVersion ?? null, namespaces, now, now);
       }
       this.applyInventory(input.clusterId, input.inventory);
       return { created: !existing };
@@ -420,6 +450,7 @@ export class Store {
       ready: r.ready === 1,
       paused: r.paused === 1,
       instruction: r.instruction as Instruction,
+      namespaces: r.namespaces === null ? null : (JSON.parse(r.namespaces) as string[]),
       registeredAt: iso(r.registered_at),
       lastHeartbeatAt: r.last_heartbeat_at === null ? null : iso(r.last_heartbeat_at),
       queueDepth: {
@@ -444,6 +475,8 @@ export class Store {
       }
       const now = this.now();
       const id = randomUUID();
+      // The args are the user's own and reach their container as given (so a model URL's
+      // credentials still work there); every other copy of the model is redacted.
       const args = input.args && input.args.length > 0 ? input.args : ["--model", input.model];
       this.db
         .prepare(
@@ -454,7 +487,7 @@ export class Store {
           id,
           input.name,
           input.namespace,
-          input.model,
+          redactUrlCredentials(input.model),
           input.image,
           JSON.stringify(args),
           input.gpus,
@@ -481,6 +514,8 @@ export class Store {
       const need = req.gpus * req.replicas;
       let best: { clusterId: string; gpuType: string; free: number } | undefined;
       for (const c of clusters) {
+        if (c.namespaces !== null && !(JSON.parse(c.namespaces) as string[]).includes(req.namespace))
+          continue;
         for (const item of parseInventory(c.inventory)) {
           if (item.count === 0 || (req.gpu_type !== null && item.gpuType !== req.gpu_type)) continue;
           const free = item.count - this.allocated(c.id, item.gpuType);
@@ -492,7 +527,7 @@ export class Store {
       if (!best) {
         const why = `waiting for a cluster with ${need} free GPU${need === 1 ? "" : "s"}${
           req.gpu_type === null ? "" : ` of type ${req.gpu_type}`
-        }`;
+        } that deploys into namespace ${req.namespace}`;
         if (req.message !== why) {
           this.db
             .prepare("UPDATE requests SET message = ?, updated_at = ? WHERE id = ?")
@@ -756,7 +791,7 @@ function requestView(r: RequestRow): RequestView {
     namespace: r.namespace,
     model: r.model,
     image: r.image,
-    args: JSON.parse(r.args) as string[],
+    args: (JSON.parse(r.args) as string[]).map(redactUrlCredentials),
     gpus: r.gpus,
     gpuType: r.gpu_type,
     replicas: r.replicas,
@@ -768,4 +803,45 @@ function requestView(r: RequestRow): RequestView {
     createdAt: iso(r.created_at),
     updatedAt: iso(r.updated_at),
   };
+}
+
+/**
+ * The database file is owner-only: created 0600 (SQLite gives its -wal and -shm files the same
+ * mode), in a folder created 0700. An existing file others can read is made owner-only, or
+ * refused when that is not possible.
+ */
+function preparePrivateFile(
+  path: string,
+  warn: (msg: string, detail: Record<string, unknown>) => void,
+): void {
+  if (path === ":memory:") return;
+  const dir = dirname(path);
+  if (!existsSync(dir)) mkdirSync(dir, { recursive: true, mode: 0o700 });
+  try {
+    closeSync(openSync(path, "wx", 0o600));
+    return;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+  }
+  for (const file of [path, `${path}-wal`, `${path}-shm`, `${path}-journal`]) {
+    let mode: number;
+    try {
+      mode = statSync(file).mode & 0o777;
+    } catch {
+      continue;
+    }
+    if ((mode & 0o077) === 0) continue;
+    try {
+      chmodSync(file, 0o600);
+    } catch (err) {
+      throw new Error(
+        `control plane database ${file} is readable by other users (mode ${mode.toString(8)}) and cannot be made owner-only (${(err as Error).message}); chmod 600 it`,
+        { cause: err },
+      );
+    }
+    warn("database file was readable by other users; made it owner-only (0600)", {
+      file,
+      mode: mode.toString(8),
+    });
+  }
 }

@@ -8,7 +8,11 @@ import { startControlPlane, type ControlPlane, type ControlPlaneOptions } from "
 import { pino } from "pino";
 import type { Inventory, RegisterResponse } from "./api.js";
 
-export const CLUSTER_TOKEN = "cluster-token-for-tests-0001";
+/** The registration token of each cluster the in-process tests register. */
+export const clusterToken = (clusterId: string): string => `cluster-token-for-tests-${clusterId}`;
+export const TEST_CLUSTERS = ["alpha", "beta", "gamma", "gpu-east", "empty", "c"] as const;
+/** Cluster alpha's token. */
+export const CLUSTER_TOKEN = clusterToken("alpha");
 export const OPERATOR_TOKEN = "operator-token-for-tests-0001";
 
 export interface Harness {
@@ -32,8 +36,9 @@ export async function startHarness(
       dbPath,
       port: 0,
       host: "127.0.0.1",
-      clusterTokens: [CLUSTER_TOKEN],
+      clusterTokens: TEST_CLUSTERS.map((id) => ({ clusterId: id, token: clusterToken(id) })),
       operatorToken: OPERATOR_TOKEN,
+      allowedNamespaces: ["default", "serving"],
       logger: pino({ level: "silent" }),
       ...opts,
     });
@@ -54,7 +59,7 @@ export async function startHarness(
   };
 }
 
-/** A registered cluster: a client that uses the cluster token to register, then its credential. */
+/** A registered cluster: a client that uses its cluster token to register, then its credential. */
 export interface Agent {
   clusterId: string;
   client: ControlPlaneClient;
@@ -66,7 +71,7 @@ export async function registerAgent(url: string, clusterId: string, inventory: I
   const state = { credential: "" };
   const client = new ControlPlaneClient({
     baseUrl: url,
-    token: (kind) => (kind === "cluster" ? CLUSTER_TOKEN : state.credential),
+    token: (kind) => (kind === "cluster" ? clusterToken(clusterId) : state.credential),
   });
   const registration = await client.register({ clusterId, inventory, agentVersion: "test" });
   state.credential = registration.credentials.token;

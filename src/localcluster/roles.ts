@@ -34,7 +34,10 @@ export async function startRoles(ctx: RoleContext): Promise<RoleUrls> {
 async function startClusterAgent(ctx: RoleContext, controlPlane: string): Promise<string> {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const token = (await readFile(join(ctx.state.stateDir, "control-plane", "cluster-token"), "utf8")).trim();
+  const { readTokenFile } = await import("../control-plane/tokens.js");
+  const tokens = await readTokenFile(join(ctx.state.stateDir, "control-plane", "cluster-tokens"));
+  const token = tokens.find((e) => e.clusterId === "local")?.token;
+  if (!token) throw new Error("the control plane has no registration token for cluster local");
   ctx.progress(`starting the cluster agent at ${url} (registers the simulated GPUs with the control plane)`);
   const rec = await ctx.launch(
     "cluster-agent",
@@ -61,7 +64,11 @@ async function startControlPlane(ctx: RoleContext): Promise<string> {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   const dir = join(ctx.state.stateDir, "control-plane");
-  await mkdir(dir, { recursive: true });
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  // One registration token per cluster id: the local agent's (cluster id "local") is minted once.
+  const { addClusterToken } = await import("../control-plane/tokens.js");
+  const tokenFile = join(dir, "cluster-tokens");
+  await addClusterToken(tokenFile, "local");
   ctx.progress(`starting the reference control plane at ${url}`);
   const rec = await ctx.launch("control-plane", [
     "control-plane",
@@ -69,7 +76,7 @@ async function startControlPlane(ctx: RoleContext): Promise<string> {
     `--port=${port}`,
     `--db=${join(dir, "control-plane.db")}`,
     `--operator-token-file=${join(dir, "operator-token")}`,
-    `--cluster-token-file=${join(dir, "cluster-token")}`,
+    `--cluster-token-file=${tokenFile}`,
   ]);
   await waitUntil("the control plane", rec, async () => (await fetch(`${url}/healthz`)).ok);
   return url;
