@@ -1,23 +1,38 @@
 /**
- * Capture: copy a warmed cache root into the cache store, faithfully and atomically.
+ * Capture: copy a warmed cache root into the cache store, faithfully and atomically, while the
+ * pod that owns the root keeps running and may change it under us.
  *
- * The tree is walked first (and refused whole if a symlink leads out of it), copied into a
- * staging directory beside the destination, flushed, renamed into place, and only then marked
- * ready. File data moves inside the kernel (a reflink where the filesystem shares extents,
- * copy_file_range otherwise) on worker threads, each of which hashes the file it just copied
- * from the same open descriptor with a 1 MiB buffer, so nothing is ever held whole in memory.
+ * The tree is walked through descriptors (tree.ts, beneath.ts): nothing is ever opened through a
+ * symlink, and links that lead out of the tree, FIFOs, sockets and devices are left out and
+ * listed in the manifest. It is copied into a staging directory beside the destination, flushed,
+ * renamed into place, and only then marked ready. File data moves inside the kernel (a reflink
+ * where the filesystem shares extents, copy_file_range otherwise) on worker threads, each of
+ * which checks a file is the one the walk saw before reading it, then digests it from the same
+ * descriptor with a 1 MiB buffer, so nothing is ever held whole in memory. A deadline or the
+ * caller's signal ends a capture cleanly at any point before the commit: the copiers stop, the
+ * staging directory goes, and nothing is committed.
  */
 import { randomBytes } from "node:crypto";
-import { chmodSync, constants as fsc, lchownSync, mkdirSync, symlinkSync } from "node:fs";
+import { chmodSync, closeSync, lchownSync, mkdirSync, symlinkSync, constants as fsc } from "node:fs";
 import { lstat, mkdir, open, readdir, realpath, rename, rm, writeFile } from "node:fs/promises";
 import { Worker } from "node:worker_threads";
 import { availableParallelism } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import type { Logger } from "../common/log.js";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
-import { areaOf, MANIFEST_VERSION, readManifest, type Manifest } from "./manifest.js";
-import type { CopiedFile, CopyMember, CopyTask, CopyWorkerData, FromWorker } from "./copy-worker.js";
+import { bytes, openDirNoFollow, openScannedFile, requireProcFd, toBin } from "./beneath.js";
+import { DEFAULT_DIGEST, type DigestAlgorithm } from "./digest.js";
+import { areaOf, MANIFEST_VERSION, nameFields, readManifest, type Manifest } from "./manifest.js";
 import {
+  COUNTERS,
+  type CopiedFile,
+  type CopyMember,
+  type CopyTask,
+  type CopyWorkerData,
+  type FromWorker,
+} from "./copy-protocol.js";
+import {
+  disableOpenat2,
   exactTimes,
   probeCopyMethod,
   setTimesNs,
@@ -27,19 +42,14 @@ import {
 } from "./native.js";
 import { Progress, type ProgressSink } from "./progress.js";
 import { fsyncDir, isReady, writeReadyMarker } from "./ready.js";
-import {
-  isMissing,
-  refuseEscapingLinks,
-  scanTree,
-  yieldNow,
-  type Scan,
-  type Skipped,
-  type TreeEntry,
-} from "./tree.js";
+import { isMissing, scanTree, yieldNow, type Scan, type Skipped, type TreeEntry } from "./tree.js";
 
 export interface CaptureHooks {
-  /** After the walk, before anything is copied (tests remove files here to see them vanish). */
+  /** After the walk, before anything is copied (tests change the tree here). */
   afterScan?: (scan: Scan) => void | Promise<void>;
+  /** On the main thread, just before a copier looks up the source file `rel` (a byte string);
+   * the copier waits until it returns. Tests use it to change the tree mid-copy. */
+  beforeOpen?: (rel: string) => void | Promise<void>;
   /** With the staging tree complete and flushed, just before the rename that commits it. */
   beforeCommit?: (staging: string) => void | Promise<void>;
 }
@@ -59,6 +69,14 @@ export interface CaptureOptions {
   /** Flush the copy to disk before committing (default true), so a node crash after the ready
    * marker cannot leave files whose data never reached the disk. */
   durable?: boolean;
+  /** Milliseconds the capture may take before it fails cleanly (default 30 min; 0: no limit). */
+  deadlineMs?: number;
+  /** Aborting it ends the capture as the deadline does (the leader went away, the agent stops). */
+  signal?: AbortSignal;
+  /** Digest of each file in the manifest (default BLAKE3 where its binding loads, else sha256). */
+  digest?: DigestAlgorithm;
+  /** Walk component by component even where openat2 exists (tests of that path). */
+  noOpenat2?: boolean;
   log?: Logger;
   hooks?: CaptureHooks;
 }
@@ -74,9 +92,25 @@ export class AlreadyCapturedError extends Error {
   }
 }
 
+/** The capture passed its deadline or was cancelled; nothing was committed. */
+export class CaptureStoppedError extends Error {
+  readonly code = "ECAPTURESTOPPED";
+  constructor(
+    readonly why: "deadline" | "aborted",
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
 export const DEFAULT_CAPTURE_PARALLEL = 8;
+/** Long enough for a few hundred GB from a local disk; short of the default election deadline
+ * (60 min), so a stuck capture fails in time for a new election. */
+export const DEFAULT_CAPTURE_DEADLINE_MS = 30 * 60_000;
 const CHUNK = 1 << 20;
 const BATCH_BYTES = 8n << 20n;
+/** How long stopped copiers get to finish the call they are in before they are terminated. */
+const STOP_GRACE_MS = 5_000;
 // Workers hold a read buffer (outside the heap) and their share of the results: small heaps.
 const WORKER_LIMITS = { maxYoungGenerationSizeMb: 4, maxOldGenerationSizeMb: 96 };
 const isRoot = (): boolean => process.getuid?.() === 0;
@@ -90,9 +124,67 @@ export function checkParallel(n: number, what = "parallel"): number {
   return n;
 }
 
+/** The deadline and the caller's signal as one: `check()` throws once either fired. */
+class Stop {
+  readonly signal: AbortSignal;
+  private readonly ac = new AbortController();
+  private why: "deadline" | "aborted" | undefined;
+  private readonly timer: NodeJS.Timeout | undefined;
+  private readonly onAbort = (): void => this.fire("aborted");
+
+  constructor(
+    private readonly what: string,
+    private readonly deadlineMs: number,
+    private readonly outer: AbortSignal | undefined,
+  ) {
+    this.signal = this.ac.signal;
+    if (deadlineMs > 0)
+      this.timer = setTimeout(() => this.fire("deadline"), Math.min(deadlineMs, 2 ** 31 - 1));
+    if (outer?.aborted) this.fire("aborted");
+    else outer?.addEventListener("abort", this.onAbort, { once: true });
+  }
+
+  private fire(why: "deadline" | "aborted"): void {
+    if (this.why) return;
+    this.why = why;
+    this.ac.abort();
+  }
+
+  get fired(): boolean {
+    return this.why !== undefined;
+  }
+
+  check(): void {
+    if (!this.why) return;
+    if (this.why === "deadline")
+      throw new CaptureStoppedError(
+        "deadline",
+        `capture of ${this.what} passed its deadline (${Math.round(this.deadlineMs / 1000)} s); nothing was committed`,
+      );
+    const reason = this.outer?.reason as unknown;
+    const detail =
+      reason instanceof Error ? `: ${reason.message}` : typeof reason === "string" ? `: ${reason}` : "";
+    throw new CaptureStoppedError(
+      "aborted",
+      `capture of ${this.what} was cancelled${detail}; nothing was committed`,
+    );
+  }
+
+  dispose(): void {
+    clearTimeout(this.timer);
+    this.outer?.removeEventListener("abort", this.onAbort);
+  }
+}
+
 export async function capture(opts: CaptureOptions): Promise<Manifest> {
   const t0 = performance.now();
   const parallel = checkParallel(opts.parallel ?? DEFAULT_CAPTURE_PARALLEL);
+  const deadlineMs = opts.deadlineMs ?? DEFAULT_CAPTURE_DEADLINE_MS;
+  if (!Number.isFinite(deadlineMs) || deadlineMs < 0)
+    throw new Error(`deadlineMs must be 0 or more, got ${deadlineMs}`);
+  const digest = opts.digest ?? DEFAULT_DIGEST;
+  requireProcFd("capture");
+  if (opts.noOpenat2) disableOpenat2();
   const src = await realpath(opts.src).catch((err: unknown) => {
     throw new Error(
       `cannot capture ${opts.src}: ${isMissing(err) ? "no such directory" : (err as Error).message}`,
@@ -109,23 +201,38 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
   await removeStaleStaging(parent, basename(dest));
   await prepareDest(dest);
 
-  const scan = await scanTree(src, { reserved: [READY_MARKER, MANIFEST_FILE] });
-  if (opts.hooks?.afterScan) await opts.hooks.afterScan(scan);
-  refuseEscapingLinks(scan.entries, src);
-  const tScan = performance.now();
-
+  const stop = new Stop(src, deadlineMs, opts.signal);
+  const rootFd = openDirNoFollow(src);
   const staging = `${dest}.tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
-  active.add(staging);
   try {
+    stop.check();
+    const scan = await scanTree(rootFd, {
+      reserved: [READY_MARKER, MANIFEST_FILE],
+      checkpoint: () => stop.check(),
+    });
+    if (opts.hooks?.afterScan) await opts.hooks.afterScan(scan);
+    stop.check();
+    const tScan = performance.now();
+
+    active.add(staging);
     await mkdir(staging, { mode: 0o700 });
     const durable = opts.durable ?? true;
-    const copied = await copyTree(src, staging, scan, parallel, opts.progress);
+    const copied = await copyTree(rootFd, staging, scan, {
+      parallel,
+      progressOut: opts.progress,
+      digest,
+      stop,
+      noOpenat2: opts.noOpenat2 ?? false,
+      beforeOpen: opts.hooks?.beforeOpen,
+    });
+    stop.check();
     const tCopy = performance.now();
 
     if (durable) await syncFilesystem(staging);
+    stop.check();
     const tFlush = performance.now();
 
-    const manifest = buildManifest(opts, scan, copied, {
+    const manifest = buildManifest(opts, digest, scan, copied, {
       scanMs: tScan - t0,
       copyMs: tCopy - tScan,
       digestMs: copied.digestMs,
@@ -138,6 +245,8 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     await fsyncDir(staging);
 
     if (opts.hooks?.beforeCommit) await opts.hooks.beforeCommit(staging);
+    // The last point a deadline or a cancel can stop the capture: past the rename it is done.
+    stop.check();
     try {
       await rename(staging, dest);
     } catch (err) {
@@ -158,11 +267,23 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     await setTimesNs(dest, root.stat.atimeNs, root.stat.mtimeNs, false);
     await fsyncDir(dest);
     opts.log?.info(
-      { dest, files: manifest.fileCount, bytes: manifest.totalBytes, method: manifest.captureMethod },
+      {
+        dest,
+        files: manifest.fileCount,
+        bytes: manifest.totalBytes,
+        method: manifest.captureMethod,
+        skipped: manifest.skipped.length,
+      },
       "captured",
     );
     return manifest;
+  } catch (err) {
+    if (err instanceof CaptureStoppedError) opts.log?.warn({ src, dest, why: err.why }, "capture stopped");
+    throw err;
   } finally {
+    closeSync(rootFd);
+    stop.dispose();
+    // Only the staging directory is ours to remove: never the destination, whoever made it.
     if (active.delete(staging)) await rm(staging, { recursive: true, force: true }).catch(() => undefined);
   }
 }
@@ -220,20 +341,26 @@ async function prepareDest(dest: string): Promise<void> {
 
 interface Copied {
   files: CopiedFile[];
+  /** Byte strings. */
   symlinks: { path: string; target: string }[];
   dirs: number;
-  vanished: Skipped[];
+  skipped: Skipped[];
   method: CopyMethod;
   digestMs: number;
 }
 
-async function copyTree(
-  src: string,
-  staging: string,
-  scan: Scan,
-  parallel: number,
-  progressOut: ProgressSink | false | undefined,
-): Promise<Copied> {
+interface CopyOptions {
+  parallel: number;
+  progressOut: ProgressSink | false | undefined;
+  digest: DigestAlgorithm;
+  stop: Stop;
+  noOpenat2: boolean;
+  beforeOpen: ((rel: string) => void | Promise<void>) | undefined;
+}
+
+async function copyTree(rootFd: number, stagingPath: string, scan: Scan, o: CopyOptions): Promise<Copied> {
+  const staging = toBin(stagingPath);
+  const at = (rel: string): Buffer => bytes(`${staging}/${rel}`);
   const dirs = scan.entries.filter((e) => e.kind === "dir");
   const links = scan.entries.filter((e) => e.kind === "symlink");
   // Files sharing an inode in the tree are one copy plus hard links to it.
@@ -241,7 +368,14 @@ async function copyTree(
   for (const e of scan.entries) {
     if (e.kind !== "file") continue;
     const key = e.stat.nlink > 1n ? `${e.stat.dev}:${e.stat.ino}` : e.rel;
-    const m = { rel: e.rel, atimeNs: e.stat.atimeNs, mtimeNs: e.stat.mtimeNs, size: e.stat.size };
+    const m: CopyMember = {
+      rel: e.rel,
+      atimeNs: e.stat.atimeNs,
+      mtimeNs: e.stat.mtimeNs,
+      size: e.stat.size,
+      dev: e.stat.dev,
+      ino: e.stat.ino,
+    };
     const g = groups.get(key);
     if (g) g.push(m);
     else groups.set(key, [m]);
@@ -252,18 +386,17 @@ async function copyTree(
 
   let n = 0;
   for (const d of dirs) {
-    if (d.rel !== "") mkdirSync(`${staging}/${d.rel}`, { mode: 0o700 });
+    if (d.rel !== "") mkdirSync(at(d.rel), { mode: 0o700 });
     if (++n % 256 === 0) await yieldNow();
   }
 
-  const sample = tasks.find((t) => size(t) > 0n)?.[0];
-  const method: CopyMethod = sample ? await probeCopyMethod(`${src}/${sample.rel}`, staging) : "copy";
-  const copied = await copyFiles(src, staging, tasks, parallel, { clone: method === "reflink" }, progressOut);
+  const method = await probeMethod(rootFd, tasks, stagingPath);
+  const copied = await copyFiles(rootFd, staging, tasks, method === "reflink", o);
 
   const symlinks: Copied["symlinks"] = [];
   for (const e of links) {
-    const dst = `${staging}/${e.rel}`;
-    symlinkSync(e.target as string, dst);
+    const dst = at(e.rel);
+    symlinkSync(bytes(e.target as string), dst);
     if (isRoot()) lchownSync(dst, Number(e.stat.uid), Number(e.stat.gid));
     setTimesNsSync(dst, e.stat.atimeNs, e.stat.mtimeNs, true);
     symlinks.push({ path: e.rel, target: e.target as string });
@@ -273,7 +406,7 @@ async function copyTree(
   // Directory times last, deepest first: creating anything inside a directory moves its mtime.
   const byDepth = dirs.filter((d) => d.rel !== "").sort((a, b) => depth(b.rel) - depth(a.rel));
   for (const d of byDepth) {
-    applyMeta(`${staging}/${d.rel}`, d);
+    applyMeta(at(d.rel), d);
     if (++n % 256 === 0) await yieldNow();
   }
 
@@ -283,37 +416,57 @@ async function copyTree(
     files: copied.files.sort(byPath),
     symlinks,
     dirs: dirs.length,
-    vanished: copied.vanished.map((path): Skipped => ({ path, reason: "vanished" })).sort(byPath),
+    skipped: copied.skipped.sort(byPath),
     method,
     digestMs: copied.digestMs,
   };
 }
 
+/** The kernel primitive the copy will use, tried on the first non-empty file that is still the
+ * one the walk saw (opened like any other: by descriptor, checked, non-blocking). */
+async function probeMethod(rootFd: number, tasks: CopyTask[], staging: string): Promise<CopyMethod> {
+  for (const t of tasks) {
+    const m = t[0] as CopyMember;
+    if (m.size === 0n) break;
+    const o = openScannedFile(rootFd, m.rel, m);
+    if (o.skip) continue;
+    try {
+      return await probeCopyMethod(o.fd, staging);
+    } finally {
+      closeSync(o.fd);
+    }
+  }
+  return "copy";
+}
+
 const depth = (rel: string): number => rel.split("/").length;
 
 /** Mode, owner (when we may) and nanosecond times of a directory. */
-function applyMeta(path: string, e: TreeEntry): void {
+function applyMeta(path: string | Buffer, e: TreeEntry): void {
   if (isRoot()) lchownSync(path, Number(e.stat.uid), Number(e.stat.gid));
   chmodSync(path, Number(e.stat.mode) & 0o7777);
   setTimesNsSync(path, e.stat.atimeNs, e.stat.mtimeNs, false);
 }
 
 /**
- * Runs the file copies on `parallel` worker threads, handing out batches (up to 64 files or
- * 8 MiB, so one batch never holds two big files). The first error stops the handing out; every
- * worker finishes its batch before this returns, so nothing writes into staging afterwards.
+ * Runs the file copies on worker threads, handing out batches (up to 64 files or 8 MiB, so one
+ * batch never holds two big files). The first error, a deadline or a cancel stops the handing
+ * out and tells the copiers to stop where they are; every copier is gone before this returns
+ * (those that do not stop within a grace period are terminated), so nothing writes into staging
+ * afterwards.
  */
 async function copyFiles(
-  src: string,
+  rootFd: number,
   staging: string,
   tasks: CopyTask[],
-  parallel: number,
-  how: { clone: boolean },
-  progressOut: ProgressSink | false | undefined,
-): Promise<{ files: CopiedFile[]; vanished: string[]; digestMs: number }> {
-  const counters = new SharedArrayBuffer(16);
-  const filesDone = new Int32Array(counters, 0, 1);
-  const bytesRead = new BigInt64Array(counters, 8, 1);
+  clone: boolean,
+  o: CopyOptions,
+): Promise<{ files: CopiedFile[]; skipped: Skipped[]; digestMs: number }> {
+  const counters = new SharedArrayBuffer(COUNTERS.size);
+  const filesDone = new Int32Array(counters, COUNTERS.files, 1);
+  const stopFlag = new Int32Array(counters, COUNTERS.stop, 1);
+  const hookDone = new Int32Array(counters, COUNTERS.hook, 1);
+  const bytesRead = new BigInt64Array(counters, COUNTERS.bytes, 1);
   const totalBytes = tasks.reduce((n, t) => n + Number((t[0] as CopyMember).size), 0);
   const fileCount = tasks.reduce((n, t) => n + t.length, 0);
   const progress = new Progress(
@@ -321,13 +474,13 @@ async function copyFiles(
     fileCount,
     totalBytes,
     () => ({ files: Atomics.load(filesDone, 0), bytes: Number(Atomics.load(bytesRead, 0)) }),
-    progressOut === false ? null : (progressOut ?? process.stderr),
+    o.progressOut === false ? null : (o.progressOut ?? process.stderr),
   );
 
   let next = 0;
   let failure: Error | undefined;
   const batch = (): CopyTask[] | null => {
-    if (failure || next >= tasks.length) return null;
+    if (failure || o.stop.fired || next >= tasks.length) return null;
     const out: CopyTask[] = [];
     let bytes = 0n;
     while (next < tasks.length && out.length < 64 && bytes < BATCH_BYTES) {
@@ -337,7 +490,21 @@ async function copyFiles(
     }
     return out;
   };
-  const workerData: CopyWorkerData = { src, staging, chunkBytes: CHUNK, ...how, counters };
+  const workerData: CopyWorkerData = {
+    rootFd,
+    staging,
+    chunkBytes: CHUNK,
+    clone,
+    digest: o.digest,
+    noOpenat2: o.noOpenat2,
+    askBeforeOpen: o.beforeOpen !== undefined,
+    counters,
+  };
+  const workers: Worker[] = [];
+  const answerHook = (): void => {
+    Atomics.store(hookDone, 0, 1);
+    Atomics.notify(hookDone, 0);
+  };
   const run = (): Promise<Extract<FromWorker, { kind: "done" }> | undefined> =>
     new Promise((resolve) => {
       const w = new Worker(new URL("./copy-worker.js", import.meta.url), {
@@ -345,10 +512,16 @@ async function copyFiles(
         execArgv: workerExecArgv(),
         resourceLimits: WORKER_LIMITS,
       });
+      workers.push(w);
       let result: Extract<FromWorker, { kind: "done" }> | undefined;
       w.on("message", (m: FromWorker) => {
         if (m.kind === "done") result = m;
-        else {
+        else if (m.kind === "beforeOpen") {
+          void Promise.resolve()
+            .then(() => o.beforeOpen?.(m.rel))
+            .catch((err: unknown) => void (failure ??= err as Error))
+            .finally(answerHook);
+        } else {
           if (m.kind === "error") failure ??= new Error(m.message);
           w.postMessage(batch());
         }
@@ -358,25 +531,39 @@ async function copyFiles(
       w.postMessage(batch());
     });
 
+  // A stop reaches the copiers through the shared flag, between two calls; a copier still busy
+  // after the grace period (a call that does not return) is terminated.
+  let graceTimer: NodeJS.Timeout | undefined;
+  const onStop = (): void => {
+    Atomics.store(stopFlag, 0, 1);
+    answerHook();
+    graceTimer = setTimeout(() => workers.forEach((w) => void w.terminate()), STOP_GRACE_MS);
+  };
+  if (o.stop.fired) onStop();
+  else o.stop.signal.addEventListener("abort", onStop, { once: true });
+
   // A worker costs tens of milliseconds and ~10 MB to start: no more of them than the work can
   // use (one per big file, one per 64 small ones) or the CPUs can run (copying and hashing from
   // the page cache keep a CPU busy; measured on 2 CPUs, a third and fourth worker only slowed
   // the capture down), and at most `parallel`.
   const big = tasks.filter((t) => (t[0] as CopyMember).size >= BATCH_BYTES).length;
   const useful = Math.max(big + 1, Math.ceil(tasks.length / 64));
-  const workers = Math.max(1, Math.min(parallel, useful, Math.max(2, availableParallelism())));
+  const count = Math.max(1, Math.min(o.parallel, useful, Math.max(2, availableParallelism())));
   try {
-    const results = await Promise.all(Array.from({ length: workers }, run));
+    const results = await Promise.all(Array.from({ length: count }, run));
+    o.stop.check();
     if (failure) throw failure;
-    const out = { files: [] as CopiedFile[], vanished: [] as string[], digestMs: 0 };
+    const out = { files: [] as CopiedFile[], skipped: [] as Skipped[], digestMs: 0 };
     for (const r of results) {
       if (!r) throw new Error("a copy worker stopped without reporting");
       out.files.push(...r.files);
-      out.vanished.push(...r.vanished);
+      out.skipped.push(...r.skipped);
       out.digestMs += r.digestMs;
     }
     return out;
   } finally {
+    clearTimeout(graceTimer);
+    o.stop.signal.removeEventListener("abort", onStop);
     progress.stop();
   }
 }
@@ -394,7 +581,13 @@ async function writeDurably(path: string, body: string): Promise<void> {
   }
 }
 
-function buildManifest(opts: CaptureOptions, scan: Scan, c: Copied, timings: Manifest["timings"]): Manifest {
+function buildManifest(
+  opts: CaptureOptions,
+  digest: DigestAlgorithm,
+  scan: Scan,
+  c: Copied,
+  timings: Manifest["timings"],
+): Manifest {
   const split: Manifest["split"] = {
     model: { files: 0, bytes: 0 },
     cache: { files: 0, bytes: 0 },
@@ -418,13 +611,21 @@ function buildManifest(opts: CaptureOptions, scan: Scan, c: Copied, timings: Man
     createdAt: new Date().toISOString(),
     captureMethod: c.method,
     exactTimes,
+    digest,
     fileCount: c.files.length,
     totalBytes,
     dirCount: c.dirs,
     split,
-    files: c.files,
-    symlinks: c.symlinks,
-    skipped: [...scan.skipped, ...c.vanished].sort(byPath),
+    files: c.files.map((f) => ({
+      ...nameFields(f.path, "path"),
+      size: f.size,
+      digest: f.digest,
+      ...(f.linkTo === undefined ? {} : nameFields(f.linkTo, "linkTo")),
+    })),
+    symlinks: c.symlinks.map((l) => ({ ...nameFields(l.path, "path"), ...nameFields(l.target, "target") })),
+    skipped: [...scan.skipped, ...c.skipped]
+      .sort(byPath)
+      .map((s) => ({ ...nameFields(s.path, "path"), reason: s.reason })),
     timings: {
       scanMs: round(timings.scanMs),
       copyMs: round(timings.copyMs),

@@ -3,7 +3,12 @@
  * library function of the same name; flags are checked here so bad input ends in one line.
  */
 import type { Command } from "commander";
-import { AlreadyCapturedError, capture, DEFAULT_CAPTURE_PARALLEL } from "./capture.js";
+import {
+  AlreadyCapturedError,
+  capture,
+  DEFAULT_CAPTURE_DEADLINE_MS,
+  DEFAULT_CAPTURE_PARALLEL,
+} from "./capture.js";
 import { exactTimes } from "./native.js";
 import { DEFAULT_PREWARM_PARALLEL, describePrewarm, prewarm } from "./prewarm.js";
 import { formatBytes } from "./progress.js";
@@ -19,6 +24,11 @@ function intFlag(name: string, raw: string | undefined, dflt: number, min = 1, m
   return n;
 }
 
+function checkHash(hash: string | undefined): void {
+  if (hash !== undefined && !/^[0-9a-f]{64}$/.test(hash))
+    throw new Error(`--hash must be a sha256 in lowercase hex (64 characters), got "${hash}"`);
+}
+
 export function registerDatapathCommands(program: Command): void {
   program
     .command("capture")
@@ -32,20 +42,42 @@ export function registerDatapathCommands(program: Command): void {
       `most files copied at once (default ${DEFAULT_CAPTURE_PARALLEL}; no more copiers than CPUs)`,
     )
     .option("--no-sync", "do not flush the copy to disk before committing (faster, not crash-safe)")
+    .option(
+      "--deadline <seconds>",
+      `fail cleanly (nothing committed) after this long (default ${DEFAULT_CAPTURE_DEADLINE_MS / 1000}; 0: no limit)`,
+    )
     .action(
       async (
         src: string,
         dest: string,
-        o: { hash?: string; model?: string; parallel?: string; sync: boolean },
+        o: { hash?: string; model?: string; parallel?: string; sync: boolean; deadline?: string },
       ) => {
-        if (o.hash !== undefined && !/^[0-9a-f]{64}$/.test(o.hash)) {
-          throw new Error(`--hash must be a sha256 in lowercase hex (64 characters), got "${o.hash}"`);
-        }
+        checkHash(o.hash);
         const parallel = intFlag("--parallel", o.parallel, DEFAULT_CAPTURE_PARALLEL);
+        const deadlineS = intFlag(
+          "--deadline",
+          o.deadline,
+          DEFAULT_CAPTURE_DEADLINE_MS / 1000,
+          0,
+          7 * 24 * 3600,
+        );
         if (!exactTimes)
           process.stderr.write("warmstart: utimensat unavailable; times are kept to the microsecond\n");
+        // Ctrl-C or a container stop ends the capture cleanly: no staging left, nothing committed.
+        const ac = new AbortController();
+        const onSignal = (sig: NodeJS.Signals): void => ac.abort(`received ${sig}`);
+        process.once("SIGINT", onSignal).once("SIGTERM", onSignal);
         try {
-          const m = await capture({ src, dest, hash: o.hash, model: o.model, parallel, durable: o.sync });
+          const m = await capture({
+            src,
+            dest,
+            hash: o.hash,
+            model: o.model,
+            parallel,
+            durable: o.sync,
+            deadlineMs: deadlineS * 1000,
+            signal: ac.signal,
+          });
           const secs = m.timings.totalMs / 1000;
           process.stdout.write(
             `captured ${dest}: ${m.fileCount} files, ${formatBytes(m.totalBytes)} ` +
@@ -57,6 +89,8 @@ export function registerDatapathCommands(program: Command): void {
           // Already there is success for a retry: the committed tree is never touched.
           if (!(err instanceof AlreadyCapturedError)) throw err;
           process.stdout.write(`${err.message}\n`);
+        } finally {
+          process.off("SIGINT", onSignal).off("SIGTERM", onSignal);
         }
       },
     );
@@ -67,11 +101,19 @@ export function registerDatapathCommands(program: Command): void {
     .requiredOption("--from <ro>", "the read-only captured tree")
     .requiredOption("--to <dir>", "the writable shadow (the pod's cache root)")
     .option("--parallel <n>", "files copied at once (default 8)")
-    .action(async (o: { from: string; to: string; parallel?: string }) => {
-      const r = await seed({ from: o.from, to: o.to, parallel: intFlag("--parallel", o.parallel, 8) });
+    .option("--hash <sha256>", "refuse the tree unless its manifest says it was captured for this hash")
+    .action(async (o: { from: string; to: string; parallel?: string; hash?: string }) => {
+      checkHash(o.hash);
+      const r = await seed({
+        from: o.from,
+        to: o.to,
+        hash: o.hash,
+        parallel: intFlag("--parallel", o.parallel, 8),
+      });
       process.stdout.write(
         `seeded ${o.to} from ${o.from}: ${r.linked} model files linked in place, ${r.copied} files copied ` +
-          `(${formatBytes(r.bytesCopied)}), ${r.dirs} dirs, ${r.symlinks} symlinks, ${r.kept} kept\n`,
+          `(${formatBytes(r.bytesCopied)}), ${r.dirs} dirs, ${r.symlinks} symlinks, ${r.kept} kept` +
+          `${r.replaced ? `, ${r.replaced} symlinks in the way replaced` : ""}\n`,
       );
     });
 

@@ -1,17 +1,17 @@
 /**
  * One capture copier (a worker thread). It asks for batches of files, and for each file makes
- * direct, synchronous system calls on descriptors: open the source once (never following a
- * symlink), let the kernel copy it (FICLONE where the filesystem shares extents, else
- * copy_file_range), hash it from the same descriptor, then set owner, mode and nanosecond times
- * (fchown, fchmod, futimens). A libuv thread-pool round trip per call would cost more than the
- * calls themselves on small files, and workers keep the hashing off the main thread.
+ * direct, synchronous system calls on descriptors: find the source below the tree's root
+ * descriptor with no symlink anywhere on the way, check it is the regular file the walk saw
+ * (device and inode) before opening it for reading, non-blocking (beneath.ts); let the kernel
+ * copy it (FICLONE where the filesystem shares extents, else copy_file_range), digest it from the
+ * same descriptor, then set owner, mode and nanosecond times (fchown, fchmod, futimens). A libuv
+ * thread-pool round trip per call would cost more than the calls themselves on small files, and
+ * workers keep the digest off the main thread.
  */
-import { createHash } from "node:crypto";
 import {
   chmodSync,
   closeSync,
   copyFileSync,
-  existsSync,
   fchmodSync,
   fchownSync,
   constants as fsc,
@@ -25,107 +25,90 @@ import {
   type BigIntStats,
 } from "node:fs";
 import { parentPort, workerData } from "node:worker_threads";
-import { kernelCopyAvailable, kernelCopyFd, setFdTimesNs, setTimesNsSync } from "./native.js";
-
-export interface CopyMember {
-  rel: string;
-  atimeNs: bigint;
-  mtimeNs: bigint;
-  size: bigint;
-}
-
-/** One inode: the first name is copied, the others become hard links to it. */
-export type CopyTask = CopyMember[];
-
-export interface CopyWorkerData {
-  src: string;
-  staging: string;
-  chunkBytes: number;
-  /** Clone (reflink) where the probe found the filesystem shares extents; otherwise the clone
-   * attempt is skipped, since it would fail on every file. */
-  clone: boolean;
-  /** Int32 [files done] then BigInt64 [bytes read], for the progress line. */
-  counters: SharedArrayBuffer;
-}
-
-export interface CopiedFile {
-  path: string;
-  size: number;
-  sha256: string;
-  linkTo?: string;
-}
-
-export type FromWorker =
-  | { kind: "more" }
-  | { kind: "done"; files: CopiedFile[]; vanished: string[]; digestMs: number }
-  | { kind: "error"; message: string };
+import {
+  at,
+  bytes,
+  closeFd,
+  O_PATH,
+  openBeneath,
+  openScannedFile,
+  skipReasonOf,
+  specialReason,
+  type SkipReason,
+} from "./beneath.js";
+import {
+  COUNTERS,
+  type CopiedFile,
+  type CopyMember,
+  type CopyTask,
+  type CopyWorkerData,
+  type FromWorker,
+} from "./copy-protocol.js";
+import { createDigest } from "./digest.js";
+import {
+  disableOpenat2,
+  kernelCopyAvailable,
+  kernelCopyFd,
+  setFdTimesNs,
+  setTimesNsSync,
+  StoppedError,
+} from "./native.js";
 
 const data = workerData as CopyWorkerData;
-const filesDone = new Int32Array(data.counters, 0, 1);
-const bytesRead = new BigInt64Array(data.counters, 8, 1);
+if (data.noOpenat2) disableOpenat2();
+const filesDone = new Int32Array(data.counters, COUNTERS.files, 1);
+const stopFlag = new Int32Array(data.counters, COUNTERS.stop, 1);
+const hookDone = new Int32Array(data.counters, COUNTERS.hook, 1);
+const bytesRead = new BigInt64Array(data.counters, COUNTERS.bytes, 1);
 const buf = Buffer.allocUnsafe(data.chunkBytes);
 const root = process.getuid?.() === 0;
 const myUid = BigInt(process.getuid?.() ?? -1);
 const myGid = BigInt(process.getgid?.() ?? -1);
-const viaProc = existsSync("/proc/self/fd");
 
-const missing = (err: unknown): boolean => {
-  const code = (err as NodeJS.ErrnoException).code;
-  return code === "ENOENT" || code === "ENOTDIR" || code === "ELOOP";
-};
+const stopped = (): boolean => Atomics.load(stopFlag, 0) !== 0;
+const dstPath = (rel: string): Buffer => bytes(`${data.staging}/${rel}`);
 
-function openSource(path: string): number {
-  const flags = fsc.O_RDONLY | fsc.O_NOFOLLOW;
-  try {
-    // O_NOATIME leaves the source's atime alone; only its owner and root may ask for it.
-    return openSync(path, flags | fsc.O_NOATIME);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== "EPERM") throw err;
-    return openSync(path, flags);
-  }
+/** Lets a test change the tree at exactly this point: the main thread runs its hook, then answers. */
+function beforeOpen(rel: string): void {
+  if (!data.askBeforeOpen) return;
+  Atomics.store(hookDone, 0, 0);
+  parentPort?.postMessage({ kind: "beforeOpen", rel } satisfies FromWorker);
+  while (Atomics.wait(hookDone, 0, 0, 1000) === "timed-out") if (stopped()) throw new StoppedError();
 }
 
 interface Done {
   size: number;
-  sha256: string;
+  digest: string;
   digestMs: number;
 }
 
 /**
- * Copies and hashes one file; undefined when it vanished. The source is opened once, never
- * through a symlink, and everything else goes through that descriptor, so a name swapped since
- * the walk is never followed. A file rewritten while it is copied is copied again.
+ * Copies and digests one file; a skip reason when it is gone or no longer the file the walk saw.
+ * Everything after the open goes through the one descriptor, so a name swapped since is never
+ * followed. A file rewritten while it is copied is copied again.
  */
-function copyOne(m: CopyMember, dst: string): Done | undefined {
-  const srcPath = `${data.src}/${m.rel}`;
+function copyOne(m: CopyMember, dst: Buffer): Done | SkipReason {
   for (let attempt = 1; ; attempt++) {
-    let fd: number;
+    beforeOpen(m.rel);
+    const o = openScannedFile(data.rootFd, m.rel, m);
+    if (o.skip) return o.skip;
     try {
-      fd = openSource(srcPath);
-    } catch (err) {
-      if (missing(err)) return undefined;
-      throw err;
-    }
-    try {
-      const before = fstatSync(fd, { bigint: true });
-      if (!before.isFile()) return undefined;
-      const r = kernelCopyAvailable()
-        ? copyByFd(fd, before, m, dst)
-        : copyByPath(fd, before, m, srcPath, dst);
+      const r = kernelCopyAvailable() ? copyByFd(o.fd, o.st, m, dst) : copyByPath(o.fd, o.st, m, dst);
       if (r) return r;
-      if (attempt >= 3) throw new Error(`${srcPath} kept changing while it was copied`);
+      if (attempt >= 3) throw new Error(`${m.rel} kept changing while it was copied`);
     } finally {
-      closeSync(fd);
+      closeSync(o.fd);
     }
   }
 }
 
 /** Hashes [0, size) of `fd`; `sink` also gets each chunk (the plain-copy fallback). */
 function hash(fd: number, size: number, sink?: (chunk: Buffer) => void): Done {
-  const h = createHash("sha256");
+  const h = createDigest(data.digest);
   let pos = 0;
   let digestMs = 0;
   while (pos < size) {
+    if (stopped()) throw new StoppedError();
     const n = readSync(fd, buf, 0, Math.min(buf.length, size - pos), pos);
     if (n === 0) break;
     const chunk = buf.subarray(0, n);
@@ -136,7 +119,7 @@ function hash(fd: number, size: number, sink?: (chunk: Buffer) => void): Done {
     pos += n;
     Atomics.add(bytesRead, 0, BigInt(n));
   }
-  return { size: pos, sha256: h.digest("hex"), digestMs };
+  return { size: pos, digest: h.hex(), digestMs };
 }
 
 /** Same size and mtime before and after, and every byte there: the copy holds what was hashed. */
@@ -155,11 +138,11 @@ const timesFor = (before: BigIntStats, m: CopyMember): [bigint, bigint] =>
 
 /** The usual path: a handful of calls, all on descriptors (clone or copy_file_range, pread,
  * fchown, fchmod, futimens). */
-function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: string): Done | undefined {
+function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): Done | undefined {
   const out = openSync(dst, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o600);
   try {
     const size = Number(before.size);
-    const kernel = kernelCopyFd(fd, out, size, data.clone);
+    const kernel = kernelCopyFd(fd, out, size, data.clone, stopped);
     let copied = kernel ?? 0;
     let d: Done;
     if (kernel === undefined) {
@@ -178,23 +161,17 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: string): 
     // After chown (which clears set-id bits), and exactly: open's mode went through the umask.
     fchmodSync(out, Number(before.mode) & 0o7777);
     const [atime, mtime] = timesFor(before, m);
-    setFdTimesNs(out, atime, mtime, dst);
+    setFdTimesNs(out, atime, mtime, m.rel);
     return d;
   } finally {
     closeSync(out);
   }
 }
 
-/** Without the native helpers: libuv's copyFile (reflink, copy_file_range or sendfile) through
- * /proc/self/fd, then times by path at microsecond precision. */
-function copyByPath(
-  fd: number,
-  before: BigIntStats,
-  m: CopyMember,
-  srcPath: string,
-  dst: string,
-): Done | undefined {
-  copyFileSync(viaProc ? `/proc/self/fd/${fd}` : srcPath, dst, data.clone ? fsc.COPYFILE_FICLONE : 0);
+/** Without the native helpers: libuv's copyFile (reflink, copy_file_range or sendfile) from the
+ * open descriptor (through /proc/self/fd), then times by path at microsecond precision. */
+function copyByPath(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): Done | undefined {
+  copyFileSync(at(fd), dst, data.clone ? fsc.COPYFILE_FICLONE : 0);
   const d = hash(fd, Number(before.size));
   if (!unchanged(fd, before, Number(lstatSync(dst).size), d.size)) return undefined;
   if (root && (before.uid !== myUid || before.gid !== myGid)) {
@@ -207,34 +184,52 @@ function copyByPath(
 }
 
 const files: CopiedFile[] = [];
-const vanished: string[] = [];
+const skipped: { path: string; reason: SkipReason }[] = [];
 let digestMs = 0;
+
+/** Whether `rel` is still a name of the inode just copied (a second hard link). */
+function stillLinked(m: CopyMember): SkipReason | undefined {
+  let fd: number;
+  try {
+    fd = openBeneath(data.rootFd, m.rel, O_PATH);
+  } catch (err) {
+    const reason = skipReasonOf(err);
+    if (reason) return reason;
+    throw err;
+  }
+  try {
+    const st = fstatSync(fd, { bigint: true });
+    if (!st.isFile()) return specialReason(st);
+    return st.dev === m.dev && st.ino === m.ino ? undefined : "replaced";
+  } finally {
+    closeFd(fd);
+  }
+}
 
 function runTask(task: CopyTask): void {
   let primary: CopiedFile | undefined;
   for (const m of task) {
-    const dst = `${data.staging}/${m.rel}`;
+    if (stopped()) throw new StoppedError();
+    const dst = dstPath(m.rel);
     Atomics.add(filesDone, 0, 1);
     if (!primary) {
       const r = copyOne(m, dst);
-      if (!r) {
-        vanished.push(m.rel);
+      if (typeof r === "string") {
+        skipped.push({ path: m.rel, reason: r });
         continue;
       }
       digestMs += r.digestMs;
-      primary = { path: m.rel, size: r.size, sha256: r.sha256 };
+      primary = { path: m.rel, size: r.size, digest: r.digest };
       files.push(primary);
       continue;
     }
-    // A name removed since the walk is not recreated.
-    try {
-      lstatSync(`${data.src}/${m.rel}`);
-    } catch (err) {
-      if (!missing(err)) throw err;
-      vanished.push(m.rel);
+    // A name removed or replaced since the walk is not recreated.
+    const gone = stillLinked(m);
+    if (gone) {
+      skipped.push({ path: m.rel, reason: gone });
       continue;
     }
-    linkSync(`${data.staging}/${primary.path}`, dst);
+    linkSync(dstPath(primary.path), dst);
     files.push({ ...primary, path: m.rel, linkTo: primary.path });
   }
 }
@@ -242,7 +237,7 @@ function runTask(task: CopyTask): void {
 // The main thread hands out batches: a message with tasks, or null when there is no more work.
 parentPort?.on("message", (batch: CopyTask[] | null) => {
   if (batch === null) {
-    parentPort?.postMessage({ kind: "done", files, vanished, digestMs } satisfies FromWorker);
+    parentPort?.postMessage({ kind: "done", files, skipped, digestMs } satisfies FromWorker);
     parentPort?.close();
     return;
   }
@@ -250,6 +245,7 @@ parentPort?.on("message", (batch: CopyTask[] | null) => {
     for (const task of batch) runTask(task);
     parentPort?.postMessage({ kind: "more" } satisfies FromWorker);
   } catch (err) {
-    parentPort?.postMessage({ kind: "error", message: (err as Error).message } satisfies FromWorker);
+    if (err instanceof StoppedError) parentPort?.postMessage({ kind: "stopped" } satisfies FromWorker);
+    else parentPort?.postMessage({ kind: "error", message: (err as Error).message } satisfies FromWorker);
   }
 });

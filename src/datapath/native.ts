@@ -9,7 +9,7 @@ import { constants as fsc, lutimesSync } from "node:fs";
 import { copyFile, open, rm } from "node:fs/promises";
 import { constants as osConstants } from "node:os";
 
-type Utimensat = (dirfd: number, path: string, times: Buffer, flags: number) => number;
+type Utimensat = (dirfd: number, path: Buffer, times: Buffer, flags: number) => number;
 type Futimens = (fd: number, times: Buffer) => number;
 type Ioctl = (fd: number, request: number, argType: "int", arg: number) => number;
 type Syncfs = (fd: number) => number;
@@ -28,6 +28,8 @@ interface Libc {
   ioctl: Ioctl;
   syncfs: Syncfs;
   copyFileRange: CopyFileRange;
+  syscall: (nr: number, ...typedArgs: unknown[]) => number | bigint;
+  close: (fd: number) => number;
   errno: () => number;
 }
 
@@ -43,13 +45,16 @@ async function loadLibc(): Promise<Libc | null> {
     // The process's own symbols: libc is already linked into node, whichever libc it is.
     const lib = koffi.load(null);
     return {
-      utimensat: lib.func("int utimensat(int, const char *, const void *, int)") as Utimensat,
+      // Paths go as NUL-terminated bytes: a name need not be valid UTF-8.
+      utimensat: lib.func("int utimensat(int, const void *, const void *, int)") as Utimensat,
       futimens: lib.func("int futimens(int, const void *)") as Futimens,
       ioctl: lib.func("int ioctl(int, unsigned long, ...)") as Ioctl,
       syncfs: lib.func("int syncfs(int)") as Syncfs,
       copyFileRange: lib.func(
         "intptr_t copy_file_range(int, void *, int, void *, size_t, unsigned int)",
       ) as CopyFileRange,
+      syscall: lib.func("long syscall(long, ...)") as Libc["syscall"],
+      close: lib.func("int close(int)") as Libc["close"],
       errno: () => koffi.errno(),
     };
   } catch {
@@ -62,7 +67,10 @@ const libc = await loadLibc();
 /** True when times are set to the nanosecond (utimensat reachable); false means microseconds. */
 export const exactTimes = libc !== null;
 
-function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
+const cString = (path: string | Buffer): Buffer =>
+  Buffer.concat([typeof path === "string" ? Buffer.from(path) : path, Buffer.from([0])]);
+
+export function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
   const code = Object.entries(osConstants.errno).find(([, n]) => n === errno)?.[0] ?? `E${errno}`;
   const err: NodeJS.ErrnoException = new Error(`${code}: ${call} failed on ${path} (errno ${errno})`);
   err.code = code;
@@ -76,13 +84,18 @@ function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoExce
  * (symlinks). Times are nanoseconds since the epoch, as `stat(..., { bigint: true })` gives them.
  * Synchronous: one short system call, which also lets worker threads use it.
  */
-export function setTimesNsSync(path: string, atimeNs: bigint, mtimeNs: bigint, noFollow: boolean): void {
+export function setTimesNsSync(
+  path: string | Buffer,
+  atimeNs: bigint,
+  mtimeNs: bigint,
+  noFollow: boolean,
+): void {
   if (libc) {
     const buf = Buffer.allocUnsafe(32);
     writeTimespec(buf, 0, atimeNs);
     writeTimespec(buf, 16, mtimeNs);
-    if (libc.utimensat(AT_FDCWD, path, buf, noFollow ? AT_SYMLINK_NOFOLLOW : 0) !== 0) {
-      throw errnoError("utimensat", path, libc.errno());
+    if (libc.utimensat(AT_FDCWD, cString(path), buf, noFollow ? AT_SYMLINK_NOFOLLOW : 0) !== 0) {
+      throw errnoError("utimensat", String(path), libc.errno());
     }
     return;
   }
@@ -91,7 +104,12 @@ export function setTimesNsSync(path: string, atimeNs: bigint, mtimeNs: bigint, n
 }
 
 /** setTimesNsSync with a promise, for async callers. */
-export function setTimesNs(path: string, atimeNs: bigint, mtimeNs: bigint, noFollow: boolean): Promise<void> {
+export function setTimesNs(
+  path: string | Buffer,
+  atimeNs: bigint,
+  mtimeNs: bigint,
+  noFollow: boolean,
+): Promise<void> {
   // A throw inside the executor becomes the rejection.
   return new Promise((resolve) => {
     setTimesNsSync(path, atimeNs, mtimeNs, noFollow);
@@ -117,12 +135,20 @@ export const kernelCopyAvailable = (): boolean => libc !== null;
  * (less than `len` if the source is shorter than it was), or undefined when the kernel refuses
  * the primitive here (EXDEV, EOPNOTSUPP, ENOSYS, EINVAL...), so the caller can copy another way.
  */
-export function kernelCopyFd(srcFd: number, dstFd: number, len: number, clone: boolean): number | undefined {
+export function kernelCopyFd(
+  srcFd: number,
+  dstFd: number,
+  len: number,
+  clone: boolean,
+  stopped?: () => boolean,
+): number | undefined {
   if (!libc) return undefined;
   if (clone) return libc.ioctl(dstFd, FICLONE, "int", srcFd) === 0 ? len : undefined;
   let done = 0;
   while (done < len) {
-    const n = Number(libc.copyFileRange(srcFd, null, dstFd, null, Math.min(len - done, 1 << 30), 0));
+    if (stopped?.()) throw new StoppedError();
+    // 64 MiB a call: a worker asked to stop is never more than one such call away from it.
+    const n = Number(libc.copyFileRange(srcFd, null, dstFd, null, Math.min(len - done, 1 << 26), 0));
     if (n < 0) {
       const errno = libc.errno();
       if (errno === osConstants.errno.EINTR) continue;
@@ -167,15 +193,16 @@ export async function syncFilesystem(path: string): Promise<void> {
 export type CopyMethod = "reflink" | "copy_file_range" | "copy";
 
 /**
- * Which primitive the kernel uses to copy `sample` into `dir`: a reflink (FICLONE, shared
- * extents), copy_file_range (in-kernel copy), or a plain read/write copy. Node's copyFile with
- * COPYFILE_FICLONE tries them in that order, so the probe tries them in the same order on a
- * scratch file it removes afterwards.
+ * Which primitive the kernel uses to copy the open file `srcFd` into `dir`: a reflink (FICLONE,
+ * shared extents), copy_file_range (in-kernel copy), or a plain read/write copy. Node's copyFile
+ * with COPYFILE_FICLONE tries them in that order, so the probe tries them in the same order on a
+ * scratch file it removes afterwards. The source is a descriptor the caller already checked, so
+ * the probe never opens anything of the tree by name.
  */
-export async function probeCopyMethod(sample: string, dir: string): Promise<CopyMethod> {
+export async function probeCopyMethod(srcFd: number, dir: string): Promise<CopyMethod> {
   const probe = `${dir}/.warmstart-probe-${process.pid}`;
   try {
-    await copyFile(sample, probe, fsc.COPYFILE_FICLONE_FORCE);
+    await copyFile(`/proc/self/fd/${srcFd}`, probe, fsc.COPYFILE_FICLONE_FORCE);
     return "reflink";
   } catch {
     // no reflink here: try the in-kernel copy next
@@ -183,13 +210,66 @@ export async function probeCopyMethod(sample: string, dir: string): Promise<Copy
     await rm(probe, { force: true });
   }
   if (!libc) return "copy";
-  const src = await open(sample, fsc.O_RDONLY);
   const dst = await open(probe, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o600);
   try {
-    const n = libc.copyFileRange(src.fd, null, dst.fd, null, 1, 0);
+    const n = libc.copyFileRange(srcFd, null, dst.fd, null, 1, 0);
     return Number(n) >= 0 ? "copy_file_range" : "copy";
   } finally {
-    await Promise.all([src.close(), dst.close()]);
+    await dst.close();
     await rm(probe, { force: true });
+  }
+}
+
+/** Thrown inside a copy that was asked to stop (deadline or cancel). */
+export class StoppedError extends Error {
+  constructor() {
+    super("stopped");
+  }
+}
+
+const SYS_OPENAT2 = 437; // the same number on every Linux architecture
+const O_CLOEXEC = 0o2000000;
+const RESOLVE_NO_SYMLINKS = 0x04;
+const RESOLVE_BENEATH = 0x08;
+let openat2Works = libc !== null && process.env.WARMSTART_NO_OPENAT2 !== "1";
+
+/** Closes a descriptor openat2Beneath returned. Node's fs did not open it, so its closeSync
+ * would warn (in a worker thread) about a descriptor it does not track. */
+export function closeRawFd(fd: number): void {
+  libc?.close(fd);
+}
+
+/** Turns openat2 off for this thread (tests of the component-by-component walk). */
+export function disableOpenat2(): void {
+  openat2Works = false;
+}
+
+/** Whether openat2 is in use (until a call finds it missing). */
+export const openat2InUse = (): boolean => openat2Works;
+
+/**
+ * openat2(dirFd, rel, flags) with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS: the kernel resolves
+ * `rel` below `dirFd`, failing with ELOOP on a symlink at any component and EXDEV on any way out.
+ * Returns undefined when openat2 is not there (no native helpers, a kernel before 5.6, a seccomp
+ * profile that refuses it), so the caller can walk component by component instead.
+ */
+export function openat2Beneath(dirFd: number, rel: Buffer, flags: number): number | undefined {
+  if (!libc || !openat2Works) return undefined;
+  const how = Buffer.alloc(24);
+  how.writeBigUInt64LE(BigInt(flags | O_CLOEXEC), 0);
+  how.writeBigUInt64LE(BigInt(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), 16);
+  const path = cString(rel);
+  for (let attempt = 1; ; attempt++) {
+    const fd = Number(libc.syscall(SYS_OPENAT2, "int", dirFd, "void *", path, "void *", how, "size_t", 24));
+    if (fd >= 0) return fd;
+    const errno = libc.errno();
+    // EAGAIN: a rename raced the lookup; the kernel asks for a retry.
+    if ((errno === osConstants.errno.EINTR || errno === osConstants.errno.EAGAIN) && attempt < 16) continue;
+    // ENOSYS: no openat2 here; EPERM: a seccomp profile refuses it (flags never hold O_NOATIME).
+    if (errno === osConstants.errno.ENOSYS || errno === osConstants.errno.EPERM) {
+      openat2Works = false;
+      return undefined;
+    }
+    throw errnoError("openat2", rel.toString("latin1"), errno);
   }
 }

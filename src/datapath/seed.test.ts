@@ -135,7 +135,15 @@ void test("seed in-process: counts, and a stale link to elsewhere is replaced", 
   const { ro } = await readOnlyCapture(dir);
   const shadow = join(dir, "shadow");
   const first = await seed({ from: ro, to: shadow });
-  assert.deepEqual(first, { linked: 2, copied: 7, bytesCopied: 16_023, dirs: 15, symlinks: 2, kept: 0 });
+  assert.deepEqual(first, {
+    linked: 2,
+    copied: 7,
+    bytesCopied: 16_023,
+    dirs: 15,
+    symlinks: 2,
+    kept: 0,
+    replaced: 0,
+  });
   await rm(join(shadow, BLOB_SMALL));
   await writeFile(join(dir, "elsewhere"), "x");
   const { symlink } = await import("node:fs/promises");

@@ -1,26 +1,40 @@
 /**
- * Walking a cache tree: one lstat per entry (bigint, so times keep their nanoseconds), taken
- * before the entry is read so the walk itself does not move the times it records; and the check
- * that a symlink stays inside the tree, done on the whole walk before anything is copied.
+ * Walking a cache tree that its owner may be changing: every directory is opened below the
+ * root's descriptor with no symlink at any component (beneath.ts), listed through that
+ * descriptor, and each entry lstat'ed in it (bigint, so times keep their nanoseconds) before it
+ * is read, so the walk itself does not move the times it records. Symlinks that lead out of the
+ * tree are set aside with their reason, never followed.
  */
 import type { BigIntStats } from "node:fs";
-import { lstatSync, readdirSync, readlinkSync } from "node:fs";
-import { lstat } from "node:fs/promises";
+import { constants as fsc, fstatSync } from "node:fs";
 import { posix } from "node:path";
+import {
+  closeFd,
+  joinRel,
+  listDir,
+  lstatAt,
+  O_PATH,
+  openBeneath,
+  readlinkAt,
+  skipReasonOf,
+  specialReason,
+  type SkipReason,
+} from "./beneath.js";
 
+export type { SkipReason } from "./beneath.js";
 export type EntryKind = "dir" | "file" | "symlink" | "special";
-export type SkipReason = "fifo" | "socket" | "char-device" | "block-device" | "vanished" | "reserved";
 
 export interface TreeEntry {
-  /** Path relative to the root, `/`-separated; "" is the root itself. */
+  /** Path relative to the root as a byte string (beneath.ts), `/`-separated; "" is the root. */
   rel: string;
   kind: EntryKind;
   stat: BigIntStats;
-  /** Symlinks: the link text as stored (never resolved). */
+  /** Symlinks: the link text as stored (never resolved), a byte string. */
   target?: string;
 }
 
 export interface Skipped {
+  /** A byte string, like TreeEntry.rel. */
   path: string;
   reason: SkipReason;
 }
@@ -35,82 +49,116 @@ export const isMissing = (err: unknown): boolean => {
   return code === "ENOENT" || code === "ENOTDIR";
 };
 
-function specialReason(st: BigIntStats): SkipReason {
-  if (st.isFIFO()) return "fifo";
-  if (st.isSocket()) return "socket";
-  if (st.isCharacterDevice()) return "char-device";
-  return "block-device";
-}
-
-const join = (dir: string, name: string): string => (dir === "" ? name : `${dir}/${name}`);
-
 /** Lets other work run on the event loop between stretches of synchronous file-system calls. */
 export const yieldNow = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
+export interface ScanOptions {
+  /** Root-level names a walk must not take from the source (the ready marker and manifest
+   * belong to the copy, never to what is copied). */
+  reserved?: readonly string[];
+  /** Checked between stretches of work: throw to stop the walk (a deadline, a cancel). */
+  checkpoint?: () => void;
+}
+
+const sameInode = (a: BigIntStats, b: BigIntStats): boolean => a.dev === b.dev && a.ino === b.ino;
+
 /**
- * Lists every entry under `root` (which must be a directory). Entries that vanish during the walk
- * are recorded as skipped; `reserved` names the root-level files a walk must not take from the
- * source (the ready marker and manifest belong to the copy, never to what is copied).
+ * Lists every entry below the directory held by `rootFd`. Entries that vanish or are replaced
+ * during the walk are recorded as skipped, as are FIFOs, sockets, devices and symlinks that lead
+ * out of the tree; none of them fails the walk.
  *
  * The calls are synchronous: a walk is tens of thousands of lstat calls, and a round trip through
  * libuv's thread pool costs more than the call itself. The loop yields every few hundred entries
  * so a server running it keeps answering.
  */
-export async function scanTree(root: string, opts: { reserved?: readonly string[] } = {}): Promise<Scan> {
-  const rootStat = await lstat(root, { bigint: true });
-  if (!rootStat.isDirectory()) throw new Error(`${root} is not a directory`);
+export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<Scan> {
+  const rootStat = fstatSync(rootFd, { bigint: true });
+  if (!rootStat.isDirectory()) throw new Error("the root of a scan must be a directory");
   const entries: TreeEntry[] = [{ rel: "", kind: "dir", stat: rootStat }];
   const skipped: Skipped[] = [];
   const reserved = new Set(opts.reserved ?? []);
   const gone = new Set<string>();
-  const pending: string[] = [""];
+  const pending: TreeEntry[] = [entries[0] as TreeEntry];
   let sinceYield = 0;
 
   for (let dir = pending.pop(); dir !== undefined; dir = pending.pop()) {
-    let names: string[];
+    const lost = (reason: SkipReason): void => {
+      gone.add(dir.rel);
+      skipped.push({ path: dir.rel, reason });
+    };
+    let dirFd: number;
     try {
-      names = readdirSync(dir === "" ? root : `${root}/${dir}`);
+      dirFd = dir.rel === "" ? rootFd : openBeneath(rootFd, dir.rel, O_PATH | fsc.O_DIRECTORY);
     } catch (err) {
-      if (!isMissing(err)) throw err;
-      gone.add(dir);
-      skipped.push({ path: dir, reason: "vanished" });
+      const reason = skipReasonOf(err);
+      if (!reason) throw err;
+      lost(reason);
       continue;
     }
-    for (const name of names) {
-      const rel = join(dir, name);
-      if (dir === "" && reserved.has(name)) {
-        skipped.push({ path: rel, reason: "reserved" });
+    try {
+      // The directory listed must be the one whose times were recorded.
+      if (dirFd !== rootFd && !sameInode(fstatSync(dirFd, { bigint: true }), dir.stat)) {
+        lost("replaced");
         continue;
       }
-      const abs = `${root}/${rel}`;
+      let names: string[];
       try {
-        const st = lstatSync(abs, { bigint: true });
-        if (st.isDirectory()) {
-          entries.push({ rel, kind: "dir", stat: st });
-          pending.push(rel);
-        } else if (st.isFile()) {
-          entries.push({ rel, kind: "file", stat: st });
-        } else if (st.isSymbolicLink()) {
-          entries.push({ rel, kind: "symlink", stat: st, target: readlinkSync(abs) });
-        } else {
-          skipped.push({ path: rel, reason: specialReason(st) });
-        }
+        names = listDir(dirFd);
       } catch (err) {
-        if (!isMissing(err)) throw err;
-        skipped.push({ path: rel, reason: "vanished" });
+        const reason = skipReasonOf(err);
+        if (!reason) throw err;
+        lost(reason);
+        continue;
       }
-      if (++sinceYield >= 256) {
-        sinceYield = 0;
-        await yieldNow();
+      for (const name of names) {
+        const rel = joinRel(dir.rel, name);
+        if (dir.rel === "" && reserved.has(name)) {
+          skipped.push({ path: rel, reason: "reserved" });
+          continue;
+        }
+        try {
+          const st = lstatAt(dirFd, name);
+          if (st.isDirectory()) {
+            const e: TreeEntry = { rel, kind: "dir", stat: st };
+            entries.push(e);
+            pending.push(e);
+          } else if (st.isFile()) {
+            entries.push({ rel, kind: "file", stat: st });
+          } else if (st.isSymbolicLink()) {
+            entries.push({ rel, kind: "symlink", stat: st, target: readlinkAt(dirFd, name) });
+          } else {
+            skipped.push({ path: rel, reason: specialReason(st) });
+          }
+        } catch (err) {
+          const reason = skipReasonOf(err);
+          if (!reason) throw err;
+          skipped.push({ path: rel, reason: reason === "replaced" ? "vanished" : reason });
+        }
+        if (++sinceYield >= 256) {
+          sinceYield = 0;
+          opts.checkpoint?.();
+          await yieldNow();
+        }
       }
+    } finally {
+      if (dirFd !== rootFd) closeFd(dirFd);
     }
   }
 
   const cmp = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
-  // A directory that vanished was listed by its parent before it went: drop it and its subtree.
+  // A directory that went was listed by its parent before it did: drop it and its subtree.
   const under = (rel: string): boolean => [...gone].some((g) => rel === g || rel.startsWith(`${g}/`));
+  let kept = gone.size ? entries.filter((e) => !under(e.rel)) : entries;
+  // Links out of the tree are set aside, judged against every link seen (see staysInside).
+  const links = new Map<string, string>();
+  for (const e of kept) if (e.kind === "symlink") links.set(e.rel, e.target as string);
+  const outside = new Set([...links].filter(([rel, t]) => !staysInside(rel, t, links)).map(([rel]) => rel));
+  if (outside.size) {
+    kept = kept.filter((e) => !outside.has(e.rel));
+    for (const rel of outside) skipped.push({ path: rel, reason: "outside" });
+  }
   return {
-    entries: (gone.size ? entries.filter((e) => !under(e.rel)) : entries).sort((a, b) => cmp(a.rel, b.rel)),
+    entries: kept.sort((a, b) => cmp(a.rel, b.rel)),
     skipped: skipped.sort((a, b) => cmp(a.path, b.path)),
   };
 }
@@ -147,17 +195,4 @@ export function staysInside(linkRel: string, target: string, links: ReadonlyMap<
     pending = [...t.split("/"), ...pending];
   }
   return true;
-}
-
-/** Throws a one-line error naming the first symlink that leads outside the tree. */
-export function refuseEscapingLinks(entries: readonly TreeEntry[], root: string): void {
-  const links = new Map<string, string>();
-  for (const e of entries) if (e.kind === "symlink" && e.target !== undefined) links.set(e.rel, e.target);
-  const bad = [...links].filter(([rel, target]) => !staysInside(rel, target, links));
-  const first = bad[0];
-  if (!first) return;
-  const more = bad.length > 1 ? ` (and ${bad.length - 1} more)` : "";
-  throw new Error(
-    `refusing to capture ${root}: symlink ${first[0]} -> ${first[1]} leads outside the tree${more}`,
-  );
 }
