@@ -3,6 +3,7 @@ import type {
   V1EnvVar,
   V1Pod,
   V1ResourceRequirements,
+  V1SecurityContext,
   V1Volume,
   V1VolumeMount,
 } from "@kubernetes/client-node";
@@ -14,7 +15,9 @@ import {
   ANN_INJECTED_ENV,
   ANN_REASON,
   ANN_ROLE,
+  ANN_TREE,
   CACHE_VOLUME,
+  ENV_TREE,
   ENV_PREWARM,
   INIT_PREWARM,
   INIT_SEED,
@@ -90,6 +93,12 @@ export interface RestoreOptions extends DecorationOptions {
   initResources?: V1ResourceRequirements;
   /** emptyDir size limit of the writable shadow. */
   shadowSizeLimit?: string;
+  /**
+   * The captured tree's folder inside the read-only volume, when known at admission (a restore
+   * of a Ready cache). Followers get it from the release controller, which writes it when it
+   * lifts the gate; until then the annotation is absent.
+   */
+  treePath?: string;
 }
 
 export type FollowerOptions = Omit<RestoreOptions, "claimName">;
@@ -142,7 +151,8 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   const root = opts.cacheRoot ?? DEFAULT_CACHE_ROOT;
   const ro = opts.roPath ?? DEFAULT_RO_PATH;
   const c = mainOf(p, opts.containerIndex);
-  stamp(p, opts.hash, "restore", opts.reason);
+  const { annotations } = stamp(p, opts.hash, "restore", opts.reason);
+  if (opts.treePath !== undefined) annotations[ANN_TREE] = opts.treePath;
   upsertVolume(p, {
     name: RO_VOLUME,
     persistentVolumeClaim: { claimName: opts.claimName ?? roxClaimName(opts.hash), readOnly: true },
@@ -151,20 +161,30 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     name: SHADOW_VOLUME,
     emptyDir: opts.shadowSizeLimit ? { sizeLimit: opts.shadowSizeLimit } : {},
   });
-  upsertMount(c, { name: RO_VOLUME, mountPath: ro, readOnly: true });
+  // Every backend shows the tree itself at the mount point: a volume that holds it in a folder
+  // is mounted at that folder, named by the annotation (read when each container starts).
+  const roMount: V1VolumeMount = { name: RO_VOLUME, mountPath: ro, readOnly: true, subPathExpr: `$(${ENV_TREE})` };
+  const treeEnv: V1EnvVar = {
+    name: ENV_TREE,
+    valueFrom: { fieldRef: { fieldPath: `metadata.annotations['${ANN_TREE}']` } },
+  };
+  upsertMount(c, roMount);
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
+  upsertEnv(c, treeEnv);
   injectCacheEnv(p, c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
 
   const cmd = opts.warmstartCommand ?? ["warmstart"];
+  const identity = runAsOf(p, c);
   const base = (name: string, mounts: V1VolumeMount[]): V1Container => ({
     name,
     image: opts.image,
     imagePullPolicy: opts.imagePullPolicy ?? "IfNotPresent",
     volumeMounts: mounts,
+    env: [structuredClone(treeEnv)],
+    securityContext: initSecurityContext(identity),
     terminationMessagePolicy: "FallbackToLogsOnError",
     ...(opts.initResources ? { resources: structuredClone(opts.initResources) } : {}),
   });
-  const roMount: V1VolumeMount = { name: RO_VOLUME, mountPath: ro, readOnly: true };
   const timeout = opts.waitTimeoutSeconds ?? DEFAULT_WAIT_TIMEOUT_SECONDS;
 
   const inits: V1Container[] = [
@@ -176,7 +196,9 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     {
       ...base(INIT_SEED, [roMount, { name: SHADOW_VOLUME, mountPath: root }]),
       command: [...cmd],
-      args: ["seed", "--from", ro, "--to", root],
+      // The shadow is made writable by any UID when the workload's UID is not known here (it
+      // comes from its image): only this pod's containers ever see it.
+      args: ["seed", "--from", ro, "--to", root, ...(identity.runAsUser === undefined ? ["--any-uid"] : [])],
     },
   ];
   const decision = prewarmDecision(c, opts.prewarm);
@@ -192,7 +214,7 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     if (decision.runtimeEnv) {
       // Only known at run time: the init container reads the same reference and decides there.
       init.args?.push("--respect-env", ENV_PREWARM, "--default", opts.prewarm ? "on" : "off");
-      init.env = [structuredClone(decision.runtimeEnv)];
+      init.env?.push(structuredClone(decision.runtimeEnv));
     }
     inits.push(init);
   }
@@ -200,6 +222,33 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   const ours = new Set([INIT_WAIT_READY, INIT_SEED, INIT_PREWARM]);
   spec.initContainers = [...inits, ...(spec.initContainers ?? []).filter((x) => !ours.has(x.name))];
   return p;
+}
+
+/** The UID and GID the workload runs as, when the pod says (its main container wins over the pod). */
+export function runAsOf(pod: V1Pod, main: V1Container): { runAsUser?: number; runAsGroup?: number } {
+  const c = main.securityContext;
+  const s = pod.spec?.securityContext;
+  const runAsUser = c?.runAsUser ?? s?.runAsUser;
+  const runAsGroup = c?.runAsGroup ?? s?.runAsGroup;
+  return {
+    ...(typeof runAsUser === "number" ? { runAsUser } : {}),
+    ...(typeof runAsGroup === "number" ? { runAsGroup } : {}),
+  };
+}
+
+/**
+ * Init containers run as the workload's own UID (so the files they seed are its own) and with
+ * nothing more than they need; without a known UID they run as the image's non-root user.
+ */
+function initSecurityContext(id: { runAsUser?: number; runAsGroup?: number }): V1SecurityContext {
+  return {
+    ...id,
+    ...(id.runAsUser === 0 ? {} : { runAsNonRoot: true }),
+    allowPrivilegeEscalation: false,
+    readOnlyRootFilesystem: true,
+    capabilities: { drop: ["ALL"] },
+    seccompProfile: { type: "RuntimeDefault" },
+  };
 }
 
 /** Follower (SPEC 1.3): a restore against `rox-<short>`, held by the scheduling gate until the cache is Ready. */
@@ -259,6 +308,13 @@ function upsertVolume(p: V1Pod, v: V1Volume): void {
   const i = vols.findIndex((x) => x.name === v.name);
   if (i === -1) vols.push(v);
   else vols[i] = v;
+}
+
+function upsertEnv(c: V1Container, e: V1EnvVar): void {
+  const env = (c.env ??= []);
+  const i = env.findIndex((x) => x.name === e.name);
+  if (i === -1) env.push(e);
+  else env[i] = e;
 }
 
 function upsertMount(c: V1Container, m: V1VolumeMount): void {

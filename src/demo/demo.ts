@@ -74,6 +74,9 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
   const state: ClusterState = await up({
     nodes: 2,
     gpusPerNode: 4,
+    realNodes: 1,
+    hubModelMiB: 256,
+    hubMiBs: 64,
     bare: false,
     progress: (l) => out.line(l),
   });

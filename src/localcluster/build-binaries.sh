@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the local control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok) from the published Go modules at pinned versions into
+# Builds the local cluster (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kwok) from the published Go modules at pinned versions into
 # $WARMSTART_BIN_DIR. Each tool gets its own wrapper module so their dependency
 # graphs never mix. Idempotent: a binary already built is skipped.
 set -euo pipefail
@@ -16,7 +16,7 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}" CGO_ENABLED=0
 step() { echo "==> $*"; }
 
 build_kubernetes() {
-  local bins=(kube-apiserver kube-controller-manager kube-scheduler)
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
   local missing=0
   for b in "${bins[@]}"; do [ -x "$out/$b" ] || missing=1; done
   [ "$missing" = 1 ] || { step "kubernetes $K8S_VERSION: cached"; return; }
@@ -40,6 +40,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
   step "kubernetes $K8S_VERSION: downloading dependencies"

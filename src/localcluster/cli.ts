@@ -16,6 +16,7 @@ function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unk
     startedAt: st.startedAt,
     nodes: st.nodes,
     roles: st.roles,
+    ...(st.images ? { images: st.images } : {}),
     processes: st.processes.map((p) => ({ name: p.name, pid: p.pid, log: p.log })),
   };
 }
@@ -32,9 +33,41 @@ export function registerClusterCommands(program: Command): void {
     )
     .addOption(new Option("--nodes <n>", "simulated GPU nodes").default(2).argParser(positiveInt))
     .addOption(new Option("--gpus <n>", "nvidia.com/gpu per node").default(4).argParser(positiveInt))
+    .addOption(
+      new Option("--real-nodes <n>", "kubelet nodes that run real containers (containerd, runc)")
+        .env("WARMSTART_REAL_NODES")
+        .default(1)
+        .argParser(positiveInt),
+    )
+    .addOption(
+      new Option("--hub-model-mib <n>", "size of each synthetic model the local hub serves")
+        .default(256)
+        .argParser(positiveInt),
+    )
+    .addOption(
+      new Option("--hub-mib-s <n>", "bandwidth shared by all the hub's clients, MiB/s (0: unthrottled)")
+        .default(64)
+        .argParser(positiveInt),
+    )
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
-    .action(async (opts: { nodes: number; gpus: number; bare: boolean }) => {
-      const state = await up({ nodes: opts.nodes, gpusPerNode: opts.gpus, bare: opts.bare, progress });
+    .action(
+      async (opts: {
+        nodes: number;
+        gpus: number;
+        realNodes: number;
+        hubModelMib: number;
+        hubMibS: number;
+        bare: boolean;
+      }) => {
+        const state = await up({
+          nodes: opts.nodes,
+          gpusPerNode: opts.gpus,
+          realNodes: opts.realNodes,
+          hubModelMiB: opts.hubModelMib,
+          hubMiBs: opts.hubMibS,
+          bare: opts.bare,
+          progress,
+        });
       process.stdout.write(
         `kubeconfig: ${state.kubeconfig}\napi server: ${state.apiServer}\nnodes:      ${state.nodes
           .map((n) => `${n.name} (${n.gpus} GPU)`)
@@ -43,8 +76,9 @@ export function registerClusterCommands(program: Command): void {
             .map(([k, v]) => `${`${k}:`.padEnd(12)}${String(v)}\n`)
             .join("") +
           `\nexport KUBECONFIG=${state.kubeconfig}\n`,
-      );
-    });
+        );
+      },
+    );
 
   cluster
     .command("down")
@@ -71,7 +105,9 @@ export function registerClusterCommands(program: Command): void {
       const st = s as unknown as ClusterState;
       process.stdout.write(`running since ${st.startedAt}\nkubeconfig: ${st.kubeconfig}\n`);
       for (const n of st.nodes)
-        process.stdout.write(`node ${n.name}: ${n.gpus} GPU, kubelet root ${n.kubeletRoot}\n`);
+        process.stdout.write(
+          `node ${n.name}: ${n.gpus} GPU, ${n.real ? "real (containerd)" : "simulated"}, kubelet root ${n.kubeletRoot}\n`,
+        );
       for (const [k, v] of Object.entries(st.roles)) process.stdout.write(`${k}: ${String(v)}\n`);
     });
 }

@@ -16,6 +16,9 @@ import {
   type ProcessRecord,
 } from "./processes.js";
 import { ensureSimulatedNode } from "./nodes.js";
+import { ensureHostPackages } from "./host-packages.js";
+import { buildImages, writeImageArchive } from "./images/build.js";
+import { killShims, realNodePaths, startRealNode, stopContainers, unmountUnder } from "./realnode.js";
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
@@ -23,8 +26,23 @@ import { startRoles, type RoleUrls } from "./roles.js";
 export interface ClusterOptions {
   nodes: number;
   gpusPerNode: number;
+  /** Kubelet nodes that run real containers (SPEC 5), beside the simulated ones. */
+  realNodes: number;
+  /** Size of every synthetic model the local hub serves, and the bandwidth all its clients share. */
+  hubModelMiB: number;
+  hubMiBs: number;
   bare: boolean;
   progress: (line: string) => void;
+}
+
+export interface NodeState {
+  name: string;
+  gpus: number;
+  kubeletRoot: string;
+  /** A kubelet node running real containers. */
+  real?: boolean;
+  /** Real nodes: where the kubelet writes container logs (`<ns>_<pod>_<uid>/<container>/N.log`). */
+  podLogsDir?: string;
 }
 
 export interface ClusterState {
@@ -33,8 +51,10 @@ export interface ClusterState {
   apiServer: string;
   versions: typeof VERSIONS;
   startedAt: string;
-  nodes: { name: string; gpus: number; kubeletRoot: string }[];
+  nodes: NodeState[];
   roles: RoleUrls;
+  /** Images present on every real node. */
+  images?: { warmstart: string; engine: string; engineAsUser: string; pause: string };
   processes: ProcessRecord[];
   stateDir: string;
 }
@@ -99,19 +119,22 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
     if (existing.running) {
       opts.progress(`a local cluster is already running (${existing.apiServer}); reusing it`);
       // One started with --bare gets the roles when they are asked for now.
-      if (!opts.bare && Object.keys(existing.roles).length === 0) {
-        existing.roles = await startRoles({
+      if (!opts.bare && !existing.roles.webhook) {
+        existing.roles = {
+          ...existing.roles,
+          ...(await startRoles({
           state: existing,
-          launch: launchRole(existing, dir),
-          progress: opts.progress,
-        });
+            launch: launchRole(existing, dir),
+            progress: opts.progress,
+          })),
+        };
         await writeState(existing);
       }
       return existing;
     }
     if ("processes" in existing) {
       opts.progress("cleaning up a previous local cluster that is no longer complete");
-      await stopAll(existing.processes);
+      await teardown(existing);
     }
     const started = Date.now();
     const bins = await ensureBinaries(opts.progress);
@@ -131,11 +154,19 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       stateDir: dir,
     };
     // Persist every pid as soon as it exists, so `down` can clean up even if this process dies midway.
-    const launch = async (name: string, args: string[], env?: NodeJS.ProcessEnv): Promise<void> => {
-      state.processes.push(
-        await startDetached(name, bins[name]!, args, { log: join(dir, "logs", `${name}.log`), env }),
-      );
+    const launchCommand = async (
+      name: string,
+      command: string,
+      args: string[],
+      env?: NodeJS.ProcessEnv,
+    ): Promise<ProcessRecord> => {
+      const rec = await startDetached(name, command, args, { log: join(dir, "logs", `${name}.log`), env });
+      state.processes.push(rec);
       await writeState(state);
+      return rec;
+    };
+    const launch = async (name: string, args: string[], env?: NodeJS.ProcessEnv): Promise<void> => {
+      await launchCommand(name, bins[name]!, args, env);
     };
     try {
       opts.progress("generating certificates");
@@ -255,8 +286,15 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       });
       await applyCrds(kubeConfig);
 
+      if (opts.realNodes > 0) {
+        await startRealNodes(opts, state, pki, bins.kubelet!, core, launchCommand);
+      }
+
       if (!opts.bare) {
-        state.roles = await startRoles({ state, launch: launchRole(state, dir), progress: opts.progress });
+        state.roles = {
+          ...state.roles,
+          ...(await startRoles({ state, launch: launchRole(state, dir), progress: opts.progress })),
+        };
       }
       state.running = true;
       await writeState(state);
@@ -264,7 +302,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       return state;
     } catch (err) {
       opts.progress(`start failed; stopping what was started (logs in ${join(dir, "logs")})`);
-      await stopAll(state.processes);
+      await teardown(state);
       throw err;
     }
   });
@@ -291,12 +329,84 @@ export async function down(progress: (line: string) => void): Promise<{ stopped:
       progress("no local cluster is running");
       return { stopped: [] };
     }
-    const stopped = await stopAll(state.processes);
+    const stopped = await teardown(state);
     await rm(dir, { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
     await mkdir(dir, { recursive: true });
     progress(stopped.length ? `stopped ${stopped.join(", ")}` : "nothing was running");
     return { stopped };
   });
+}
+
+/**
+ * Stops everything a cluster started and leaves no process or mount behind: the kubelets first
+ * (so nothing restarts containers), then every container through its node's containerd, then
+ * the other processes in reverse start order, then stray shims and the mounts under the state.
+ */
+async function teardown(state: ClusterState): Promise<string[]> {
+  const isKubelet = (p: ProcessRecord): boolean => p.name.startsWith("kubelet-");
+  const stopped = await stopAll(state.processes.filter(isKubelet));
+  const real = (state.nodes ?? []).filter((n) => n.real).map((n) => realNodePaths(state.stateDir, n.name));
+  for (const p of real) await stopContainers(p);
+  stopped.unshift(...(await stopAll(state.processes.filter((p) => !isKubelet(p)))));
+  for (const p of real) await killShims(p);
+  await unmountUnder(state.stateDir);
+  return stopped;
+}
+
+/** Real nodes: host packages, images (cached by content), the model hub, then each node. */
+async function startRealNodes(
+  opts: ClusterOptions,
+  state: ClusterState,
+  pki: Pki,
+  kubelet: string,
+  core: k8s.CoreV1Api,
+  launch: (name: string, command: string, args: string[]) => Promise<ProcessRecord>,
+): Promise<void> {
+  await ensureHostPackages(opts.progress);
+  opts.progress("building the images for the real nodes (cached by content)");
+  const images = await buildImages(opts.progress);
+  const archive = join(state.stateDir, "images.tar");
+  await writeImageArchive(images.refs, archive);
+  state.images = {
+    warmstart: images.warmstart,
+    engine: images.engine,
+    engineAsUser: images.engineAsUser,
+    pause: images.pause,
+  };
+
+  const hubPort = await freePort();
+  const hubUrl = `http://127.0.0.1:${hubPort}`;
+  opts.progress(
+    `starting the local model hub at ${hubUrl} (synthetic/<name>, ${opts.hubModelMiB} MiB each, ${opts.hubMiBs} MiB/s shared)`,
+  );
+  await launch("model-hub", process.execPath, [
+    join(PACKAGE_ROOT, "dist/src/localcluster/hub/main.js"),
+    `--port=${hubPort}`,
+    `--model-mib=${opts.hubModelMiB}`,
+    `--mib-s=${opts.hubMiBs}`,
+  ]);
+  await waitHttp(`${hubUrl}/healthz`, "the model hub", state, 30_000);
+  state.roles.modelHub = hubUrl;
+
+  for (let i = 0; i < opts.realNodes; i++) {
+    const name = `real-${i}`;
+    const p = await startRealNode({
+      name,
+      gpus: opts.gpusPerNode,
+      stateDir: state.stateDir,
+      kubeconfig: state.kubeconfig,
+      caCert: pki.caCert,
+      kubelet,
+      pauseImage: images.pause,
+      imageArchive: archive,
+      launch,
+      core,
+      progress: opts.progress,
+    });
+    state.nodes.push({ name, gpus: opts.gpusPerNode, kubeletRoot: p.kubeletRoot, real: true, podLogsDir: p.podLogsDir });
+    await writeState(state);
+  }
+  await rm(archive, { force: true });
 }
 
 /** Stop in reverse start order (roles, then KWOK and the control plane, etcd last). */

@@ -12,6 +12,8 @@ export interface RoleUrls {
   server?: string;
   controlPlane?: string;
   clusterAgent?: string;
+  /** The local model hub (with real nodes). */
+  modelHub?: string;
 }
 
 export interface RoleContext {
@@ -101,6 +103,8 @@ async function startWebhook(ctx: RoleContext): Promise<string> {
     `--port=${port}`,
     `--register-url=${url}`,
     "--election-enabled=true",
+    // Init containers run the image every real node has (simulated nodes never start them).
+    ...(ctx.state.images ? [`--image=${ctx.state.images.warmstart}`] : []),
   ]);
   await waitUntil("the webhook", rec, async () => {
     await httpsGet(`${url}/healthz`);

@@ -12,12 +12,16 @@ export const VERSIONS = {
 /** The package root (works from src/ via tsc output in dist/src/). */
 export const PACKAGE_ROOT = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../..");
 
-/** Binaries are cached by version outside the work tree, so every checkout and CI run reuses them. */
+/** What the local cluster builds is cached outside the work tree, so every checkout and CI run reuses it. */
+export function cacheDir(): string {
+  return (
+    process.env.WARMSTART_CACHE_DIR ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart")
+  );
+}
+
+/** Binaries are cached by version. */
 export function binDir(): string {
-  const cache =
-    process.env.WARMSTART_CACHE_DIR ??
-    join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart");
-  return join(cache, `k8s-${VERSIONS.kubernetes}-etcd-${VERSIONS.etcd}-kwok-${VERSIONS.kwok}`);
+  return join(cacheDir(), `k8s-${VERSIONS.kubernetes}-etcd-${VERSIONS.etcd}-kwok-${VERSIONS.kwok}`);
 }
 
 /** Where a running local cluster keeps its state (certs, etcd data, pid file, logs). */
@@ -34,5 +38,6 @@ export const BINARIES = [
   "kube-apiserver",
   "kube-controller-manager",
   "kube-scheduler",
+  "kubelet",
 ] as const;
 export type Binary = (typeof BINARIES)[number];

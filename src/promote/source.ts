@@ -54,3 +54,8 @@ export function sourceOf(cache: {
 }
 
 export const encodeSource = (s: CacheSource): string => JSON.stringify(s);
+
+/** The tree's folder inside the volume a restore mounts: host-path volumes are the tree itself. */
+export function treeSubPath(source: CacheSource): string {
+  return source.backend === "host-path" ? "" : (source.subPath ?? "");
+}

@@ -9,7 +9,7 @@ import { claimName, shortHash } from "../core/contract.js";
 import { apiError, isNotFound } from "../common/kube.js";
 import { ensureClaim, promoteClients, type EnsureOutcome, type PromoteClients } from "./claims.js";
 import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles } from "./profiles.js";
-import { sourceOf } from "./source.js";
+import { sourceOf, treeSubPath } from "./source.js";
 
 /** The parts of a ModelCache this reads. */
 export interface CacheRecord {
@@ -17,8 +17,20 @@ export interface CacheRecord {
   spec: { hash: string };
 }
 
+export interface RestoreSettings {
+  prewarm: boolean;
+  prewarmParallelism: number;
+  /** The tree's folder inside the volume the restore mounts ("" when the volume is the tree). */
+  treePath: string;
+}
+
 export interface Promotion {
-  restoreProfile(cache: CacheRecord): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
+  restoreProfile(cache: CacheRecord): Promise<RestoreSettings>;
+  /**
+   * The prewarm policy of the cluster's cache stores (by their provisioner), for followers: they
+   * are decorated before anyone knows which node's store their cache will come from.
+   */
+  storeProfile(provisioner: string, volumeType?: string): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
   ensureClaim(cache: CacheRecord, namespace: string): Promise<EnsureOutcome>;
 }
 
@@ -26,8 +38,12 @@ export function createPromotion(clients: PromoteClients, profiles: StorageProfil
   return {
     async restoreProfile(cache) {
       const source = sourceOf(cache);
-      if (!source) return { prewarm: true, prewarmParallelism: DEFAULT_PREWARM_PARALLELISM };
+      if (!source) return { prewarm: true, prewarmParallelism: DEFAULT_PREWARM_PARALLELISM, treePath: "" };
       const p = await profiles.resolve(source.provisioner, source.volumeType);
+      return { prewarm: p.prewarm, prewarmParallelism: p.prewarmParallelism, treePath: treeSubPath(source) };
+    },
+    async storeProfile(provisioner, volumeType) {
+      const p = await profiles.resolve(provisioner, volumeType);
       return { prewarm: p.prewarm, prewarmParallelism: p.prewarmParallelism };
     },
     async ensureClaim(cache, namespace) {

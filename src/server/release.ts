@@ -2,7 +2,8 @@ import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { apiError, apiErrorInfo, isConflict, isNotFound } from "../common/kube.js";
 import { postPodEvent } from "../common/events.js";
-import { ANN_ELECTION_ID, LABEL_GATED, LABEL_HASH, SCHEDULING_GATE } from "../core/contract.js";
+import { ANN_ELECTION_ID, ANN_TREE, LABEL_GATED, LABEL_HASH, SCHEDULING_GATE } from "../core/contract.js";
+import { sourceOf, treeSubPath } from "../promote/source.js";
 import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
 import { ANN_DEADLINE } from "../core/contract.js";
 
@@ -64,7 +65,9 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
         if ((await claimPhase(d, ns, short)) === "Pending") return { requeueAfterMs: 200 };
       }
     }
-    for (const f of followers) await ungate(d, f, short);
+    const source = cache ? sourceOf(cache) : undefined;
+    const tree = source ? treeSubPath(source) : "";
+    for (const f of followers) await ungate(d, f, short, tree);
     if (followers.length) log.info("cache Ready: released followers");
     d.onRelease?.(short, followers.length);
     if (lease) await retireLease(d, lease, "cache Ready");
@@ -181,8 +184,11 @@ export async function retireLease(
   throw new Error(`retiring Lease ${lease.metadata?.name}: still conflicting after 5 attempts`);
 }
 
-/** Remove our scheduling gate (guarded by a `test` op, so no other gate is ever removed). */
-async function ungate(d: ReleaseDeps, pod: k8s.V1Pod, short: string): Promise<void> {
+/**
+ * Remove our scheduling gate (guarded by a `test` op, so no other gate is ever removed), and in
+ * the same write tell the pod where the tree is inside its volume (its mounts read it at start).
+ */
+async function ungate(d: ReleaseDeps, pod: k8s.V1Pod, short: string, tree: string): Promise<void> {
   const gates = pod.spec?.schedulingGates ?? [];
   const index = gates.findIndex((g) => g.name === SCHEDULING_GATE);
   if (index < 0) return;
@@ -190,6 +196,8 @@ async function ungate(d: ReleaseDeps, pod: k8s.V1Pod, short: string): Promise<vo
     { op: "test", path: `/spec/schedulingGates/${index}/name`, value: SCHEDULING_GATE },
     { op: "remove", path: `/spec/schedulingGates/${index}` },
   ];
+  if (!pod.metadata?.annotations) ops.push({ op: "add", path: "/metadata/annotations", value: {} });
+  ops.push({ op: "add", path: `/metadata/annotations/${ANN_TREE.replace("/", "~1")}`, value: tree });
   if (pod.metadata?.labels?.[LABEL_GATED])
     ops.push({ op: "remove", path: `/metadata/labels/${LABEL_GATED.replace("/", "~1")}` });
   try {

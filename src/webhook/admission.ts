@@ -33,7 +33,11 @@ export interface ClusterView {
   }): Promise<ModelCacheObject | undefined>;
   releaseLease(hash: string, leaseUid: string): Promise<void>;
   /** The storage profile's restore settings for a cache (backend-specific prewarm policy). */
-  restoreProfile(cache: ModelCacheObject): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
+  restoreProfile(
+    cache: ModelCacheObject,
+  ): Promise<{ prewarm: boolean; prewarmParallelism: number; treePath: string }>;
+  /** The prewarm policy of the cluster's cache stores, for followers (their cache is not made yet). */
+  followerProfile(): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
   /** A restore in a namespace that has no claim yet gets one at admission. */
   ensureClaim?(cache: ModelCacheObject, namespace: string): Promise<void>;
 }
@@ -114,6 +118,7 @@ export async function decide(
         cacheRoot: deps.cfg.cacheRoot,
         prewarm: profile.prewarm,
         prewarmParallelism: profile.prewarmParallelism,
+        treePath: profile.treePath,
       }),
     };
   };
@@ -186,6 +191,7 @@ export async function decide(
       }),
     };
   }
+  const profile = await deps.cluster.followerProfile();
   return {
     role: "follower",
     reason: "another pod is downloading",
@@ -196,8 +202,8 @@ export async function decide(
       reason: "another pod is downloading",
       image: deps.cfg.image,
       cacheRoot: deps.cfg.cacheRoot,
-      prewarm: true,
-      prewarmParallelism: 6,
+      prewarm: profile.prewarm,
+      prewarmParallelism: profile.prewarmParallelism,
     }),
   };
 }

@@ -16,6 +16,11 @@ export function registerWebhookCommands(program: Command): void {
     .option("--election-deadline <duration>", "how long an election may take before it is retired (e.g. 60m)")
     .option("--image <image>", "the warmstart image for init containers")
     .option("--timeout-seconds <n>", "the API server's webhook timeout")
+    .option(
+      "--store-provisioner <name>",
+      "storage profile key of the node agents' cache stores (followers prewarm by it; default host-path)",
+    )
+    .option("--store-volume-type <type>", "volume type of the node agents' cache stores")
     .addOption(new Option("--url-file <file>", "write the serving URL here once listening").hideHelp())
     .action(async (flags: Record<string, string | boolean | undefined>) => {
       const cfg = loadWebhookConfig({
@@ -29,6 +34,8 @@ export function registerWebhookCommands(program: Command): void {
         electionDeadline: flags.electionDeadline,
         image: flags.image,
         timeoutSeconds: flags.timeoutSeconds,
+        storeProvisioner: flags.storeProvisioner,
+        storeVolumeType: flags.storeVolumeType,
       });
       const hook = await runWebhook(cfg);
       if (typeof flags.urlFile === "string") {

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { SYSTEM_NAMESPACE } from "../common/kube.js";
+import { HOST_PATH_PROVISIONER } from "../core/contract.js";
 
 const bool = z
   .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
@@ -37,6 +38,9 @@ export const WebhookConfig = z.object({
   image: z.string().default("ghcr.io/warmstart/warmstart:0.1.0"),
   cacheRoot: z.string().default("/warmstart/cache-root"),
   cacheSizeLimit: z.string().default("200Gi"),
+  /** The storage profile key of the node agents' cache stores (as their --store-provisioner): followers prewarm by it. */
+  storeProvisioner: z.string().min(1).default(HOST_PATH_PROVISIONER),
+  storeVolumeType: z.string().min(1).optional(),
   maxBodyBytes: z.coerce
     .number()
     .int()
@@ -56,6 +60,8 @@ export function loadWebhookConfig(flags: Record<string, unknown>, env = process.
     electionEnabled: env.WARMSTART_ELECTION_ENABLED,
     electionDeadline: env.WARMSTART_ELECTION_DEADLINE,
     image: env.WARMSTART_IMAGE,
+    storeProvisioner: env.WARMSTART_STORE_PROVISIONER,
+    storeVolumeType: env.WARMSTART_STORE_VOLUME_TYPE,
   };
   const merged: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(fromEnv)) if (v !== undefined && v !== "") merged[k] = v;

@@ -62,6 +62,8 @@ export async function runWebhook(
     recordElection: (o) => recordElection(custom, o),
     releaseLease: (hash, uid) => releaseLease(coordination, cfg.systemNamespace, hash, uid),
     restoreProfile: (cache) => promotion(kc, cfg.systemNamespace, log).restoreProfile(cache),
+    followerProfile: () =>
+      promotion(kc, cfg.systemNamespace, log).storeProfile(cfg.storeProvisioner, cfg.storeVolumeType),
     ensureClaim: (cache, namespace) =>
       promotion(kc, cfg.systemNamespace, log)
         .ensureClaim(cache, namespace)

@@ -1,0 +1,71 @@
+/**
+ * Debian packages the real nodes and the image build need: containerd, runc and the CNI plugins
+ * to run containers; debootstrap, gcc and pip for the images. Installed by `cluster up` itself
+ * (with apt-get, visible progress) the first time they are missing.
+ */
+import { spawn } from "node:child_process";
+import { access, constants } from "node:fs/promises";
+
+interface Need {
+  /** A file the package provides, checked before installing. */
+  probe: string;
+  pkg: string;
+}
+
+const NEEDS: Need[] = [
+  { probe: "/usr/bin/containerd", pkg: "containerd" },
+  { probe: "/usr/bin/ctr", pkg: "containerd" },
+  { probe: "/usr/sbin/runc", pkg: "runc" },
+  { probe: "/usr/lib/cni/loopback", pkg: "containernetworking-plugins" },
+  { probe: "/usr/sbin/debootstrap", pkg: "debootstrap" },
+  { probe: "/usr/bin/gcc", pkg: "gcc" },
+  { probe: "/usr/lib/x86_64-linux-gnu/libc.a", pkg: "libc6-dev" },
+];
+
+export const CNI_BIN_DIR = "/usr/lib/cni";
+
+const present = (path: string): Promise<boolean> =>
+  access(path, constants.X_OK | constants.R_OK).then(
+    () => true,
+    () => false,
+  );
+
+/** Installs whatever is missing; a clear error when that cannot be done (not root, no apt). */
+export async function ensureHostPackages(progress: (line: string) => void): Promise<void> {
+  const missing = new Set<string>();
+  for (const n of NEEDS) if (!(await present(n.probe))) missing.add(n.pkg);
+  if (missing.size === 0) return;
+  const pkgs = [...missing];
+  if (process.getuid?.() !== 0) {
+    throw new Error(
+      `real nodes need the Debian packages ${pkgs.join(", ")}; install them as root (apt-get install ${pkgs.join(" ")}) or start with --real-nodes 0`,
+    );
+  }
+  progress(`installing Debian packages for the real nodes: ${pkgs.join(", ")}`);
+  await aptGet(["update", "-q"], progress);
+  await aptGet(["install", "-y", "-q", "--no-install-recommends", ...pkgs], progress);
+  for (const n of NEEDS)
+    if (!(await present(n.probe))) throw new Error(`${n.pkg} was installed but ${n.probe} is still missing`);
+}
+
+function aptGet(args: string[], progress: (line: string) => void): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn("apt-get", args, {
+      env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let tail = "";
+    const onData = (d: Buffer): void => {
+      const text = d.toString();
+      tail = (tail + text).slice(-3000);
+      for (const line of text.split("\n"))
+        if (/^(Get:|Setting up|Unpacking)/.test(line)) progress(`  apt: ${line.trim()}`);
+    };
+    child.stdout.on("data", onData);
+    child.stderr.on("data", onData);
+    child.on("error", (err) => reject(new Error(`apt-get: ${err.message}`)));
+    child.on("close", (code) =>
+      code === 0 ? resolve() : reject(new Error(`apt-get ${args.join(" ")} failed (exit ${code}):\n${tail}`)),
+    );
+  });
+}

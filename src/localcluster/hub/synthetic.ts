@@ -1,0 +1,155 @@
+/**
+ * Synthetic model repositories for the local model hub: `synthetic/<name>` holds a few
+ * safetensors shards and the small files a real checkpoint has (config, tokenizer, index). Every
+ * byte is derived from the repository name, so the same name always serves the same bytes and a
+ * file's digest is stable, without storing anything: shard bytes are an AES-CTR keystream whose
+ * key is the file's identity, so any range can be produced directly.
+ */
+import { createCipheriv, createHash } from "node:crypto";
+
+export const SYNTHETIC_ORG = "synthetic";
+const SHARDS = 4;
+
+export interface RepoFile {
+  path: string;
+  size: number;
+  /** Git blob id (sha1 of "blob <size>\0<bytes>"), as the Hub reports `oid`. */
+  oid: string;
+  /** Large files are stored in LFS on the Hub: their sha256 is the blob name clients use. */
+  lfs?: { sha256: string; pointerSize: number };
+}
+
+export interface Repo {
+  id: string;
+  /** The commit every revision name ("main") resolves to. */
+  sha: string;
+  files: RepoFile[];
+  totalBytes: number;
+}
+
+/** What a file is made of: literal bytes (small files) or a keystream of a given size. */
+type Body = { kind: "text"; bytes: Buffer } | { kind: "stream"; key: Buffer; size: number };
+
+interface Built extends Repo {
+  bodies: Map<string, Body>;
+}
+
+export function isSyntheticRepo(id: string): boolean {
+  return /^synthetic\/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/.test(id);
+}
+
+/** Layout of a repository of about `modelBytes` bytes (before digests are known). */
+function layout(id: string, modelBytes: number): Map<string, Body> {
+  const name = id.slice(SYNTHETIC_ORG.length + 1);
+  const text = (s: string): Body => ({ kind: "text", bytes: Buffer.from(s) });
+  const bodies = new Map<string, Body>();
+  bodies.set(
+    "config.json",
+    text(
+      JSON.stringify(
+        {
+          architectures: ["SyntheticForCausalLM"],
+          model_type: "synthetic",
+          name_or_path: id,
+          hidden_size: 4096,
+          num_hidden_layers: 32,
+          torch_dtype: "bfloat16",
+        },
+        null,
+        2,
+      ),
+    ),
+  );
+  bodies.set("generation_config.json", text(JSON.stringify({ max_new_tokens: 256, temperature: 0.7 })));
+  const vocab = Object.fromEntries(
+    Array.from({ length: 2000 }, (_, i) => [`${name}-tok${i}`, i] as [string, number]),
+  );
+  bodies.set("tokenizer.json", text(JSON.stringify({ version: "1.0", model: { type: "BPE", vocab } })));
+  bodies.set("tokenizer_config.json", text(JSON.stringify({ model_max_length: 8192, tokenizer_class: "Synthetic" })));
+  const small = [...bodies.values()].reduce((n, b) => n + (b.kind === "text" ? b.bytes.length : 0), 0);
+  const shardBytes = Math.max(1, Math.floor(Math.max(modelBytes - small - 1024, SHARDS) / SHARDS));
+  const weightMap: Record<string, string> = {};
+  for (let i = 1; i <= SHARDS; i++) {
+    const file = `model-${String(i).padStart(5, "0")}-of-${String(SHARDS).padStart(5, "0")}.safetensors`;
+    const key = createHash("sha256").update(`warmstart-hub\0${id}\0${file}`).digest().subarray(0, 16);
+    bodies.set(file, { kind: "stream", key, size: shardBytes });
+    weightMap[`model.layers.${i - 1}.weight`] = file;
+  }
+  bodies.set(
+    "model.safetensors.index.json",
+    text(JSON.stringify({ metadata: { total_size: shardBytes * SHARDS }, weight_map: weightMap })),
+  );
+  return bodies;
+}
+
+/** `len` bytes of a keystream file starting at `offset`, as an iterator of chunks. */
+export function* streamBytes(key: Buffer, offset: number, len: number, chunk = 1 << 16): Generator<Buffer> {
+  const iv = Buffer.alloc(16);
+  let block = BigInt(Math.floor(offset / 16));
+  for (let i = 15; i >= 0; i--) {
+    iv[i] = Number(block & 0xffn);
+    block >>= 8n;
+  }
+  const cipher = createCipheriv("aes-128-ctr", key, iv);
+  let skip = offset % 16;
+  if (skip) cipher.update(Buffer.alloc(skip));
+  skip = 0;
+  const zeros = Buffer.alloc(chunk);
+  for (let done = 0; done < len; ) {
+    const n = Math.min(chunk, len - done);
+    yield cipher.update(n === chunk ? zeros : zeros.subarray(0, n));
+    done += n;
+  }
+}
+
+export function bodyChunks(body: Body, offset: number, len: number): Iterable<Buffer> {
+  if (body.kind === "text") return [body.bytes.subarray(offset, offset + len)];
+  return streamBytes(body.key, offset, len);
+}
+
+export function bodySize(body: Body): number {
+  return body.kind === "text" ? body.bytes.length : body.size;
+}
+
+function digests(body: Body): { sha1: string; sha256: string } {
+  const size = bodySize(body);
+  const sha1 = createHash("sha1").update(`blob ${size}\0`);
+  const sha256 = createHash("sha256");
+  for (const c of bodyChunks(body, 0, size)) {
+    sha1.update(c);
+    sha256.update(c);
+  }
+  return { sha1: sha1.digest("hex"), sha256: sha256.digest("hex") };
+}
+
+/** Repositories built so far (digests cost a pass over the bytes: once per name). */
+export class SyntheticRepos {
+  private readonly repos = new Map<string, Built>();
+
+  constructor(private readonly modelBytes: number) {}
+
+  get(id: string): (Repo & { body(path: string): Body | undefined }) | undefined {
+    if (!isSyntheticRepo(id)) return undefined;
+    let repo = this.repos.get(id);
+    if (!repo) {
+      const bodies = layout(id, this.modelBytes);
+      const files: RepoFile[] = [];
+      for (const [path, body] of [...bodies].sort(([a], [b]) => a.localeCompare(b))) {
+        const d = digests(body);
+        const size = bodySize(body);
+        files.push({
+          path,
+          size,
+          oid: d.sha1,
+          ...(body.kind === "stream" ? { lfs: { sha256: d.sha256, pointerSize: 134 } } : {}),
+        });
+      }
+      const totalBytes = files.reduce((n, f) => n + f.size, 0);
+      const sha = createHash("sha1").update(`warmstart-hub-commit\0${id}\0${totalBytes}`).digest("hex");
+      repo = { id, sha, files, totalBytes, bodies };
+      this.repos.set(id, repo);
+    }
+    const r = repo;
+    return { ...r, body: (path: string) => r.bodies.get(path) };
+  }
+}
