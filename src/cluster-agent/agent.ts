@@ -15,7 +15,7 @@ import type {
   QueueName,
   TerminationRequest,
 } from "../control-plane/api.js";
-import { ControlPlaneClient, ControlPlaneError } from "../control-plane/client.js";
+import { ControlPlaneClient, ControlPlaneError, fetchTrusting } from "../control-plane/client.js";
 import { realClock, type Clock } from "../common/clock.js";
 import type { AgentConfig } from "./config.js";
 import { SecretStore, type InstalledCredentials } from "./credentials.js";
@@ -29,9 +29,11 @@ import { RegistrationManager, type IssuedCredentials, type RegistrationState } f
 import { formatSelector } from "./selector.js";
 import { startHttp, type Health, type HttpHandle } from "./server.js";
 import { StatusReporter } from "./status.js";
+import { RequestLock } from "./request-lock.js";
 import {
   isTerminalApiError,
   LABEL_REQUEST_ID,
+  NamespaceNotAllowedError,
   OwnershipError,
   Workloads,
   type RequestRecord,
@@ -64,6 +66,17 @@ export interface AgentOptions {
   version?: string;
   /** Called when the agent cannot go on (only with graceful no-GPU off and no GPUs). */
   onFatal?: (err: Error) => void;
+  /** Points where tests hold the agent to play a race deterministically. */
+  hooks?: AgentHooks;
+}
+
+export interface AgentHooks {
+  /** A deployment has recorded its request and is about to create the workload. */
+  beforeApply?(requestId: string): Promise<void>;
+  /** An operation on a request waits because another one on the same request is running. */
+  requestLockWait?(requestId: string): void;
+  /** A message was handled to the end (acknowledged, released or failed). */
+  handled?(queue: QueueName, msg: QueueMessage, outcome: string): void;
 }
 
 export class ClusterAgent {
@@ -81,7 +94,10 @@ export class ClusterAgent {
   private readonly status: StatusReporter;
   private readonly heartbeat: Heartbeat;
   private readonly nodeWatch: ResilientWatch<k8s.V1Node>;
-  private readonly podWatch: ResilientWatch<k8s.V1Pod>;
+  private readonly podWatches: ResilientWatch<k8s.V1Pod>[];
+  /** Deploy and terminate of one request never interleave. */
+  private readonly requestLock: RequestLock;
+  private readonly fetchImpl: typeof fetch | undefined;
   /** The node selector in the API server's syntax (undefined: every node). */
   private readonly selector: string | undefined;
   private readonly nodeSeen = new Map<string, string>();
@@ -107,8 +123,13 @@ export class ClusterAgent {
       apps,
       cfg.namespace,
       { nodeSelector: cfg.nodeSelector.requirements, gpuTypeLabel: cfg.gpuTypeLabel },
+      cfg.namespaces,
       cfg.workloadNamespace,
     );
+    this.requestLock = new RequestLock((id) => opts.hooks?.requestLockWait?.(id));
+    this.fetchImpl =
+      opts.fetch ??
+      (cfg.controlPlaneCaFile ? fetchTrusting(readFileSync(cfg.controlPlaneCaFile)) : undefined);
     const log = this.log;
     const m = this.metrics;
 
@@ -200,21 +221,25 @@ export class ClusterAgent {
       onChange: (node, kind) => this.nodeEvent(node, kind),
       onConnect: () => this.monitor.trigger(),
     });
-    this.podWatch = new ResilientWatch<k8s.V1Pod>({
-      name: "pods",
-      clock: this.clock,
-      log: log.child({ component: "pod-watch" }),
-      informer: k8s.makeInformer(
-        kc,
-        "/api/v1/pods",
-        () => this.core.listPodForAllNamespaces({ labelSelector: LABEL_REQUEST_ID }),
-        LABEL_REQUEST_ID,
-      ),
-      onChange: (pod) => {
-        const id = pod.metadata?.labels?.[LABEL_REQUEST_ID];
-        if (id) this.status.enqueue(id);
-      },
-    });
+    // Pods are watched only where workloads may be: the agent reads nothing cluster-wide but nodes.
+    this.podWatches = cfg.namespaces.map(
+      (namespace) =>
+        new ResilientWatch<k8s.V1Pod>({
+          name: `pods in ${namespace}`,
+          clock: this.clock,
+          log: log.child({ component: "pod-watch", namespace }),
+          informer: k8s.makeInformer(
+            kc,
+            `/api/v1/namespaces/${namespace}/pods`,
+            () => this.core.listNamespacedPod({ namespace, labelSelector: LABEL_REQUEST_ID }),
+            LABEL_REQUEST_ID,
+          ),
+          onChange: (pod) => {
+            const id = pod.metadata?.labels?.[LABEL_REQUEST_ID];
+            if (id) this.status.enqueue(id);
+          },
+        }),
+    );
   }
 
   get url(): string {
@@ -267,11 +292,12 @@ export class ClusterAgent {
         clusterId: cfg.clusterId,
         controlPlane: cfg.controlPlaneUrl,
         nodeSelector: cfg.nodeSelector.text || "(all nodes)",
+        namespaces: cfg.namespaces,
       },
       "cluster agent started",
     );
     this.nodeWatch.start();
-    this.podWatch.start();
+    for (const w of this.podWatches) w.start();
     this.monitor.start();
     this.registration.start();
     this.queue.start();
@@ -290,7 +316,7 @@ export class ClusterAgent {
         this.registration.stop(),
         this.monitor.stop(),
       ]);
-      await Promise.all([this.nodeWatch.stop(), this.podWatch.stop()]);
+      await Promise.all([this.nodeWatch.stop(), ...this.podWatches.map((w) => w.stop())]);
       await this.http?.close();
       this.log.info("stopped");
     })();
@@ -354,7 +380,7 @@ export class ClusterAgent {
     return new ControlPlaneClient({
       baseUrl: this.cfg.controlPlaneUrl,
       token,
-      ...(this.opts.fetch ? { fetch: this.opts.fetch } : {}),
+      ...(this.fetchImpl ? { fetch: this.fetchImpl } : {}),
     });
   }
 
@@ -365,6 +391,8 @@ export class ClusterAgent {
         ...(this.cfg.clusterName ? { name: this.cfg.clusterName } : {}),
         agentVersion: this.version,
         inventory: capacity,
+        // With one workload namespace for every request, any request namespace will do.
+        ...(this.cfg.workloadNamespace ? {} : { namespaces: this.cfg.namespaces }),
       },
       { signal },
     );
@@ -420,12 +448,19 @@ export class ClusterAgent {
     try {
       const records = await this.workloads.listRecords();
       for (const rec of records.filter((r) => r.state === "applied")) {
-        await this.workloads.remove(rec.requestId, rec.namespace, rec.name);
-        await this.workloads.writeRecord({
-          ...rec,
-          state: "terminated",
-          updatedAt: new Date().toISOString(),
+        const removed = await this.requestLock.run(rec.requestId, async () => {
+          // A termination may have removed it while this waited for the lock.
+          const now = await this.workloads.readRecord(rec.requestId);
+          if (now?.state !== "applied") return false;
+          await this.workloads.remove(rec.requestId, rec.namespace, rec.name);
+          await this.workloads.writeRecord({
+            ...rec,
+            state: "terminated",
+            updatedAt: new Date().toISOString(),
+          });
+          return true;
         });
+        if (!removed) continue;
         this.status.forget(rec.requestId);
         this.log.info(
           { requestId: rec.requestId, name: rec.name, namespace: rec.namespace },
@@ -460,20 +495,23 @@ export class ClusterAgent {
       namespace: body.namespace,
       receiveCount: msg.receiveCount,
     });
-    let outcome: string;
-    try {
-      outcome =
-        body.kind === "deploy" ? await this.deploy(msg, body, log) : await this.terminate(msg, body, log);
-    } catch (err) {
-      // A passing failure (API server or control plane unreachable): offer it again soon.
-      outcome = "retry";
-      log.warn(
-        { err: err instanceof Error ? err.message : String(err) },
-        "could not handle the message; it will be retried",
-      );
-      await this.release(msg, RETRY_RELEASE_S, log);
-    }
+    const outcome = await this.requestLock.run(body.requestId, async () => {
+      try {
+        return body.kind === "deploy"
+          ? await this.deploy(msg, body, log)
+          : await this.terminate(msg, body, log);
+      } catch (err) {
+        // A passing failure (API server or control plane unreachable): offer it again soon.
+        log.warn(
+          { err: err instanceof Error ? err.message : String(err) },
+          "could not handle the message; it will be retried",
+        );
+        await this.release(msg, RETRY_RELEASE_S, log);
+        return "retry";
+      }
+    });
     this.metrics.messages.inc({ queue, outcome });
+    this.opts.hooks?.handled?.(queue, msg, outcome);
   }
 
   private async deploy(msg: QueueMessage, req: DeploymentRequest, log: Logger): Promise<string> {
@@ -501,6 +539,15 @@ export class ClusterAgent {
       return "skipped";
     }
     const namespace = this.workloads.targetNamespace(req);
+    const refused = this.workloads.refusal(req);
+    if (refused) {
+      // Whatever the control plane sends, nothing is created outside the configured namespaces.
+      log.warn({ target: namespace }, "request refused: its namespace is not one this agent deploys into");
+      await this.status.reportNow(req.requestId, { phase: "Failed", message: refused, instances: [] });
+      await this.ack(msg, log);
+      this.remember(msg.messageId);
+      return "refused";
+    }
     const existing = await this.workloads.readRecord(req.requestId);
     if (existing && existing.state !== "accepted") {
       // Durable dedupe: applied (or terminated, or failed) in an earlier delivery, perhaps by an
@@ -519,10 +566,15 @@ export class ClusterAgent {
       updatedAt: new Date().toISOString(),
     };
     if (!existing) await this.workloads.writeRecord(rec);
+    await this.opts.hooks?.beforeApply?.(req.requestId);
     try {
       await this.workloads.apply(req, msg.messageId);
     } catch (err) {
-      if (!(err instanceof OwnershipError) && !isTerminalApiError((err as Error).cause ?? err)) throw err;
+      const terminal =
+        err instanceof OwnershipError ||
+        err instanceof NamespaceNotAllowedError ||
+        isTerminalApiError((err as Error).cause ?? err);
+      if (!terminal) throw err;
       const message = (err as Error).message;
       log.warn({ err: message }, "request cannot be deployed here; reporting it failed");
       await this.workloads.writeRecord({ ...rec, state: "failed", updatedAt: new Date().toISOString() });
@@ -552,7 +604,8 @@ export class ClusterAgent {
     const rec = await this.workloads.readRecord(req.requestId);
     const namespace = rec?.namespace || this.workloads.targetNamespace(req);
     const name = rec?.name || req.name;
-    await this.workloads.remove(req.requestId, namespace, name);
+    // Outside the allowlist nothing was ever created (and the agent may not even read there).
+    if (this.workloads.allows(namespace)) await this.workloads.remove(req.requestId, namespace, name);
     // A tombstone, so that a late redelivery of the deployment request is not deployed again.
     await this.workloads.writeRecord({
       requestId: req.requestId,

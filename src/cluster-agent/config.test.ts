@@ -77,3 +77,21 @@ void test("every bad setting is named by flag and variable in one error", () => 
     },
   );
 });
+
+void test("workload namespaces: default, the workload namespace, or a list that must hold it", () => {
+  assert.deepEqual(loadConfig({}, required).namespaces, ["default"]);
+  assert.deepEqual(loadConfig({ workloadNamespace: "serving" }, required).namespaces, ["serving"]);
+  assert.deepEqual(
+    loadConfig({}, { ...required, WARMSTART_WORKLOAD_NAMESPACES: " team-a, team-b " }).namespaces,
+    ["team-a", "team-b"],
+  );
+  assert.throws(
+    () => loadConfig({ namespaces: "team-a", workloadNamespace: "serving" }, required),
+    /--workload-namespace \(WARMSTART_WORKLOAD_NAMESPACE\): is not one of the namespaces \(team-a\)/,
+  );
+  assert.throws(
+    () => loadConfig({ namespaces: "Team_A" }, required),
+    /--namespaces \(WARMSTART_WORKLOAD_NAMESPACES\)/,
+  );
+  assert.throws(() => loadConfig({ namespaces: " , " }, required), /name at least one namespace/);
+});

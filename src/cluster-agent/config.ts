@@ -63,6 +63,18 @@ const Int = (min: number, max: number): z.ZodType<number, string | number> =>
     ])
     .pipe(z.int().min(min).max(max));
 
+/** A comma-separated list of namespaces (or an array of them). */
+const NamespaceList = z
+  .union([z.string(), z.array(z.string())])
+  .transform((v) => (Array.isArray(v) ? v : v.split(",")).map((s) => s.trim()).filter(Boolean))
+  .pipe(
+    z
+      .array(Dns1123Label)
+      .min(1, { message: "name at least one namespace" })
+      .max(256)
+      .refine((ns) => new Set(ns).size === ns.length, { message: "each namespace may appear once" }),
+  );
+
 const Selector = z.string().transform((v, ctx) => {
   try {
     return { text: v.trim(), requirements: parseSelector(v) };
@@ -75,12 +87,16 @@ const Selector = z.string().transform((v, ctx) => {
 export const AgentConfigSchema = z
   .object({
     controlPlaneUrl: z.url({ protocol: /^https?$/, message: "must be an http(s) URL" }),
+    /** PEM CA to trust for an https control plane. */
+    controlPlaneCaFile: z.string().min(1).optional(),
     clusterToken: z.string().min(1, { message: "is required" }),
     clusterId: ClusterId,
     clusterName: z.string().min(1).max(253).optional(),
     kubeconfig: z.string().min(1).optional(),
     namespace: Dns1123Label.default(SYSTEM_NAMESPACE),
     workloadNamespace: Dns1123Label.optional(),
+    /** The only namespaces workloads are created in (the agent's RBAC covers these). */
+    namespaces: NamespaceList.optional(),
     secretName: Dns1123Label.default(CREDENTIALS_SECRET),
     secretNamespace: Dns1123Label.optional(),
     nodeSelector: Selector.default({ text: "", requirements: [] }),
@@ -103,7 +119,20 @@ export const AgentConfigSchema = z
     listenHost: z.string().min(1).default("0.0.0.0"),
     port: Int(0, 65535).default(8080),
   })
-  .transform((c) => ({ ...c, secretNamespace: c.secretNamespace ?? c.namespace }));
+  .superRefine((c, ctx) => {
+    if (c.workloadNamespace && c.namespaces && !c.namespaces.includes(c.workloadNamespace)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["workloadNamespace"],
+        message: `is not one of the namespaces (${c.namespaces.join(", ")})`,
+      });
+    }
+  })
+  .transform((c) => ({
+    ...c,
+    secretNamespace: c.secretNamespace ?? c.namespace,
+    namespaces: c.namespaces ?? [c.workloadNamespace ?? "default"],
+  }));
 
 export type AgentConfig = z.output<typeof AgentConfigSchema>;
 export type AgentConfigInput = z.input<typeof AgentConfigSchema>;
@@ -124,6 +153,12 @@ export const OPTIONS: readonly OptionSpec[] = [
     flag: "--control-plane-url <url>",
     env: "WARMSTART_CONTROL_PLANE_URL",
     help: "control plane base URL",
+  },
+  {
+    key: "controlPlaneCaFile",
+    flag: "--control-plane-ca-file <file>",
+    env: "WARMSTART_CONTROL_PLANE_CA_FILE",
+    help: "PEM CA to trust for an https control plane",
   },
   {
     key: "clusterToken",
@@ -156,6 +191,13 @@ export const OPTIONS: readonly OptionSpec[] = [
     flag: "--workload-namespace <ns>",
     env: "WARMSTART_WORKLOAD_NAMESPACE",
     help: "put every workload here instead of the request's namespace",
+  },
+  {
+    key: "namespaces",
+    flag: "--namespaces <list>",
+    env: "WARMSTART_WORKLOAD_NAMESPACES",
+    help: "comma-separated namespaces workloads may be created in; requests for others are refused",
+    defaultText: "--workload-namespace, else default",
   },
   {
     key: "secretName",

@@ -21,6 +21,8 @@ export interface InstalledCredentials {
   capacity: InventoryItem[];
   /** Which control plane issued them: credentials from another one are never reused. */
   issuer: string;
+  /** How long they were valid for when they arrived (renewal never waits past half of it). */
+  lifetimeMs: number;
 }
 
 /** The guard against stale responses: a strictly newer request wins, nothing else does. */
@@ -45,6 +47,8 @@ const Persisted = z.object({
     }
   }),
   issuer: z.string().min(1),
+  /** Absent in Secrets written before it was kept: the time left is the best guess then. */
+  lifetimeMs: z.coerce.number().int().nonnegative().optional(),
 });
 
 export const MANAGED_BY = "warmstart-cluster-agent";
@@ -70,7 +74,9 @@ export class SecretStore {
       Object.entries(secret.data ?? {}).map(([k, v]) => [k, Buffer.from(v, "base64").toString("utf8")]),
     );
     const parsed = Persisted.safeParse(data);
-    return parsed.success ? parsed.data : undefined;
+    if (!parsed.success) return undefined;
+    const { lifetimeMs, ...rest } = parsed.data;
+    return { ...rest, lifetimeMs: lifetimeMs ?? Math.max(0, rest.expiresAt - Date.now()) };
   }
 
   /**
@@ -94,6 +100,7 @@ export class SecretStore {
         generation: String(creds.generation),
         capacity: JSON.stringify(creds.capacity),
         issuer: creds.issuer,
+        lifetimeMs: String(creds.lifetimeMs),
       },
     };
     for (let attempt = 0; attempt < 5; attempt++) {

@@ -325,6 +325,8 @@ void test("without the gate, the generation guard still refuses the older respon
     generation: 7,
     capacity,
     issuer: "cp",
+    // Half their life is gone: renewal is due at once.
+    lifetimeMs: 2 * TTL,
   });
   s.mgr.start();
   await s.clock.advance(0);
@@ -348,6 +350,7 @@ void test("isNewer: only a strictly higher generation replaces the installed cre
     generation,
     capacity: [],
     issuer: "cp",
+    lifetimeMs: 1,
   });
   assert.equal(isNewer(c(1), undefined), true);
   assert.equal(isNewer(c(2), c(1)), true);
@@ -366,6 +369,7 @@ void test("a waiter cancelled while a registration holds the gate runs no side e
     generation: 3,
     capacity: [],
     issuer: "cp",
+    lifetimeMs: 2 * TTL,
   });
   s.mgr.start();
   await s.clock.advance(0);
@@ -400,6 +404,7 @@ void test("restored credentials: ready without registering when the capacity mat
     generation: 9,
     capacity: [{ gpuType: "H100", count: 4 }],
     issuer: "cp",
+    lifetimeMs: TTL,
   });
   s.mgr.start();
   await settle();
@@ -413,7 +418,13 @@ void test("restored credentials: ready without registering when the capacity mat
 
 void test("credentials from another control plane, or expired, are not reused", async () => {
   const s = setup();
-  const base = { token: "x", renewBeforeMs: 1, generation: 1, capacity: [{ gpuType: "H100", count: 4 }] };
+  const base = {
+    token: "x",
+    renewBeforeMs: 1,
+    generation: 1,
+    capacity: [{ gpuType: "H100", count: 4 }],
+    lifetimeMs: TTL,
+  };
   assert.equal(s.mgr.restore({ ...base, expiresAt: s.clock.now() + TTL, issuer: "elsewhere" }), false);
   assert.equal(s.mgr.restore({ ...base, expiresAt: s.clock.now() - 1, issuer: "cp" }), false);
   s.mgr.start();
@@ -435,3 +446,46 @@ void test("stop while backing off with a renewal armed leaves no timer", async (
   await s.clock.advance(10 * TTL);
   assert.equal(s.calls.length, 2, "nothing runs after stop");
 });
+
+for (const [what, o, serverRenewBefore] of [
+  ["configured", { renewBeforeMs: 2 * TTL }, TTL / 4],
+  ["told by the control plane", {}, TTL],
+] as const) {
+  void test(`a renew-before (${what}) at least as long as the credentials' lifetime renews at half their life, not back to back`, async () => {
+    const held = deferred();
+    let renewals = 0;
+    const s = setup({
+      ...o,
+      api: {
+        register: () =>
+          Promise.resolve({
+            token: "registered",
+            expiresAt: s.clock.now() + TTL,
+            renewBeforeMs: serverRenewBefore,
+          }),
+        renew: async () => {
+          // A runaway loop would renew without end at one instant: stop it here so the test ends.
+          if (++renewals > 50) await held.promise;
+          return {
+            token: `renewed-${renewals}`,
+            expiresAt: s.clock.now() + TTL,
+            renewBeforeMs: serverRenewBefore,
+          };
+        },
+      },
+    });
+    s.mgr.start();
+    await settle();
+    assert.equal(s.mgr.token, "registered");
+    const renewedAt: number[] = [];
+    for (let i = 0; i < 6; i++) {
+      await s.clock.advance(TTL / 2);
+      renewedAt.push(renewals);
+    }
+    held.resolve();
+    assert.deepEqual(renewedAt, [1, 2, 3, 4, 5, 6], "one renewal per half lifetime");
+    assert.equal(s.mgr.renewBefore(s.mgr.installed!), TTL / 2);
+    assert.equal(s.mgr.state.ready, true);
+    await s.mgr.stop();
+  });
+}

@@ -260,7 +260,7 @@ export class RegistrationManager {
     try {
       const issued = await this.o.api.register(capacity, signal);
       if (signal.aborted) return;
-      await this.install({ ...issued, generation, capacity, issuer: this.o.issuer });
+      await this.install(this.installable(issued, generation, capacity));
       this.known = true;
       this.refreshDue = false;
       this.lastError = undefined;
@@ -303,7 +303,7 @@ export class RegistrationManager {
     try {
       const issued = await this.o.api.renew(c.token, signal);
       if (signal.aborted) return;
-      await this.install({ ...issued, generation, capacity: c.capacity, issuer: this.o.issuer });
+      await this.install(this.installable(issued, generation, c.capacity));
       this.renewBackoff.reset();
       this.o.log.info(
         { generation, expiresAt: new Date(issued.expiresAt).toISOString() },
@@ -350,8 +350,28 @@ export class RegistrationManager {
     }
   }
 
-  private renewBefore(c: InstalledCredentials): number {
-    return this.o.renewBeforeMs ?? c.renewBeforeMs;
+  private installable(
+    issued: IssuedCredentials,
+    generation: number,
+    capacity: InventoryItem[],
+  ): InstalledCredentials {
+    return {
+      ...issued,
+      generation,
+      capacity,
+      issuer: this.o.issuer,
+      lifetimeMs: Math.max(0, issued.expiresAt - this.o.clock.now()),
+    };
+  }
+
+  /**
+   * How long before expiry to renew: the configured or the control plane's value, at most half the
+   * credentials' lifetime. A renew-before as long as the lifetime would renew as soon as new
+   * credentials arrive, back to back, forever.
+   */
+  renewBefore(c: InstalledCredentials): number {
+    const wanted = this.o.renewBeforeMs ?? c.renewBeforeMs;
+    return Math.min(wanted, Math.floor(c.lifetimeMs / 2));
   }
 
   private scheduleRenewal(c: InstalledCredentials): void {

@@ -107,3 +107,16 @@ void test("status: Deploying until every replica is ready, then Running, with pe
   };
   assert.deepEqual(workloadStatus(stalled, []), { phase: "Failed", message: "too slow", instances: [] });
 });
+
+void test("a model URL's credentials never reach an annotation; the container's args keep them as given", () => {
+  const model = "https://user:hf_s3cret@hub.example.com/org/m";
+  const d = buildDeployment({ ...req, model, args: ["--model", model] }, "team-a", "msg-1", placement);
+  assert.equal(d.metadata?.annotations?.["warmstart.dev/model"], "https://<redacted>@hub.example.com/org/m");
+  assert.equal(
+    d.spec?.template.metadata?.annotations?.["warmstart.dev/model"],
+    "https://<redacted>@hub.example.com/org/m",
+  );
+  assert.deepEqual(d.spec?.template.spec?.containers[0]?.args, ["--model", model]);
+  const annotations = JSON.stringify([d.metadata?.annotations, d.spec?.template.metadata]);
+  assert.ok(!annotations.includes("hf_s3cret"));
+});

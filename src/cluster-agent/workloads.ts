@@ -6,6 +6,7 @@
 import * as k8s from "@kubernetes/client-node";
 import type { DeploymentRequest, Instance, ReportedPhase } from "../control-plane/api.js";
 import { apiError, apiErrorInfo, isNotFound } from "../common/kube.js";
+import { redactUrlCredentials } from "../core/env.js";
 import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "./inventory.js";
 import { MANAGED_BY } from "./credentials.js";
 import type { Requirement } from "./selector.js";
@@ -69,6 +70,9 @@ export function buildDeployment(
     "app.kubernetes.io/name": req.name,
   };
   const gpus = String(req.gpus);
+  // Annotations are readable by anyone who can read the Deployment: never a credential there. The
+  // container's args are the user's own and stay as given.
+  const model = redactUrlCredentials(req.model);
   return {
     apiVersion: "apps/v1",
     kind: "Deployment",
@@ -76,13 +80,13 @@ export function buildDeployment(
       name: req.name,
       namespace,
       labels,
-      annotations: { [ANN_MESSAGE_ID]: messageId, [ANN_MODEL]: req.model, [ANN_GPU_TYPE]: req.gpuType },
+      annotations: { [ANN_MESSAGE_ID]: messageId, [ANN_MODEL]: model, [ANN_GPU_TYPE]: req.gpuType },
     },
     spec: {
       replicas: req.replicas,
       selector: { matchLabels: { [LABEL_REQUEST_ID]: req.requestId } },
       template: {
-        metadata: { labels, annotations: { [ANN_MODEL]: req.model } },
+        metadata: { labels, annotations: { [ANN_MODEL]: model } },
         spec: {
           affinity: gpuAffinity(req.gpuType, p),
           // GPU nodes are commonly tainted so that only GPU workloads land there.
@@ -189,6 +193,11 @@ export class OwnershipError extends Error {
   override readonly name = "OwnershipError";
 }
 
+/** Thrown when a request targets a namespace this agent does not deploy into. */
+export class NamespaceNotAllowedError extends Error {
+  override readonly name = "NamespaceNotAllowedError";
+}
+
 /** The cluster side of the queue: records, workloads and their status. */
 export class Workloads {
   constructor(
@@ -197,12 +206,26 @@ export class Workloads {
     /** Where the records live (the agent's namespace). */
     private readonly recordNamespace: string,
     private readonly placement: PlacementOptions,
+    /** The only namespaces workloads may be created in. */
+    readonly namespaces: readonly string[],
     /** When set, every workload goes here instead of the request's namespace. */
     private readonly workloadNamespace?: string,
   ) {}
 
   targetNamespace(req: { namespace: string }): string {
     return this.workloadNamespace ?? req.namespace;
+  }
+
+  allows(namespace: string): boolean {
+    return this.namespaces.includes(namespace);
+  }
+
+  /** Why a request cannot be deployed into its namespace here, or undefined when it can. */
+  refusal(req: { namespace: string }): string | undefined {
+    const ns = this.targetNamespace(req);
+    return this.allows(ns)
+      ? undefined
+      : `namespace ${ns} is not one this cluster agent deploys into (${this.namespaces.join(", ")})`;
   }
 
   async readRecord(requestId: string): Promise<RequestRecord | undefined> {
@@ -267,6 +290,9 @@ export class Workloads {
   /** Create or converge the Deployment and Service; refuses to take over objects of another owner. */
   async apply(req: DeploymentRequest, messageId: string): Promise<void> {
     const namespace = this.targetNamespace(req);
+    // The last guard, whatever the caller checked: nothing is written outside the allowlist.
+    const refused = this.refusal(req);
+    if (refused) throw new NamespaceNotAllowedError(refused);
     await this.checkOwner(namespace, req.name, req.requestId);
     const opts = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.ServerSideApply);
     try {

@@ -2,11 +2,13 @@
  * The cluster agent against the real local cluster and the real control plane (in-process, on a
  * temp database). Every test counts only its own simulated GPU nodes (a unique pool label and a
  * unique GPU type), so it never touches the shared gpu-0/gpu-1 and never sees other tests' nodes.
+ * Each test's cluster has its own registration token, and its agent deploys only into the
+ * namespaces the test names.
  */
 import { test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer, request, type IncomingHttpHeaders } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -21,16 +23,19 @@ import { isPodReady, kube, listPods, localCluster, tempNamespace, uniqueName, wa
 const SKIP_CACHE = { "warmstart.dev/skip": "true" };
 import { isNotFound } from "../../src/common/kube.js";
 import { setNodeGpus, simulatedNode } from "../../src/localcluster/nodes.js";
+import { parseAllDocuments } from "yaml";
 import { ControlPlaneClient } from "../../src/control-plane/client.js";
 import { startControlPlane, type ControlPlane } from "../../src/control-plane/server.js";
 import type { RequestStatus } from "../../src/control-plane/api.js";
-import { ClusterAgent } from "../../src/cluster-agent/agent.js";
+import { ClusterAgent, type AgentHooks } from "../../src/cluster-agent/agent.js";
 import { loadConfig, type AgentConfigInput } from "../../src/cluster-agent/config.js";
 import { LABEL_REQUEST_ID, recordName } from "../../src/cluster-agent/workloads.js";
-import { memoryLogger, type LogEntry } from "../../src/common/testing.js";
+import { deferred, memoryLogger, type LogEntry } from "../../src/common/testing.js";
+import { createCA, issueCert } from "../../src/common/certs.js";
 
-const CLUSTER_TOKEN = "agent-it-cluster-token-0001";
 const OPERATOR_TOKEN = "agent-it-operator-token-0001";
+/** Each test cluster's registration token (the control plane binds it to that cluster id). */
+const tokenOf = (clusterId: string): string => `agent-it-token-${clusterId}`;
 const POOL_LABEL = "test.warmstart.dev/agent-pool";
 const SECRET = "warmstart-cluster-agent-credentials";
 
@@ -39,39 +44,73 @@ const SECRET = "warmstart-cluster-agent-credentials";
 interface Cp {
   url: string;
   operator: ControlPlaneClient;
+  /** Gives `clusterId` its registration token (`tokenOf(clusterId)`) in the token file. */
+  allow(clusterId: string): Promise<string>;
+  /** With TLS: the CA file that signed the serving certificate. */
+  caFile: string | undefined;
   stop(): Promise<void>;
   start(): Promise<void>;
 }
 
 async function controlPlane(
   t: TestContext,
-  opts: { credentialTtlSeconds?: number; visibilityTimeoutSeconds?: number } = {},
+  opts: { credentialTtlSeconds?: number; visibilityTimeoutSeconds?: number; tls?: boolean } = {},
 ): Promise<Cp> {
   const dir = await mkdtemp(join(tmpdir(), "warmstart-agent-cp-"));
+  const tokenFile = join(dir, "cluster-tokens");
   let server: ControlPlane | undefined;
   let port = 0;
+  const { tls, ...settings } = opts;
+  let caFile: string | undefined;
+  let ca: string | undefined;
+  const tlsFiles: { tlsCertFile?: string; tlsKeyFile?: string } = {};
+  if (tls) {
+    const authority = await createCA("agent test CA");
+    const leaf = await issueCert(authority, {
+      commonName: "control-plane",
+      ips: ["127.0.0.1"],
+      usage: "server",
+    });
+    ca = authority.cert;
+    caFile = join(dir, "ca.crt");
+    tlsFiles.tlsCertFile = join(dir, "tls.crt");
+    tlsFiles.tlsKeyFile = join(dir, "tls.key");
+    await writeFile(caFile, authority.cert);
+    await writeFile(tlsFiles.tlsCertFile, leaf.cert);
+    await writeFile(tlsFiles.tlsKeyFile, leaf.key, { mode: 0o600 });
+  }
   const start = async (): Promise<void> => {
     server = await startControlPlane({
       dbPath: join(dir, "cp.db"),
       port,
       host: "127.0.0.1",
-      clusterTokens: [CLUSTER_TOKEN],
+      clusterTokenFile: tokenFile,
       operatorToken: OPERATOR_TOKEN,
+      // The tests' namespaces are made up as they go; the agents' own lists confine them.
+      allowedNamespaces: ["*"],
       heartbeatIntervalSeconds: 1,
       logger: pino({ level: "silent" }),
-      ...opts,
+      ...tlsFiles,
+      ...settings,
     });
     port = server.port;
   };
   await start();
-  const url = `http://127.0.0.1:${port}`;
+  const url = `${tls ? "https" : "http"}://127.0.0.1:${port}`;
   t.after(async () => {
     await server?.close();
     await rm(dir, { recursive: true, force: true });
   });
   return {
     url,
-    operator: new ControlPlaneClient({ baseUrl: url, token: OPERATOR_TOKEN }),
+    operator: new ControlPlaneClient({ baseUrl: url, token: OPERATOR_TOKEN, ...(ca ? { ca } : {}) }),
+    caFile,
+    allow: async (clusterId) => {
+      const text =
+        (await readFile(tokenFile, "utf8").catch(() => "")) + `${clusterId}=${tokenOf(clusterId)}\n`;
+      await writeFile(tokenFile, text, { mode: 0o600 });
+      return tokenOf(clusterId);
+    },
     start,
     stop: async () => {
       await server?.close();
@@ -94,6 +133,8 @@ interface Proxy {
   url: string;
   delays: Map<RegExp, number>;
   blocked: Set<RegExp>;
+  /** Rewrites request bodies on their way to the control plane (plays a control plane that ignores a field). */
+  rewrite: ((path: string, body: Buffer) => Buffer) | undefined;
   credentialCalls: CredentialCall[];
   maxConcurrentCredentialCalls: number;
 }
@@ -103,6 +144,7 @@ async function proxy(t: TestContext, target: string): Promise<Proxy> {
     url: "",
     delays: new Map(),
     blocked: new Set(),
+    rewrite: undefined,
     credentialCalls: [],
     maxConcurrentCredentialCalls: 0,
   };
@@ -130,7 +172,16 @@ async function proxy(t: TestContext, target: string): Promise<Proxy> {
           }
           const delay = [...p.delays].find(([r]) => r.test(path))?.[1] ?? 0;
           if (delay) await sleep(delay);
-          const answer = await forward(to, req.method ?? "GET", path, req.headers, Buffer.concat(chunks));
+          const raw = Buffer.concat(chunks);
+          const body = p.rewrite ? p.rewrite(path, raw) : raw;
+          const { "content-length": _length, ...headers } = req.headers;
+          const answer = await forward(
+            to,
+            req.method ?? "GET",
+            path,
+            { ...headers, "content-length": String(body.length) },
+            body,
+          );
           if (isCredential && answer.status === 200) {
             call.token = (
               JSON.parse(answer.body.toString()) as { credentials: { token: string } }
@@ -245,7 +296,7 @@ function agentConfig(
   return loadConfig(
     {
       controlPlaneUrl: cpUrl,
-      clusterToken: CLUSTER_TOKEN,
+      clusterToken: tokenOf(clusterId),
       clusterId,
       namespace,
       nodeSelector,
@@ -266,10 +317,16 @@ function agentConfig(
 async function startAgent(
   t: TestContext,
   cfg: ReturnType<typeof agentConfig>,
+  more: { hooks?: AgentHooks; kubeConfig?: k8s.KubeConfig } = {},
 ): Promise<{ agent: ClusterAgent; entries: LogEntry[] }> {
-  const { kc } = await kube();
+  const kc = more.kubeConfig ?? (await kube()).kc;
   const logs = memoryLogger();
-  const agent = new ClusterAgent({ config: cfg, kubeConfig: kc, log: logs.log });
+  const agent = new ClusterAgent({
+    config: cfg,
+    kubeConfig: kc,
+    log: logs.log,
+    ...(more.hooks ? { hooks: more.hooks } : {}),
+  });
   await agent.start();
   t.after(() => agent.stop());
   return { agent, entries: logs.entries };
@@ -317,6 +374,7 @@ void test("no GPUs: alive, not ready, nothing consumed; a GPU node appears: regi
   const agentNs = await tempNamespace(t, "agent");
   const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
   const kubeconfig = process.env.KUBECONFIG ?? (await localCluster())?.kubeconfig;
   assert.ok(kubeconfig, "a kubeconfig for the child process");
 
@@ -341,6 +399,8 @@ void test("no GPUs: alive, not ready, nothing consumed; a GPU node appears: regi
       kubeconfig,
       "--namespace",
       agentNs,
+      "--namespaces",
+      workNs,
       "--node-selector",
       gpus.label,
       "--port",
@@ -362,7 +422,7 @@ void test("no GPUs: alive, not ready, nothing consumed; a GPU node appears: regi
       env: {
         ...process.env,
         WARMSTART_CONTROL_PLANE_URL: cp.url,
-        WARMSTART_CLUSTER_TOKEN: CLUSTER_TOKEN,
+        WARMSTART_CLUSTER_TOKEN: tokenOf(clusterId),
         WARMSTART_CLUSTER_ID: clusterId,
         WARMSTART_LOG_FORMAT: "json",
       },
@@ -485,8 +545,8 @@ void test("with --graceful-no-gpu false and no GPUs the agent exits 1 instead of
       env: {
         ...process.env,
         WARMSTART_CONTROL_PLANE_URL: cp.url,
-        WARMSTART_CLUSTER_TOKEN: CLUSTER_TOKEN,
-        WARMSTART_CLUSTER_ID: uniqueName("ca"),
+        WARMSTART_CLUSTER_TOKEN: tokenOf("never-registers"),
+        WARMSTART_CLUSTER_ID: "never-registers",
         WARMSTART_LOG_FORMAT: "json",
       },
       stdio: ["ignore", "ignore", "pipe"],
@@ -508,8 +568,12 @@ void test("heartbeat instructions: cordon stops new work, drain removes the work
   const agentNs = await tempNamespace(t, "agent");
   const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
   await gpus.add(4);
-  const { agent } = await startAgent(t, agentConfig(cp.url, clusterId, agentNs, gpus.label));
+  const { agent } = await startAgent(
+    t,
+    agentConfig(cp.url, clusterId, agentNs, gpus.label, { namespaces: workNs }),
+  );
   await waitFor("ready", async () => (await get(`${agent.url}/healthz`)).status === 200, 30_000);
   const first = await cp.operator.submit({
     name: "before-drain",
@@ -556,6 +620,7 @@ void test("control plane down while GPUs arrive: not ready, retries with growing
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
   const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
   const { agent, entries } = await startAgent(t, agentConfig(cp.url, clusterId, agentNs, gpus.label));
   await waitFor("GPU state known", () => agent.monitor.current !== undefined);
 
@@ -600,6 +665,7 @@ void test("last GPU node removed: not ready, paused, capacity 0 reported; three 
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
   const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
   const { agent, entries } = await startAgent(t, agentConfig(cp.url, clusterId, agentNs, gpus.label));
   const health = async (): Promise<{ status: number; body: Record<string, unknown> }> =>
     get(`${agent.url}/healthz`);
@@ -659,6 +725,7 @@ void test("renewal racing re-registration through a slow control plane never lea
   const gpus = await pool(t);
   const agentNs = await tempNamespace(t, "agent");
   const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
   // Renewal falls due 1 s after each install, and so does the periodic re-registration.
   const { agent, entries } = await startAgent(
     t,
@@ -717,7 +784,11 @@ void test("a redelivered request creates no second workload, across an agent res
   const agentNs = await tempNamespace(t, "agent");
   const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
-  const cfg = agentConfig(px.url, clusterId, agentNs, gpus.label, { visibilityTimeout: "2s" });
+  await cp.allow(clusterId);
+  const cfg = agentConfig(px.url, clusterId, agentNs, gpus.label, {
+    visibilityTimeout: "2s",
+    namespaces: workNs,
+  });
   await gpus.add(4);
   const first = await startAgent(t, cfg);
   await waitFor("ready", async () => (await get(`${first.agent.url}/healthz`)).status === 200, 30_000);
@@ -810,10 +881,11 @@ void test("control plane restarted on the same database: registration, queues an
   const agentNs = await tempNamespace(t, "agent");
   const workNs = await tempNamespace(t, "work", SKIP_CACHE);
   const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
   await gpus.add(4);
   const { agent, entries } = await startAgent(
     t,
-    agentConfig(px.url, clusterId, agentNs, gpus.label, { visibilityTimeout: "2s" }),
+    agentConfig(px.url, clusterId, agentNs, gpus.label, { visibilityTimeout: "2s", namespaces: workNs }),
   );
   await waitFor("ready", async () => (await get(`${agent.url}/healthz`)).status === 200, 30_000);
   const registrations = (): number => px.credentialCalls.filter((c) => c.path.endsWith("/register")).length;
@@ -870,4 +942,248 @@ void test("control plane restarted on the same database: registration, queues an
   );
   assert.equal((await get(`${agent.url}/healthz`)).status, 200);
   assert.equal(entries.filter((e) => e.level >= 50).length, 0);
+});
+
+void test("a deploy and a termination of the same request at once: the termination wins, nothing comes back", async (t) => {
+  const cp = await controlPlane(t);
+  const gpus = await pool(t);
+  const agentNs = await tempNamespace(t, "agent");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
+  const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
+  await gpus.add(4);
+
+  // The deploy stops between recording the request and creating its workload; the termination
+  // then runs (or, with the per-request lock, queues behind it); only then does the deploy go on.
+  const deployPaused = deferred();
+  const resumeDeploy = deferred();
+  const terminationRanOrQueued = deferred();
+  const deployDone = deferred<string>();
+  const terminationDone = deferred<string>();
+  let paused = false;
+  const hooks: AgentHooks = {
+    beforeApply: async () => {
+      if (paused) return;
+      paused = true;
+      deployPaused.resolve();
+      await resumeDeploy.promise;
+    },
+    requestLockWait: () => terminationRanOrQueued.resolve(),
+    handled: (queue, _msg, outcome) => {
+      if (queue === "termination") {
+        terminationRanOrQueued.resolve();
+        terminationDone.resolve(outcome);
+      } else deployDone.resolve(outcome);
+    },
+  };
+  const { agent } = await startAgent(
+    t,
+    agentConfig(cp.url, clusterId, agentNs, gpus.label, { namespaces: workNs }),
+    { hooks },
+  );
+  await waitFor("ready", async () => (await get(`${agent.url}/healthz`)).status === 200, 30_000);
+
+  const { id } = await cp.operator.submit({
+    name: "cancelled",
+    namespace: workNs,
+    model: "m",
+    image: "img:1",
+    gpuType: gpus.gpuType,
+  });
+  await deployPaused.promise;
+  const { core } = await kube();
+  const rec = await core.readNamespacedConfigMap({ name: recordName(id), namespace: agentNs });
+  assert.equal(rec.data?.state, "accepted", "paused after the record, before the workload");
+  assert.equal((await cp.operator.terminate(id)).status, "Terminating");
+  await terminationRanOrQueued.promise;
+  resumeDeploy.resolve();
+  t.diagnostic(`deploy: ${await deployDone.promise}, termination: ${await terminationDone.promise}`);
+
+  await waitFor(
+    "Terminated at the control plane",
+    async () => (await requestStatus(cp, id)) === "Terminated",
+  );
+  assert.deepEqual(await deploymentsOf(workNs, id), [], "the cancelled workload did not come back");
+  await assert.rejects(core.readNamespacedService({ name: "cancelled", namespace: workNs }), (e) =>
+    isNotFound(e),
+  );
+  const after = await core.readNamespacedConfigMap({ name: recordName(id), namespace: agentNs });
+  assert.equal(after.data?.state, "terminated");
+});
+
+void test("a request outside the agent's namespaces is refused even when the control plane sends it", async (t) => {
+  const cp = await controlPlane(t);
+  const px = await proxy(t, cp.url);
+  // Play a control plane that ignores which namespaces the agent deploys into.
+  px.rewrite = (path, body) => {
+    if (!path.endsWith("/register")) return body;
+    const { namespaces: _dropped, ...rest } = JSON.parse(body.toString()) as Record<string, unknown>;
+    return Buffer.from(JSON.stringify(rest));
+  };
+  const gpus = await pool(t);
+  const agentNs = await tempNamespace(t, "agent");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
+  const otherNs = await tempNamespace(t, "other", SKIP_CACHE);
+  const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
+  await gpus.add(4);
+  const { agent, entries } = await startAgent(
+    t,
+    agentConfig(px.url, clusterId, agentNs, gpus.label, { namespaces: workNs }),
+  );
+  await waitFor("ready", async () => (await get(`${agent.url}/healthz`)).status === 200, 30_000);
+  assert.equal((await cp.operator.listClusters())[0]?.namespaces, null, "the control plane was not told");
+
+  const { id } = await cp.operator.submit({
+    name: "elsewhere",
+    namespace: otherNs,
+    model: "m",
+    image: "img:1",
+    gpuType: gpus.gpuType,
+  });
+  const failed = await waitFor("reported Failed", async () => {
+    const r = await cp.operator.getRequest(id);
+    return r.status === "Failed" ? r : undefined;
+  });
+  assert.match(
+    failed.message ?? "",
+    new RegExp(`namespace ${otherNs} is not one this cluster agent deploys into`),
+  );
+  const { apps } = await kube();
+  assert.deepEqual((await apps.listNamespacedDeployment({ namespace: otherNs })).items, []);
+  assert.ok(
+    entries.some((e) => e.msg === "request refused: its namespace is not one this agent deploys into"),
+  );
+
+  // Its own namespace still works.
+  const ok = await cp.operator.submit({
+    name: "inside",
+    namespace: workNs,
+    model: "m",
+    image: "img:1",
+    gpuType: gpus.gpuType,
+  });
+  await waitFor("Running", async () => (await requestStatus(cp, ok.id)) === "Running", 30_000);
+});
+
+/** The objects of deploy/cluster-agent.yaml, moved into this test's namespaces and names. */
+async function manifestRbac(
+  agentNs: string,
+  workNs: string,
+  suffix: string,
+): Promise<k8s.KubernetesObject[]> {
+  const text = await readFile(new URL("../../../deploy/cluster-agent.yaml", import.meta.url), "utf8");
+  const docs = parseAllDocuments(text).map((d) => d.toJSON() as k8s.KubernetesObject);
+  const kinds = new Set(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]);
+  const moved = JSON.stringify(docs.filter((d) => kinds.has(d.kind ?? "")))
+    .replaceAll('"warmstart-system"', JSON.stringify(agentNs))
+    .replaceAll('"model-serving"', JSON.stringify(workNs));
+  return (JSON.parse(moved) as (k8s.KubernetesObject & { roleRef?: { kind: string; name: string } })[]).map(
+    (o) => {
+      // Cluster-scoped names are shared by every test run: make them this test's own.
+      if (o.kind === "ClusterRole" || o.kind === "ClusterRoleBinding") o.metadata!.name += `-${suffix}`;
+      if (o.kind === "ClusterRoleBinding") o.roleRef!.name += `-${suffix}`;
+      return o;
+    },
+  );
+}
+
+void test("with only the RBAC of deploy/cluster-agent.yaml the agent runs its namespace's workloads over TLS, and can write nowhere else", async (t) => {
+  const cp = await controlPlane(t, { tls: true });
+  const gpus = await pool(t);
+  const agentNs = await tempNamespace(t, "agent");
+  const workNs = await tempNamespace(t, "work", SKIP_CACHE);
+  const otherNs = await tempNamespace(t, "other", SKIP_CACHE);
+  const clusterId = uniqueName("ca");
+  await cp.allow(clusterId);
+  await gpus.add(4);
+
+  const { kc, core } = await kube();
+  const objects = k8s.KubernetesObjectApi.makeApiClient(kc);
+  const rbac = await manifestRbac(agentNs, workNs, clusterId);
+  assert.deepEqual(
+    rbac.filter((o) => o.kind === "ClusterRole").map((o) => (o as k8s.V1ClusterRole).rules),
+    [[{ apiGroups: [""], resources: ["nodes"], verbs: ["get", "list", "watch"] }]],
+    "nothing but reading nodes is granted cluster-wide",
+  );
+  for (const o of rbac) await objects.create(o);
+  t.after(async () => {
+    for (const o of rbac.filter((x) => !x.metadata?.namespace))
+      await objects.delete(o).catch((err: unknown) => {
+        if (!isNotFound(err)) throw err;
+      });
+  });
+
+  // The agent's own identity: a ServiceAccount token, nothing of the admin kubeconfig but the CA.
+  const token = await core.createNamespacedServiceAccountToken({
+    name: "warmstart-cluster-agent",
+    namespace: agentNs,
+    body: { spec: { audiences: [], expirationSeconds: 3600 } },
+  });
+  const cluster = kc.getCurrentCluster()!;
+  const asAgent = new k8s.KubeConfig();
+  asAgent.loadFromOptions({
+    clusters: [{ ...cluster, name: "c" }],
+    users: [{ name: "agent", token: token.status!.token }],
+    contexts: [{ name: "agent", cluster: "c", user: "agent" }],
+    currentContext: "agent",
+  });
+
+  const { agent, entries } = await startAgent(
+    t,
+    agentConfig(cp.url, clusterId, agentNs, gpus.label, {
+      namespaces: workNs,
+      controlPlaneCaFile: cp.caFile!,
+    }),
+    { kubeConfig: asAgent },
+  );
+  await waitFor("ready", async () => (await get(`${agent.url}/healthz`)).status === 200, 30_000);
+  assert.deepEqual((await cp.operator.listClusters())[0]?.namespaces, [workNs]);
+
+  const secret = "hf_s3cretT0ken";
+  const model = `https://user:${secret}@hub.example.com/org/model-7b`;
+  const { id } = await cp.operator.submit({
+    name: "llm",
+    namespace: workNs,
+    model,
+    image: "img:1",
+    gpuType: gpus.gpuType,
+  });
+  await waitFor("Running", async () => (await requestStatus(cp, id)) === "Running", 30_000);
+  const [dep] = await deploymentsOf(workNs, id);
+  assert.equal(
+    dep?.metadata?.annotations?.["warmstart.dev/model"],
+    "https://<redacted>@hub.example.com/org/model-7b",
+  );
+  assert.deepEqual(
+    dep?.spec?.template.spec?.containers[0]?.args,
+    ["--model", model],
+    "the user's args as given",
+  );
+  assert.ok(!JSON.stringify(entries).includes(secret), "the agent never logs the credential");
+
+  // The agent's identity, played as an attacker: no write outside its namespace, no reading secrets.
+  const apps = asAgent.makeApiClient(k8s.AppsV1Api);
+  const coreAsAgent = asAgent.makeApiClient(k8s.CoreV1Api);
+  const forbidden = (err: unknown): boolean => (err as { code?: number }).code === 403;
+  await assert.rejects(
+    apps.createNamespacedDeployment({
+      namespace: otherNs,
+      body: {
+        metadata: { name: "x" },
+        spec: {
+          selector: { matchLabels: { a: "b" } },
+          template: { metadata: { labels: { a: "b" } }, spec: { containers: [{ name: "c", image: "i" }] } },
+        },
+      },
+    }),
+    forbidden,
+  );
+  await assert.rejects(coreAsAgent.listSecretForAllNamespaces(), forbidden);
+  await assert.rejects(coreAsAgent.listPodForAllNamespaces(), forbidden);
+  await assert.rejects(coreAsAgent.listNamespacedSecret({ namespace: workNs }), forbidden);
+
+  await cp.operator.terminate(id);
+  await waitFor("Terminated", async () => (await requestStatus(cp, id)) === "Terminated", 30_000);
+  assert.deepEqual(await deploymentsOf(workNs, id), []);
 });
