@@ -717,7 +717,7 @@ void test("last GPU node removed: not ready, paused, capacity 0 reported; three 
 });
 
 void test("renewal racing re-registration through a slow control plane never leaves older credentials installed", async (t) => {
-  const cp = await controlPlane(t, { credentialTtlSeconds: 8 });
+  const cp = await controlPlane(t, { credentialTtlSeconds: 2 });
   const px = await proxy(t, cp.url);
   // Both calls slow, renewal slower: unserialized, a renewal started first would answer last.
   px.delays.set(/\/register$/, 400);
@@ -726,17 +726,18 @@ void test("renewal racing re-registration through a slow control plane never lea
   const agentNs = await tempNamespace(t, "agent");
   const clusterId = uniqueName("ca");
   await cp.allow(clusterId);
-  // Renewal falls due 1 s after each install, and so does the periodic re-registration.
+  // Renewal falls due 1 s after each install (half the lifetime, the most renew-before may be),
+  // and so does the periodic re-registration.
   const { agent, entries } = await startAgent(
     t,
-    agentConfig(px.url, clusterId, agentNs, gpus.label, { renewBefore: "7s", refreshInterval: "1s" }),
+    agentConfig(px.url, clusterId, agentNs, gpus.label, { renewBefore: "1s", refreshInterval: "1s" }),
   );
   await gpus.add(4);
   await waitFor("ready", async () => (await get(`${agent.url}/healthz`)).status === 200, 30_000);
 
   // Watch what is installed while the two keep racing; add an inventory change for good measure.
   const installed: { token: string; generation: number }[] = [];
-  const deadline = Date.now() + 9000;
+  const deadline = Date.now() + 12_000;
   let changed = false;
   while (Date.now() < deadline) {
     const c = agent.registration.installed;
