@@ -29,4 +29,32 @@ export default tseslint.config(
       ],
     },
   },
+  {
+    // The roles run in clusters that are not the development cluster: they never import its tooling.
+    files: [
+      "src/{webhook,server,node-agent,cluster-agent,control-plane,promote,datapath,core,common}/**/*.ts",
+    ],
+    ignores: ["**/*.test.ts"],
+    rules: {
+      "no-restricted-imports": [
+        "error",
+        {
+          patterns: [
+            {
+              group: ["**/localcluster", "**/localcluster/**"],
+              message:
+                "roles must not depend on the local-cluster tooling; read the local state through src/common/local-defaults.ts",
+            },
+          ],
+        },
+      ],
+      "no-restricted-syntax": [
+        "error",
+        {
+          selector: "ImportExpression[source.value=/localcluster/]",
+          message: "roles must not load the local-cluster tooling, not even lazily",
+        },
+      ],
+    },
+  },
 );

@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { localStateDir, runningLocalCluster } from "./local-defaults.js";
 import { stateDir } from "../localcluster/versions.js";
 
@@ -58,4 +59,32 @@ void test("a local cluster counts only while every process it recorded is alive"
   assert.equal(await runningLocalCluster(dir), undefined);
   await writeFile(join(dir, "state.json"), "{ not json");
   assert.equal(await runningLocalCluster(dir), undefined);
+});
+
+void test("no role imports the local-cluster tooling (the lint rule says the same)", async () => {
+  const { readdir } = await import("node:fs/promises");
+  const src = fileURLToPath(new URL("../../../src/", import.meta.url));
+  const roles = [
+    "webhook",
+    "server",
+    "node-agent",
+    "cluster-agent",
+    "control-plane",
+    "promote",
+    "datapath",
+    "core",
+    "common",
+  ];
+  const offenders: string[] = [];
+  let scanned = 0;
+  for (const role of roles) {
+    const files = await readdir(join(src, role), { recursive: true }).catch(() => [] as string[]);
+    for (const f of files.filter((x) => x.endsWith(".ts") && !x.endsWith(".test.ts"))) {
+      scanned++;
+      const text = await readFile(join(src, role, f), "utf8");
+      if (/(from\s+|import\s*\(\s*)["'][^"']*\/localcluster\//.test(text)) offenders.push(`${role}/${f}`);
+    }
+  }
+  assert.ok(scanned > 50, `scanned the sources (${scanned} files)`);
+  assert.deepEqual(offenders, []);
 });

@@ -3,7 +3,7 @@ import Table from "cli-table3";
 import type { KubeConfig } from "@kubernetes/client-node";
 import { SYSTEM_NAMESPACE, loadKubeConfig } from "../common/kube.js";
 import { runningLocalCluster } from "../common/local-defaults.js";
-import { defaultServerConfig, runServer } from "./run.js";
+import { defaultServerConfig, runServer, type ServerFlags } from "./run.js";
 import { fetchSnapshot, type Snapshot } from "./views.js";
 
 const bytes = (n: number): string => {
@@ -86,10 +86,15 @@ export function registerServerCommands(program: Command): void {
   program
     .command("server")
     .description("release controller, operators' API and dashboard")
-    .option("--host <host>", "listen address")
-    .option("--port <port>", "listen port (0 = any free port)")
-    .action(async (flags: { host?: string; port?: string }) => {
-      const srv = await runServer(defaultServerConfig(flags));
+    .option("--host <host>", "listen address (default: 127.0.0.1; or $WARMSTART_SERVER_HOST)")
+    .option("--port <port>", "listen port (0 = any free port; default 8080 or $WARMSTART_SERVER_PORT)")
+    .option(
+      "--token-file <file>",
+      "bearer token for the API and dashboard (or $WARMSTART_SERVER_TOKEN_FILE); required off loopback",
+    )
+    .option("--token <token>", "the token itself (prefer --token-file or $WARMSTART_SERVER_TOKEN)")
+    .action(async (flags: ServerFlags) => {
+      const srv = await runServer(await defaultServerConfig(flags));
       const shutdown = (): void => {
         srv.stop().then(
           () => process.exit(0),

@@ -7,6 +7,14 @@ import { ResilientWatch } from "../common/watch.js";
 import { realClock } from "../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
 import type { ServerMetrics } from "./metrics.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
+
+/** The objects the views are built from, as the controller's informers hold them. */
+export interface CachedObjects {
+  caches: ModelCacheObject[];
+  leases: k8s.V1Lease[];
+  pods: k8s.V1Pod[];
+}
 
 export interface ReleaseControllerOptions {
   kc: k8s.KubeConfig;
@@ -27,6 +35,11 @@ export interface ReleaseControllerOptions {
 export class ReleaseController {
   private readonly queue: WorkQueue;
   private readonly watches: ResilientWatch<k8s.KubernetesObject>[] = [];
+  private readonly informers: {
+    pods: k8s.ObjectCache<k8s.V1Pod> & { latestResourceVersion(): string };
+    leases: k8s.ObjectCache<k8s.V1Lease> & { latestResourceVersion(): string };
+    caches: k8s.ObjectCache<k8s.KubernetesObject> & { latestResourceVersion(): string };
+  };
   private resync: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
 
@@ -95,6 +108,11 @@ export class ReleaseController {
           plural: MODELCACHE.plural,
         }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
     );
+    this.informers = {
+      pods: listWatch(pods, "pods"),
+      leases: listWatch(leases, "leases"),
+      caches: listWatch(caches, "modelcaches"),
+    };
     for (const [name, informer] of [
       ["pods", pods],
       ["leases", leases],
@@ -127,6 +145,20 @@ export class ReleaseController {
 
   private readonly resyncAll: () => Promise<void>;
 
+  /**
+   * The watched objects from the informers' caches, without a call to the API server; undefined
+   * until each informer has listed once (an empty cache then would show an empty cluster).
+   */
+  cached(): CachedObjects | undefined {
+    const i = this.informers;
+    if ([i.pods, i.leases, i.caches].some((x) => x.latestResourceVersion() === "")) return undefined;
+    return {
+      pods: [...i.pods.list()],
+      leases: [...i.leases.list()],
+      caches: [...i.caches.list()] as ModelCacheObject[],
+    };
+  }
+
   start(): void {
     for (const w of this.watches) w.start();
     this.running = this.queue.run();
@@ -143,4 +175,17 @@ export class ReleaseController {
     await Promise.all(this.watches.map((w) => w.stop()));
     await this.running;
   }
+}
+
+/**
+ * client-node's informers are ListWatches: caches that also tell the resourceVersion they last saw
+ * ("" until their first list). The type only promises an ObjectCache, so check for it once here.
+ */
+function listWatch<T>(
+  informer: k8s.ObjectCache<T>,
+  name: string,
+): k8s.ObjectCache<T> & { latestResourceVersion(): string } {
+  if (typeof (informer as { latestResourceVersion?: unknown }).latestResourceVersion !== "function")
+    throw new Error(`the ${name} informer keeps no resourceVersion; client-node changed`);
+  return informer as k8s.ObjectCache<T> & { latestResourceVersion(): string };
 }

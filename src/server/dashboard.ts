@@ -1,4 +1,11 @@
-/** The dashboard: one self-contained page that polls /api/snapshot and draws tables and a chart. */
+/**
+ * The dashboard: one self-contained page that polls /api/snapshot and draws tables and a chart.
+ * The page itself holds no data; when the server asks for a token it prompts for one, keeps it for
+ * the browser tab only (sessionStorage) and sends it as a bearer token. Its inline script and style
+ * are allowed by hash in a strict Content-Security-Policy, so nothing else can run in the page.
+ */
+import { createHash } from "node:crypto";
+
 export const DASHBOARD_HTML = `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Warmstart</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -13,9 +20,11 @@ export const DASHBOARD_HTML = `<!doctype html>
   th { background: #f0f2f5; font-weight: 600; }
   .phase-Ready { color: #0a7a35; } .phase-Failed { color: #b3261e; } .muted { color: #6b7480; }
   svg text { font: 12px system-ui, sans-serif; fill: #1d2430; }
+  form { margin: 16px 0; } input { font: inherit; padding: 4px 8px; min-width: 320px; }
 </style></head>
 <body>
 <h1>Warmstart</h1><div class="muted" id="updated">loading...</div>
+<form id="login" hidden><label>Token <input id="token" type="password" autocomplete="off"></label> <button>Show</button></form>
 <div class="tiles">
   <div class="tile"><span class="muted">Ready caches</span><b id="t-caches">-</b></div>
   <div class="tile"><span class="muted">Restores</span><b id="t-restores">-</b></div>
@@ -47,9 +56,24 @@ function chart(caches) {
       (c.restoredReadySeconds != null ? '<rect x="' + left + '" y="' + (y + bar / 2) + '" width="' + x(c.restoredReadySeconds) + '" height="' + (bar / 2) + '" fill="#2f8f5b"><title>restored ' + fmtS(c.restoredReadySeconds) + '</title></rect>' : "") +
       '<text x="' + (left + x(c.leaderReadySeconds) + 6) + '" y="' + (y + 11) + '">' + fmtS(c.leaderReadySeconds) + " / " + fmtS(c.restoredReadySeconds) + '</text>'; }).join("");
 }
+const login = document.getElementById("login");
+login.addEventListener("submit", (e) => {
+  e.preventDefault();
+  sessionStorage.setItem("warmstart-token", document.getElementById("token").value.trim());
+  login.hidden = true;
+  refresh();
+});
 async function refresh() {
   try {
-    const s = await (await fetch("api/snapshot")).json();
+    const token = sessionStorage.getItem("warmstart-token");
+    const res = await fetch("api/snapshot", { headers: token ? { authorization: "Bearer " + token } : {}, cache: "no-store" });
+    if (res.status === 401) {
+      login.hidden = false;
+      document.getElementById("updated").textContent = "this server needs a token";
+      return;
+    }
+    if (!res.ok) throw new Error((await res.json()).error || res.status);
+    const s = await res.json();
     document.getElementById("t-caches").textContent = s.totals.caches;
     document.getElementById("t-restores").textContent = s.totals.restores;
     document.getElementById("t-saved").textContent = fmtS(s.totals.savedSeconds);
@@ -68,3 +92,21 @@ async function refresh() {
 }
 refresh(); setInterval(refresh, 2000);
 </script></body></html>`;
+
+const inline = (tag: string): string => {
+  const m = new RegExp(`<${tag}>([\\s\\S]*?)</${tag}>`).exec(DASHBOARD_HTML);
+  if (!m) throw new Error(`the dashboard has no <${tag}>`);
+  return `'sha256-${createHash("sha256").update(m[1]!).digest("base64")}'`;
+};
+
+/** The page's policy: its own inline script and style (by hash), calls to this origin, nothing else. */
+export const DASHBOARD_CSP = [
+  "default-src 'none'",
+  `script-src ${inline("script")}`,
+  `style-src ${inline("style")}`,
+  "connect-src 'self'",
+  "img-src 'self' data:",
+  "base-uri 'none'",
+  "form-action 'none'",
+  "frame-ancestors 'none'",
+].join("; ");

@@ -3,7 +3,7 @@ import { ANN_ROLE, LABEL_HASH, MODELCACHE } from "../core/contract.js";
 import { type ModelCacheObject } from "../common/modelcache.js";
 import { ANN_DEADLINE } from "../core/contract.js";
 
-/** What operators see: caches, elections and pods, derived from the cluster on each request. */
+/** What operators see: caches, elections and pods, derived from the cluster's objects. */
 export interface CacheRow {
   hash: string;
   model: string;
@@ -141,6 +141,17 @@ export function buildSnapshot(
   };
 }
 
+/**
+ * What the API publishes: the snapshot without each election's holder id. The holder is the
+ * leader pod's identity; whoever knows it can make a pod of their own look like the leader.
+ */
+export type PublishedSnapshot = Omit<Snapshot, "elections"> & { elections: Omit<ElectionRow, "holder">[] };
+
+export function published(s: Snapshot): PublishedSnapshot {
+  return { ...s, elections: s.elections.map(({ holder: _holder, ...rest }) => rest) };
+}
+
+/** For one-shot commands (`warmstart caches`): three LISTs. Long-running servers read their caches. */
 export async function fetchSnapshot(kc: k8s.KubeConfig, systemNamespace: string): Promise<Snapshot> {
   const core = kc.makeApiClient(k8s.CoreV1Api);
   const coordination = kc.makeApiClient(k8s.CoordinationV1Api);
