@@ -236,9 +236,11 @@ export class ControlPlaneClient {
     } catch (err) {
       // The caller's own cancellation is not a control plane failure: hand back its reason.
       if (opts?.signal?.aborted) throw opts.signal.reason;
+      // fetch says only "fetch failed"; the reason (refused, a certificate it does not trust) is the cause.
+      const cause = err instanceof Error && err.cause instanceof Error ? `: ${err.cause.message}` : "";
       const what = timeout.aborted
         ? "timed out"
-        : `failed: ${err instanceof Error ? err.message : String(err)}`;
+        : `failed: ${err instanceof Error ? err.message : String(err)}${cause}`;
       throw new ControlPlaneError(`${method} ${path} ${what}`, 0, { retryable: true, cause: err });
     }
 

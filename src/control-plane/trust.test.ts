@@ -6,7 +6,10 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { mkdtemp, rm, stat, writeFile } from "node:fs/promises";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
@@ -228,6 +231,25 @@ void test("TLS: the control plane serves HTTPS; the client trusts its CA file an
       (err: unknown) => err instanceof ControlPlaneError && err.status === 0,
     );
   }
+  // The operator commands take the CA as a file.
+  await writeFile(join(dir, "ca.crt"), ca.cert);
+  const bin = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));
+  const env = { ...process.env, WARMSTART_STATE_DIR: dir, WARMSTART_LOG_FORMAT: "json" };
+  const conn = ["--control-plane", h.cp.url, "--token", OPERATOR_TOKEN];
+  const viaCli = await promisify(execFile)(
+    process.execPath,
+    [bin, "requests", "-o", "json", ...conn, "--ca-file", join(dir, "ca.crt")],
+    { env },
+  );
+  assert.deepEqual(
+    (JSON.parse(viaCli.stdout) as { name: string }[]).map((r) => r.name),
+    ["tls"],
+  );
+  await assert.rejects(
+    promisify(execFile)(process.execPath, [bin, "requests", ...conn], { env }),
+    /GET \/v1\/requests failed: fetch failed: unable to verify the first certificate/,
+  );
+
   // Plain HTTP to the TLS port gets no answer from the API.
   await assert.rejects(fetch(`${h.cp.url.replace("https:", "http:")}/healthz`).then((r) => r.json()));
 });

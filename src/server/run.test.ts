@@ -14,7 +14,8 @@ import { Registry } from "prom-client";
 import { pino } from "pino";
 import { apiServer, checkExposure, defaultServerConfig, isLoopback, runServer } from "./run.js";
 import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard.js";
-import type { Snapshot } from "./views.js";
+import { buildSnapshot, type Snapshot } from "./views.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
 import { listen } from "../common/http.js";
 
 const TOKEN = "dashboard-token-for-tests-0001";
@@ -171,4 +172,20 @@ void test("before the caches have listed the API says so instead of showing an e
   assert.equal(r.status, 503);
   assert.equal(r.headers["retry-after"], "1");
   assert.match(r.body, /warming up/);
+});
+
+void test("a cache record holding a model URL with credentials is shown redacted", () => {
+  const s = buildSnapshot(
+    [
+      {
+        apiVersion: "warmstart.dev/v1alpha1",
+        kind: "ModelCache",
+        metadata: { name: "0123456789abcdef" },
+        spec: { model: "https://user:hf_s3cret@hub.example.com/org/m" },
+      } as ModelCacheObject,
+    ],
+    [],
+    [],
+  );
+  assert.equal(s.caches[0]?.model, "https://<redacted>@hub.example.com/org/m");
 });

@@ -2,6 +2,7 @@ import * as k8s from "@kubernetes/client-node";
 import { ANN_ROLE, LABEL_HASH, MODELCACHE } from "../core/contract.js";
 import { type ModelCacheObject } from "../common/modelcache.js";
 import { ANN_DEADLINE } from "../core/contract.js";
+import { redactUrlCredentials } from "../core/env.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster's objects. */
 export interface CacheRow {
@@ -98,7 +99,8 @@ export function buildSnapshot(
     const modelBytes = Number(c.status?.modelBytes ?? sizeBytes);
     return {
       hash: short,
-      model: c.spec.model ?? "",
+      // Records are written redacted; a record from before that must not show a credential either.
+      model: redactUrlCredentials(c.spec.model ?? ""),
       phase: c.status?.phase ?? "Electing",
       reason: c.status?.reason ?? "",
       backend: c.status?.backend ?? "",
