@@ -471,8 +471,9 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     const need = route.auth;
     let kind: Exclude<RouteAuth, "none">;
     let clusterId: string | undefined;
-    const tokenCluster = clusterTokens.clusterOf(token);
-    if (tokenIn(token, operatorDigest)) kind = "operator";
+    const isOperator = tokenIn(token, operatorDigest);
+    const tokenCluster = isOperator ? undefined : clusterTokens.clusterOf(token);
+    if (isOperator) kind = "operator";
     else if (tokenCluster !== undefined) {
       kind = "cluster";
       clusterId = tokenCluster;
