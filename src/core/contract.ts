@@ -49,7 +49,7 @@ export const ANN_INJECTED_ENV = "warmstart.dev/injected-env";
 export const RO_VOLUME = "warmstart-ro"; // the read-only rox-<short> claim, on restores and followers
 export const SHADOW_VOLUME = "warmstart-shadow"; // the writable per-pod cache root of a restore
 /**
- * Annotation on a restoring pod: the captured tree's folder inside its read-only volume ("" when
+ * Annotation on a restoring pod: the captured tree's folder inside its read-only volume ("." when
  * the volume is the tree). Written by Warmstart (the webhook on a restore, the release controller
  * when it lifts a follower's gate); the pod's mounts read it through ENV_TREE so that every
  * backend shows the tree itself at the mount point.

@@ -152,7 +152,7 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   const ro = opts.roPath ?? DEFAULT_RO_PATH;
   const c = mainOf(p, opts.containerIndex);
   const { annotations } = stamp(p, opts.hash, "restore", opts.reason);
-  if (opts.treePath !== undefined) annotations[ANN_TREE] = opts.treePath;
+  if (opts.treePath !== undefined) annotations[ANN_TREE] = opts.treePath || ".";
   upsertVolume(p, {
     name: RO_VOLUME,
     persistentVolumeClaim: { claimName: opts.claimName ?? roxClaimName(opts.hash), readOnly: true },
@@ -163,7 +163,12 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   });
   // Every backend shows the tree itself at the mount point: a volume that holds it in a folder
   // is mounted at that folder, named by the annotation (read when each container starts).
-  const roMount: V1VolumeMount = { name: RO_VOLUME, mountPath: ro, readOnly: true, subPathExpr: `$(${ENV_TREE})` };
+  const roMount: V1VolumeMount = {
+    name: RO_VOLUME,
+    mountPath: ro,
+    readOnly: true,
+    subPathExpr: `$(${ENV_TREE})`,
+  };
   const treeEnv: V1EnvVar = {
     name: ENV_TREE,
     valueFrom: { fieldRef: { fieldPath: `metadata.annotations['${ANN_TREE}']` } },

@@ -1,75 +1,77 @@
-import { randomBytes } from "node:crypto";
-import { appendFile, mkdir, writeFile } from "node:fs/promises";
+/**
+ * `warmstart demo`: the whole story on the local cluster, in real containers on its real node.
+ * A chart of 3 engine replicas (the engine stand-in, vLLM's command line) is admitted: one is
+ * elected to download from the local model hub while the others wait gated; its warmed cache is
+ * captured and promoted; the waiting replicas start from it (init containers in the Warmstart
+ * image); a scale-up restores directly. The summary is measured: bytes the hub served, and each
+ * replica's time to Ready.
+ */
+import { readFile, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import Table from "cli-table3";
-import { up, type ClusterState } from "../localcluster/cluster.js";
 import { isNotFound, makeApiClient } from "../common/kube.js";
-import { ANN_ROLE, CACHE_VOLUME, LABEL_HASH, MODELCACHE, SCHEDULING_GATE } from "../core/contract.js";
-import { podRow } from "../server/views.js";
+import { getModelCache } from "../common/modelcache.js";
+import { ANN_ROLE, LABEL_HASH, SCHEDULING_GATE } from "../core/contract.js";
+import { up, type ClusterState } from "../localcluster/cluster.js";
+import {
+  containerLogDir,
+  engineDeployment,
+  parseEngineReport,
+  type EngineReport,
+} from "../localcluster/engine-chart.js";
 
 const NS = "warmstart-demo";
-const MODEL = "Qwen/Qwen2.5-7B-Instruct";
-const DOWNLOAD_MIB_S = 64;
+const MODEL = "synthetic/demo-7b";
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
+const MiB = 2 ** 20;
 
-interface Out {
-  step(n: number, total: number, title: string): void;
-  line(text: string): void;
-}
-
-const out: Out = {
-  step: (n, total, title) => process.stdout.write(`\n[${n}/${total}] ${title}\n`),
-  line: (text) => process.stdout.write(`      ${text}\n`),
+const out = {
+  step: (n: number, total: number, title: string): void =>
+    void process.stdout.write(`\n[${n}/${total}] ${title}\n`),
+  line: (text: string): void => void process.stdout.write(`      ${text}\n`),
 };
 
 async function until<T>(
   what: string,
   check: () => Promise<T | undefined | false>,
-  timeoutMs = 120_000,
+  timeoutMs = 240_000,
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await check().catch(() => undefined);
     if (v) return v;
     if (Date.now() > deadline) throw new Error(`demo: timed out waiting for ${what}`);
-    await sleep(200);
+    await sleep(250);
   }
 }
 
-function podTable(pods: k8s.V1Pod[]): string {
-  const t = new Table({
-    head: ["POD", "ROLE", "GATED", "NODE", "PHASE", "READY IN"],
-    style: { head: [], border: [] },
-  });
-  for (const p of pods.sort((a, b) => a.metadata!.name!.localeCompare(b.metadata!.name!))) {
-    const r = podRow(p);
-    const gated = (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
-    t.push([
-      r.name,
-      p.metadata?.annotations?.[ANN_ROLE] ?? "-",
-      gated ? "yes" : "no",
-      r.node || "-",
-      r.phase,
-      r.readySeconds === null ? "-" : `${r.readySeconds.toFixed(1)}s`,
-    ]);
-  }
-  return t.toString().split("\n").join("\n      ");
-}
+const ms = (t: Date | string | undefined): number | undefined => (t ? new Date(t).getTime() : undefined);
+const cond = (p: k8s.V1Pod, type: string): k8s.V1PodCondition | undefined =>
+  p.status?.conditions?.find((c) => c.type === type);
+const isReady = (p: k8s.V1Pod): boolean => cond(p, "Ready")?.status === "True";
+const role = (p: k8s.V1Pod): string => p.metadata?.annotations?.[ANN_ROLE] ?? "-";
 
 /**
- * The whole story on the local cluster: a chart of 4 identical vLLM workers, one download, the
- * capture, the release of the waiting pods, and a scale-up that starts warm. Simulated nodes run
- * no containers, so the demo plays the engine: it writes the leader's download into the pod's
- * cache volume on the node and marks pods ready (`sim.warmstart.dev/ready`).
+ * Seconds from when the pod could start to Ready: from creation, or for a follower from its
+ * release (when it was scheduled), so the time it waited gated is not counted as its own.
  */
-export async function runDemo(opts: { shardMiB: number }): Promise<void> {
-  const total = 6;
+function readySeconds(p: k8s.V1Pod): number | undefined {
+  const ready = isReady(p) ? ms(cond(p, "Ready")?.lastTransitionTime) : undefined;
+  const from =
+    role(p) === "follower"
+      ? ms(cond(p, "PodScheduled")?.lastTransitionTime)
+      : ms(p.metadata?.creationTimestamp);
+  return ready !== undefined && from !== undefined ? (ready - from) / 1000 : undefined;
+}
+
+export async function runDemo(): Promise<void> {
+  const total = 7;
   out.step(
     1,
     total,
-    "a real local Kubernetes control plane with simulated GPU nodes, and every Warmstart role",
+    "a real local Kubernetes cluster: a kubelet node running containers, simulated GPU nodes, every role",
   );
   const state: ClusterState = await up({
     nodes: 2,
@@ -80,13 +82,157 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
     bare: false,
     progress: (l) => out.line(l),
   });
+  const node = state.nodes.find((n) => n.real);
+  if (!node?.podLogsDir || !state.images || !state.roles.modelHub) {
+    throw new Error(
+      "demo: the local cluster has no real node (it was started with --real-nodes 0); run `bin/warmstart cluster down` first",
+    );
+  }
+  const hub = state.roles.modelHub;
+  out.line("simulated here: no GPU (nvidia.com/gpu is an extended resource on the node); the engine is a");
+  out.line("stand-in that downloads with the real huggingface_hub client and writes compile caches; the");
+  out.line(`model hub is local (${hub}, 64 MiB/s shared by all clients, like one uplink).`);
+
   const kc = new k8s.KubeConfig();
   kc.loadFromFile(state.kubeconfig);
   const core = makeApiClient(kc, k8s.CoreV1Api);
   const apps = makeApiClient(kc, k8s.AppsV1Api);
   const custom = makeApiClient(kc, k8s.CustomObjectsApi);
+  await resetNamespace(core);
 
-  await core.deleteNamespace({ name: NS }).catch((err: unknown) => {
+  const hubBytes = async (): Promise<number> => {
+    const s = (await (await fetch(`${hub}/_stats`)).json()) as { repos: Record<string, { bytes: number }> };
+    return s.repos[MODEL]?.bytes ?? 0;
+  };
+  const files = (await (await fetch(`${hub}/api/models/${MODEL}/tree/main`)).json()) as { size: number }[];
+  const modelBytes = files.reduce((n, f) => n + f.size, 0);
+  const servedBefore = await hubBytes();
+
+  out.step(
+    2,
+    total,
+    `a chart: 3 replicas serving ${MODEL} (${(modelBytes / MiB).toFixed(0)} MiB), nothing Warmstart-specific in it`,
+  );
+  const chart = {
+    replicas: 3,
+    model: MODEL,
+    node: node.name,
+    hub,
+    image: state.images.engine,
+    compileSeconds: 3,
+  };
+  await apps.createNamespacedDeployment({ namespace: NS, body: engineDeployment(chart) });
+  const workers = async (): Promise<k8s.V1Pod[]> =>
+    (await core.listNamespacedPod({ namespace: NS, labelSelector: "app=engine" })).items
+      .filter((p) => !p.metadata?.deletionTimestamp)
+      .sort((a, b) => a.metadata!.name!.localeCompare(b.metadata!.name!));
+  let pods = await until("3 replicas", async () => ((await workers()).length === 3 ? workers() : undefined));
+  const leader = pods.find((p) => role(p) === "leader");
+  if (!leader) throw new Error("demo: no leader was elected (is the webhook running with election on?)");
+  const short = leader.metadata!.labels![LABEL_HASH]!;
+  out.line(
+    `admission elected one leader for cache ${short}; the other 2 wait gated, holding no node and no GPU:`,
+  );
+  out.line(podTable(pods));
+
+  out.step(3, total, "the leader downloads from the hub with huggingface_hub, compiles, and turns Ready");
+  let shown = -1;
+  await until("the leader Ready", async () => {
+    const served = (await hubBytes()) - servedBefore;
+    const pct = Math.floor((served / modelBytes) * 10);
+    if (pct !== shown) {
+      shown = pct;
+      out.line(`hub served ${(served / MiB).toFixed(0)} of ${(modelBytes / MiB).toFixed(0)} MiB`);
+    }
+    const p = await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS });
+    return isReady(p) ? p : undefined;
+  });
+  const leaderReport = await report(
+    node.podLogsDir,
+    await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS }),
+  );
+  out.line(
+    `leader Ready: fetched ${(leaderReport.fetchedBytes / MiB).toFixed(0)} MiB in ${leaderReport.fetchSeconds.toFixed(1)}s, compile cache ${leaderReport.compileCache} in ${leaderReport.compileSeconds.toFixed(1)}s`,
+  );
+
+  out.step(4, total, "the node agent captures the warmed cache; promote makes it a read-only claim");
+  let last = "";
+  const cache = await until("the cache to be Ready", async () => {
+    const mc = await getModelCache(custom, short);
+    const phase = mc?.status?.phase ?? "Electing";
+    if (phase !== last)
+      out.line(`ModelCache ${short}: ${(last = phase)}${mc?.status?.reason ? ` (${mc.status.reason})` : ""}`);
+    if (phase === "Failed")
+      throw new Error(`demo: capture failed: ${mc?.status?.message ?? ""} (logs in ${state.stateDir}/logs)`);
+    return phase === "Ready" ? mc : undefined;
+  });
+  const st = cache.status as { files?: number; sizeBytes?: number; captureSeconds?: number } | undefined;
+  out.line(
+    `${st?.files ?? "?"} files, ${((st?.sizeBytes ?? 0) / MiB).toFixed(0)} MiB captured in ${(st?.captureSeconds ?? 0).toFixed(1)}s`,
+  );
+
+  out.step(
+    5,
+    total,
+    "the waiting replicas are released: wait-ready, seed and prewarm run in containers, then the engine",
+  );
+  pods = await until("3 replicas Ready", async () => {
+    const ps = await workers();
+    return ps.length === 3 && ps.every(isReady) ? ps : undefined;
+  });
+  out.line(podTable(pods));
+  const reports = new Map<string, EngineReport>();
+  for (const p of pods) reports.set(p.metadata!.name!, await report(node.podLogsDir, p));
+  for (const p of pods.filter((x) => role(x) === "follower")) {
+    const r = reports.get(p.metadata!.name!)!;
+    out.line(
+      `${p.metadata!.name}: fetched ${r.fetchedBytes} B from the hub, compile cache ${r.compileCache}, write into the read-only tree: ${r.modelStore.error ?? "allowed"}`,
+    );
+  }
+
+  out.step(6, total, "scale to 4: the new replica restores directly");
+  await apps.patchNamespacedDeploymentScale(
+    { name: "engine", namespace: NS, body: [{ op: "replace", path: "/spec/replicas", value: 4 }] },
+    jsonPatch,
+  );
+  pods = await until("4 replicas Ready", async () => {
+    const ps = await workers();
+    return ps.length === 4 && ps.every(isReady) ? ps : undefined;
+  });
+  out.line(podTable(pods));
+  for (const p of pods)
+    if (!reports.has(p.metadata!.name!)) reports.set(p.metadata!.name!, await report(node.podLogsDir, p));
+
+  out.step(7, total, "what it saved (measured)");
+  const served = (await hubBytes()) - servedBefore;
+  const leaderSecs = readySeconds(pods.find((p) => role(p) === "leader")!) ?? 0;
+  const restored = pods.filter((p) => role(p) !== "leader");
+  const restoredSecs = restored.map(readySeconds).filter((x): x is number => x !== undefined);
+  const mean = restoredSecs.reduce((a, b) => a + b, 0) / Math.max(restoredSecs.length, 1);
+  const saved = restoredSecs.reduce((n, s) => n + Math.max(leaderSecs - s, 0), 0);
+  const t = new Table({ style: { head: [], border: [] } });
+  t.push(
+    ["bytes the hub served", `${(served / MiB).toFixed(0)} MiB`],
+    [
+      `${pods.length} independent downloads would have fetched`,
+      `${((pods.length * modelBytes) / MiB).toFixed(0)} MiB`,
+    ],
+    ["leader: creation to Ready", `${leaderSecs.toFixed(1)} s`],
+    [`restored (${restoredSecs.length}): start to Ready, mean`, `${mean.toFixed(1)} s`],
+    ["time saved across restored replicas", `${saved.toFixed(1)} s`],
+  );
+  out.line(t.toString().split("\n").join("\n      "));
+  out.line("");
+  out.line(`dashboard:  ${state.roles.server ?? "(server not running)"}`);
+  out.line(`try:        bin/warmstart caches   (and: pods, elections)`);
+  out.line("stop with:  bin/warmstart cluster down");
+  if (served > modelBytes) {
+    throw new Error(`demo: the hub served ${served} B, more than one model (${modelBytes} B)`);
+  }
+}
+
+async function resetNamespace(core: k8s.CoreV1Api): Promise<void> {
+  await core.deleteNamespace({ name: NS, gracePeriodSeconds: 0 }).catch((err: unknown) => {
     if (!isNotFound(err)) throw err;
   });
   await until("the previous demo namespace to go", async () =>
@@ -99,223 +245,37 @@ export async function runDemo(opts: { shardMiB: number }): Promise<void> {
   await until("the default ServiceAccount", () =>
     core.readNamespacedServiceAccount({ name: "default", namespace: NS }),
   );
+}
 
-  out.step(2, total, `a chart: 3 vLLM workers serving ${MODEL} (no Warmstart labels) and a frontend`);
-  const labels = { app: "vllm-worker" };
-  await apps.createNamespacedDeployment({
-    namespace: NS,
-    body: {
-      metadata: { name: "vllm-worker" },
-      spec: {
-        replicas: 3,
-        selector: { matchLabels: labels },
-        template: {
-          metadata: { labels, annotations: { "sim.warmstart.dev/manual-ready": "true" } },
-          spec: {
-            containers: [
-              {
-                name: "vllm",
-                image: "vllm/vllm-openai:v0.8.5",
-                args: ["--model", MODEL, "--tensor-parallel-size", "1", "--max-model-len", "8192"],
-                resources: { limits: { "nvidia.com/gpu": "1" } },
-              },
-            ],
-          },
-        },
-      },
-    },
-  });
-  await apps.createNamespacedDeployment({
-    namespace: NS,
-    body: {
-      metadata: { name: "frontend" },
-      spec: {
-        replicas: 1,
-        selector: { matchLabels: { app: "frontend" } },
-        template: {
-          metadata: { labels: { app: "frontend" } },
-          spec: { containers: [{ name: "frontend", image: "nginx:1.27", args: ["--model", MODEL] }] },
-        },
-      },
-    },
-  });
-  const workers = (): Promise<k8s.V1Pod[]> =>
-    core
-      .listNamespacedPod({ namespace: NS, labelSelector: "app=vllm-worker" })
-      .then((l) => l.items.filter((p) => !p.metadata?.deletionTimestamp));
-  let pods = await until("3 workers", async () => ((await workers()).length === 3 ? workers() : undefined));
-  const leader = pods.find((p) => p.metadata?.annotations?.[ANN_ROLE] === "leader");
-  if (!leader) throw new Error("demo: no leader was elected (is the webhook running with election on?)");
-  const short = leader.metadata!.labels![LABEL_HASH]!;
-  out.line(
-    `admission elected one leader for cache ${short}; the other 2 wait gated, holding no node and no GPU:`,
-  );
-  out.line(podTable(pods));
-  const frontend = (await core.listNamespacedPod({ namespace: NS, labelSelector: "app=frontend" })).items[0];
-  out.line(
-    `the frontend has no GPU: ${frontend?.metadata?.annotations?.[ANN_ROLE] ? "decorated (unexpected)" : "left alone"}`,
-  );
-
-  out.step(
-    3,
-    total,
-    "the leader downloads the model and compiles (played by the demo: files written into its cache volume)",
-  );
-  const running = await until("the leader to run", async () => {
-    const p = await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS });
-    return p.status?.phase === "Running" ? p : undefined;
-  });
-  const node = state.nodes.find((n) => n.name === running.spec?.nodeName);
-  if (!node)
-    throw new Error(
-      `demo: the leader runs on ${running.spec?.nodeName}, which is not a local simulated node`,
-    );
-  const root = join(
-    node.kubeletRoot,
-    "pods",
-    running.metadata!.uid!,
-    "volumes",
-    "kubernetes.io~empty-dir",
-    CACHE_VOLUME,
-  );
-  const started = Date.now();
-  const bytes = await writeModelTree(root, opts.shardMiB);
-  out.line(
-    `wrote ${(bytes / 2 ** 20).toFixed(0)} MiB (4 weight shards, tokenizer, 400 compile-cache files) in ${((Date.now() - started) / 1000).toFixed(1)}s`,
-  );
-  await markReady(core, leader.metadata!.name!);
-  out.line("the leader is Ready");
-
-  out.step(4, total, "the node agent captures the warmed cache; promote makes it a read-only claim");
-  let last = "";
-  const ready = await until(
-    "the cache to be Ready",
+async function report(podLogsDir: string, pod: k8s.V1Pod): Promise<EngineReport> {
+  return until(
+    `the engine report of ${pod.metadata?.name}`,
     async () => {
-      const mc = (await custom.getClusterCustomObject({
-        group: MODELCACHE.group,
-        version: MODELCACHE.version,
-        plural: MODELCACHE.plural,
-        name: short,
-      })) as {
-        status?: {
-          phase?: string;
-          reason?: string;
-          message?: string;
-          sizeBytes?: number;
-          files?: number;
-          captureSeconds?: number;
-        };
-      };
-      const phase = mc.status?.phase ?? "Electing";
-      if (phase !== last) {
-        out.line(`ModelCache ${short}: ${phase}${mc.status?.reason ? ` (${mc.status.reason})` : ""}`);
-        last = phase;
-      }
-      if (phase === "Failed") throw new Error(`demo: capture failed: ${mc.status?.message ?? ""}`);
-      return phase === "Ready" ? mc : undefined;
+      const dir = containerLogDir(podLogsDir, pod, "engine");
+      const files = (await readdir(dir)).filter((f) => f.endsWith(".log")).sort();
+      const text = (await Promise.all(files.map((f) => readFile(join(dir, f), "utf8")))).join("");
+      return parseEngineReport(text);
     },
-    180_000,
-  ).catch((err: unknown) => {
-    throw err instanceof Error && err.message.startsWith("demo: capture failed")
-      ? err
-      : new Error(`${(err as Error).message} (see ${state.stateDir}/logs)`);
-  });
-  out.line(
-    `${ready.status?.files ?? "?"} files, ${((ready.status?.sizeBytes ?? 0) / 2 ** 20).toFixed(0)} MiB captured in ${(ready.status?.captureSeconds ?? 0).toFixed(1)}s`,
-  );
-
-  out.step(5, total, "the waiting pods are released and start from the cache (seed + prewarm, no download)");
-  await until("followers to run", async () => {
-    const ps = (await workers()).filter((p) => p.metadata?.annotations?.[ANN_ROLE] === "follower");
-    return ps.length === 2 && ps.every((p) => p.status?.phase === "Running") ? ps : undefined;
-  });
-  for (const p of (await workers()).filter((x) => x.metadata?.annotations?.[ANN_ROLE] === "follower"))
-    await markReady(core, p.metadata!.name!);
-  pods = await until("all 3 Ready", async () => {
-    const ps = await workers();
-    return ps.every((p) => podRow(p).ready) ? ps : undefined;
-  });
-  out.line(podTable(pods));
-
-  out.step(6, total, "scale to 4: a new replica restores directly (the host-path cache lives on one node)");
-  await apps.patchNamespacedDeploymentScale(
-    { name: "vllm-worker", namespace: NS, body: [{ op: "replace", path: "/spec/replicas", value: 4 }] },
-    jsonPatch,
-  );
-  const fresh = await until("the new pod running", async () => {
-    const ps = (await workers()).filter((p) => p.metadata?.annotations?.[ANN_ROLE] === "restore");
-    return ps.length === 1 && ps.every((p) => p.status?.phase === "Running") ? ps : undefined;
-  });
-  for (const p of fresh) await markReady(core, p.metadata!.name!);
-  pods = await until("all 4 Ready", async () => {
-    const ps = await workers();
-    return ps.length === 4 && ps.every((p) => podRow(p).ready) ? ps : undefined;
-  });
-  out.line(podTable(pods));
-  out.line("");
-  out.line(`dashboard:  ${state.roles.server ?? "(server not running)"}`);
-  out.line(`try:        KUBECONFIG=${state.kubeconfig} bin/warmstart caches   (and: pods, elections)`);
-  out.line("stop with:  bin/warmstart cluster down");
-}
-
-async function markReady(core: k8s.CoreV1Api, name: string): Promise<void> {
-  await core.patchNamespacedPod(
-    {
-      name,
-      namespace: NS,
-      body: [{ op: "add", path: "/metadata/annotations/sim.warmstart.dev~1ready", value: "true" }],
-    },
-    jsonPatch,
+    30_000,
   );
 }
 
-/** A model as the hub lays it out, plus compile caches; returns the bytes written. */
-async function writeModelTree(root: string, shardMiB: number): Promise<number> {
-  const snap = join(
-    root,
-    "model",
-    "hub",
-    "models--Qwen--Qwen2.5-7B-Instruct",
-    "snapshots",
-    "a09a35458c702b33eeacc393d103063234e8bc28",
-  );
-  await mkdir(snap, { recursive: true });
-  let bytes = 0;
-  const shard = Buffer.alloc(shardMiB * 2 ** 20);
-  // Paced like a fast mirror (DOWNLOAD_MIB_S), so the leader's time to ready means something.
-  const chunk = 4 * 2 ** 20;
-  for (let i = 1; i <= 4; i++) {
-    randomBytes(4096).copy(shard); // distinct content per shard
-    const file = join(snap, `model-0000${i}-of-00004.safetensors`);
-    await writeFile(file, "");
-    for (let off = 0; off < shard.length; off += chunk) {
-      await appendFile(file, shard.subarray(off, off + chunk));
-      await sleep((chunk / 2 ** 20 / DOWNLOAD_MIB_S) * 1000);
-      if (process.stdout.isTTY)
-        process.stdout.write(
-          `      downloading shard ${i}/4: ${((off + chunk) / 2 ** 20).toFixed(0)}/${shardMiB} MiB\r`,
-        );
-    }
-    if (!process.stdout.isTTY) process.stdout.write(`      downloaded shard ${i}/4 (${shardMiB} MiB)\n`);
-    bytes += shard.length;
+function podTable(pods: k8s.V1Pod[]): string {
+  const t = new Table({
+    head: ["POD", "ROLE", "GATED", "NODE", "PHASE", "READY IN"],
+    style: { head: [], border: [] },
+  });
+  for (const p of pods) {
+    const gated = (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
+    const secs = readySeconds(p);
+    t.push([
+      p.metadata!.name!,
+      role(p),
+      gated ? "yes" : "no",
+      p.spec?.nodeName ?? "-",
+      p.status?.phase ?? "Pending",
+      secs === undefined ? "-" : `${secs.toFixed(1)}s`,
+    ]);
   }
-  process.stdout.write(
-    `${process.stdout.isTTY ? "\n" : ""}      compiling (torch.compile, CUDA graphs)...\n`,
-  );
-  for (const f of ["config.json", "tokenizer.json", "generation_config.json"]) {
-    const text = JSON.stringify({ file: f, model: MODEL });
-    await writeFile(join(snap, f), text);
-    bytes += text.length;
-  }
-  for (let d = 0; d < 20; d++) {
-    const dir = join(root, "cache", "torchinductor", `fx-${d}`);
-    await mkdir(dir, { recursive: true });
-    for (let f = 0; f < 20; f++) {
-      const blob = randomBytes(2048);
-      await writeFile(join(dir, `kernel-${f}.so`), blob);
-      bytes += blob.length;
-    }
-    await sleep(75);
-  }
-  return bytes;
+  return t.toString().split("\n").join("\n      ");
 }

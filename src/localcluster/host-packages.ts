@@ -25,7 +25,7 @@ const NEEDS: Need[] = [
 export const CNI_BIN_DIR = "/usr/lib/cni";
 
 const present = (path: string): Promise<boolean> =>
-  access(path, constants.X_OK | constants.R_OK).then(
+  access(path, constants.R_OK).then(
     () => true,
     () => false,
   );

@@ -55,7 +55,10 @@ export function sourceOf(cache: {
 
 export const encodeSource = (s: CacheSource): string => JSON.stringify(s);
 
-/** The tree's folder inside the volume a restore mounts: host-path volumes are the tree itself. */
+/**
+ * The tree's folder inside the volume a restore mounts: host-path volumes are the tree itself
+ * ("." — the kubelet takes an empty expanded subPath for a missing value).
+ */
 export function treeSubPath(source: CacheSource): string {
-  return source.backend === "host-path" ? "" : (source.subPath ?? "");
+  return (source.backend === "host-path" ? "" : source.subPath) || ".";
 }

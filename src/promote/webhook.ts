@@ -30,7 +30,10 @@ export interface Promotion {
    * The prewarm policy of the cluster's cache stores (by their provisioner), for followers: they
    * are decorated before anyone knows which node's store their cache will come from.
    */
-  storeProfile(provisioner: string, volumeType?: string): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
+  storeProfile(
+    provisioner: string,
+    volumeType?: string,
+  ): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
   ensureClaim(cache: CacheRecord, namespace: string): Promise<EnsureOutcome>;
 }
 
@@ -38,7 +41,7 @@ export function createPromotion(clients: PromoteClients, profiles: StorageProfil
   return {
     async restoreProfile(cache) {
       const source = sourceOf(cache);
-      if (!source) return { prewarm: true, prewarmParallelism: DEFAULT_PREWARM_PARALLELISM, treePath: "" };
+      if (!source) return { prewarm: true, prewarmParallelism: DEFAULT_PREWARM_PARALLELISM, treePath: "." };
       const p = await profiles.resolve(source.provisioner, source.volumeType);
       return { prewarm: p.prewarm, prewarmParallelism: p.prewarmParallelism, treePath: treeSubPath(source) };
     },

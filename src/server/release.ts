@@ -66,7 +66,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
       }
     }
     const source = cache ? sourceOf(cache) : undefined;
-    const tree = source ? treeSubPath(source) : "";
+    const tree = source ? treeSubPath(source) : ".";
     for (const f of followers) await ungate(d, f, short, tree);
     if (followers.length) log.info("cache Ready: released followers");
     d.onRelease?.(short, followers.length);

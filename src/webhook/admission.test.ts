@@ -49,7 +49,8 @@ function deps(
       calls.push(`release ${uid}`);
       return Promise.resolve();
     },
-    restoreProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6 }),
+    restoreProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6, treePath: "." }),
+    followerProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6 }),
     ...cluster,
   };
   return {

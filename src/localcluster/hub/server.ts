@@ -130,7 +130,7 @@ export class ModelHub {
     if (m && (req.method === "GET" || req.method === "HEAD")) {
       const repo = this.resolve(res, m[1]!, m[2]!);
       if (!repo) return;
-      const file = repo.files.find((f) => f.path === m![3]);
+      const file = repo.files.find((f) => f.path === m[3]);
       const body = file && repo.body(file.path);
       if (!file || !body) {
         res.setHeader("X-Error-Code", "EntryNotFound");
@@ -152,7 +152,12 @@ export class ModelHub {
       res.writeHead(range ? 206 : 200);
       this.count(repo.id, client, 0, true);
       if (req.method === "HEAD") return void res.end();
-      await this.send(res, repo.id, client, bodyChunks(body, range?.start ?? 0, range ? range.end - range.start : size));
+      await this.send(
+        res,
+        repo.id,
+        client,
+        bodyChunks(body, range?.start ?? 0, range ? range.end - range.start : size),
+      );
       return;
     }
     json(res, 404, { error: `no route for ${req.method} ${path}` });
@@ -174,7 +179,12 @@ export class ModelHub {
     return repo;
   }
 
-  private async send(res: ServerResponse, repo: string, client: string, chunks: Iterable<Buffer>): Promise<void> {
+  private async send(
+    res: ServerResponse,
+    repo: string,
+    client: string,
+    chunks: Iterable<Buffer>,
+  ): Promise<void> {
     const aborted = new AbortController();
     res.once("close", () => aborted.abort());
     try {

@@ -1,0 +1,93 @@
+/**
+ * A chart of model-engine replicas for the local cluster's real nodes, as a serving chart would
+ * write it (nothing Warmstart-specific in it): the engine stand-in with vLLM's command line,
+ * fetching from the local model hub, on the host network, tolerating the real-node taint.
+ */
+import type * as k8s from "@kubernetes/client-node";
+import { GPU_RESOURCE } from "../core/gpu.js";
+import { REAL_NODE_TAINT } from "./realnode.js";
+
+export const ENGINE_READY_FILE = "/tmp/engine-ready";
+export const ENGINE_REPORT_PREFIX = "ENGINE-REPORT ";
+
+export interface EngineChart {
+  name?: string;
+  replicas: number;
+  model: string;
+  /** The real node (kubernetes.io/hostname) the replicas run on. */
+  node: string;
+  /** The local model hub (HF_ENDPOINT). */
+  hub: string;
+  image: string;
+  compileSeconds?: number;
+  securityContext?: k8s.V1SecurityContext;
+  podSecurityContext?: k8s.V1PodSecurityContext;
+}
+
+export function engineDeployment(o: EngineChart): k8s.V1Deployment {
+  const name = o.name ?? "engine";
+  const labels = { app: name };
+  return {
+    apiVersion: "apps/v1",
+    kind: "Deployment",
+    metadata: { name },
+    spec: {
+      replicas: o.replicas,
+      selector: { matchLabels: labels },
+      template: {
+        metadata: { labels },
+        spec: {
+          hostNetwork: true,
+          nodeSelector: { "kubernetes.io/hostname": o.node },
+          tolerations: [{ key: REAL_NODE_TAINT.key, operator: "Exists", effect: REAL_NODE_TAINT.effect }],
+          terminationGracePeriodSeconds: 2,
+          ...(o.podSecurityContext ? { securityContext: o.podSecurityContext } : {}),
+          containers: [
+            {
+              name: "engine",
+              image: o.image,
+              imagePullPolicy: "IfNotPresent",
+              args: ["--model", o.model, "--compile-seconds", String(o.compileSeconds ?? 2)],
+              env: [
+                { name: "HF_ENDPOINT", value: o.hub },
+                { name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
+              ],
+              resources: { limits: { [GPU_RESOURCE]: "1" } },
+              readinessProbe: { exec: { command: ["cat", ENGINE_READY_FILE] }, periodSeconds: 1 },
+              ...(o.securityContext ? { securityContext: o.securityContext } : {}),
+            },
+          ],
+        },
+      },
+    },
+  };
+}
+
+/** What the engine reports once ready (its one `ENGINE-REPORT {json}` line). */
+export interface EngineReport {
+  model: string;
+  uid: number;
+  fetchedBytes: number;
+  fetchSeconds: number;
+  compileCache: "hit" | "rebuilt";
+  compileDetail?: string;
+  compileSeconds: number;
+  besideModel: { writable: boolean; error?: string };
+  modelStore: { writable: boolean; error?: string; dir: string };
+  readySeconds: number;
+}
+
+/** The report in a container log as the kubelet writes it (CRI lines: time, stream, tag, text). */
+export function parseEngineReport(criLog: string): EngineReport | undefined {
+  for (const raw of criLog.split("\n")) {
+    const text = raw.split(" ").slice(3).join(" ");
+    if (text.startsWith(ENGINE_REPORT_PREFIX))
+      return JSON.parse(text.slice(ENGINE_REPORT_PREFIX.length)) as EngineReport;
+  }
+  return undefined;
+}
+
+/** The kubelet's log folder of one container: `<podLogsDir>/<ns>_<pod>_<uid>/<container>`. */
+export function containerLogDir(podLogsDir: string, pod: k8s.V1Pod, container: string): string {
+  return `${podLogsDir}/${pod.metadata!.namespace}_${pod.metadata!.name}_${pod.metadata!.uid}/${container}`;
+}

@@ -1,0 +1,114 @@
+/**
+ * Helpers for tests on the local cluster's real node: a chart of engine replicas (the model
+ * engine stand-in fetching from the local model hub), the engine's own report read from its
+ * container log on the node, and the hub's counters.
+ */
+import { readFile, readdir } from "node:fs/promises";
+import { join } from "node:path";
+import type { TestContext } from "node:test";
+import type * as k8s from "@kubernetes/client-node";
+import {
+  containerLogDir,
+  engineDeployment,
+  parseEngineReport,
+  type EngineReport,
+} from "../src/localcluster/engine-chart.js";
+import { kube, localCluster } from "./harness.js";
+
+export type { EngineReport };
+
+export interface RealNode {
+  name: string;
+  podLogsDir: string;
+  kubeletRoot: string;
+  hub: string;
+  images: { warmstart: string; engine: string; engineAsUser: string };
+}
+
+/** The local cluster's first real node, or a skip saying why there is none. */
+export async function realNodeOrSkip(t: TestContext): Promise<RealNode | undefined> {
+  const st = await localCluster();
+  const node = st?.nodes.find((n) => n.real);
+  if (!st || !node?.podLogsDir || !st.images || !st.roles.modelHub) {
+    t.skip("no real node in this cluster (a foreign KUBECONFIG, or cluster up --real-nodes 0)");
+    return undefined;
+  }
+  return {
+    name: node.name,
+    podLogsDir: node.podLogsDir,
+    kubeletRoot: node.kubeletRoot,
+    hub: st.roles.modelHub,
+    images: st.images,
+  };
+}
+
+export interface EngineChartOptions {
+  name?: string;
+  replicas: number;
+  model: string;
+  image?: string;
+  securityContext?: k8s.V1SecurityContext;
+  podSecurityContext?: k8s.V1PodSecurityContext;
+}
+
+export async function createEngines(
+  t: TestContext,
+  node: RealNode,
+  namespace: string,
+  o: EngineChartOptions,
+): Promise<void> {
+  const { apps } = await kube();
+  const body = engineDeployment({
+    ...o,
+    node: node.name,
+    hub: node.hub,
+    image: o.image ?? node.images.engine,
+    compileSeconds: 1,
+  });
+  await apps.createNamespacedDeployment({ namespace, body });
+  // Deleted at the end so the real node's GPUs are free for the next test at once.
+  t.after(async () => {
+    await apps
+      .deleteNamespacedDeployment({ namespace, name: body.metadata!.name!, gracePeriodSeconds: 0 })
+      .catch(() => undefined);
+  });
+}
+
+/** Lines a container wrote, from the kubelet's log files on the node (CRI format). */
+export async function containerLog(node: RealNode, pod: k8s.V1Pod, container: string): Promise<string> {
+  const dir = containerLogDir(node.podLogsDir, pod, container);
+  const files = (await readdir(dir)).filter((f) => /^\d+\.log$/.test(f)).sort();
+  return (await Promise.all(files.map((f) => readFile(join(dir, f), "utf8")))).join("");
+}
+
+export async function engineReport(node: RealNode, pod: k8s.V1Pod): Promise<EngineReport> {
+  const log = await containerLog(node, pod, "engine");
+  const report = parseEngineReport(log);
+  if (!report) throw new Error(`no engine report in the log of ${pod.metadata?.name}:\n${log.slice(-2000)}`);
+  return report;
+}
+
+export interface HubStats {
+  bytes: number;
+  requests: number;
+  repos: Record<string, { bytes: number; requests: number }>;
+}
+
+export async function hubStats(node: RealNode): Promise<HubStats> {
+  const res = await fetch(`${node.hub}/_stats`);
+  return (await res.json()) as HubStats;
+}
+
+/** Bytes of one synthetic model as the hub serves it (its file sizes, from the tree listing). */
+export async function modelBytes(node: RealNode, model: string): Promise<number> {
+  const res = await fetch(`${node.hub}/api/models/${model}/tree/main?recursive=true`);
+  const files = (await res.json()) as { size: number }[];
+  return files.reduce((n, f) => n + f.size, 0);
+}
+
+/** How each init container of a pod ended (name -> exit code), in the order they ran. */
+export function initExits(pod: k8s.V1Pod): Record<string, number | undefined> {
+  return Object.fromEntries(
+    (pod.status?.initContainerStatuses ?? []).map((s) => [s.name, s.state?.terminated?.exitCode]),
+  );
+}
