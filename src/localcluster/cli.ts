@@ -68,14 +68,14 @@ export function registerClusterCommands(program: Command): void {
           bare: opts.bare,
           progress,
         });
-      process.stdout.write(
-        `kubeconfig: ${state.kubeconfig}\napi server: ${state.apiServer}\nnodes:      ${state.nodes
-          .map((n) => `${n.name} (${n.gpus} GPU)`)
-          .join(", ")}\n` +
-          Object.entries(state.roles)
-            .map(([k, v]) => `${`${k}:`.padEnd(12)}${String(v)}\n`)
-            .join("") +
-          `\nexport KUBECONFIG=${state.kubeconfig}\n`,
+        process.stdout.write(
+          `kubeconfig: ${state.kubeconfig}\napi server: ${state.apiServer}\nnodes:      ${state.nodes
+            .map((n) => `${n.name} (${n.gpus} GPU)`)
+            .join(", ")}\n` +
+            Object.entries(state.roles)
+              .map(([k, v]) => `${`${k}:`.padEnd(12)}${String(v)}\n`)
+              .join("") +
+            `\nexport KUBECONFIG=${state.kubeconfig}\n`,
         );
       },
     );

@@ -123,7 +123,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         existing.roles = {
           ...existing.roles,
           ...(await startRoles({
-          state: existing,
+            state: existing,
             launch: launchRole(existing, dir),
             progress: opts.progress,
           })),
@@ -403,7 +403,13 @@ async function startRealNodes(
       core,
       progress: opts.progress,
     });
-    state.nodes.push({ name, gpus: opts.gpusPerNode, kubeletRoot: p.kubeletRoot, real: true, podLogsDir: p.podLogsDir });
+    state.nodes.push({
+      name,
+      gpus: opts.gpusPerNode,
+      kubeletRoot: p.kubeletRoot,
+      real: true,
+      podLogsDir: p.podLogsDir,
+    });
     await writeState(state);
   }
   await rm(archive, { force: true });

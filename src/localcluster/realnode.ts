@@ -17,7 +17,11 @@ import { freePort, processStartTime, type ProcessRecord } from "./processes.js";
 
 const run = promisify(execFile);
 
-export const REAL_NODE_TAINT = { key: "sim.warmstart.dev/real-node", value: "true", effect: "NoSchedule" } as const;
+export const REAL_NODE_TAINT = {
+  key: "sim.warmstart.dev/real-node",
+  value: "true",
+  effect: "NoSchedule",
+} as const;
 export const REAL_NODE_LABEL = "sim.warmstart.dev/real-node";
 export const DEFAULT_REAL_NODE_PRODUCT = "NVIDIA-L40S";
 
@@ -111,7 +115,10 @@ export async function startRealNode(ctx: RealNodeContext): Promise<RealNodePaths
  */
 export async function stopContainers(p: RealNodePaths): Promise<void> {
   const { stdout } = await ctr(p, ["-n", "k8s.io", "tasks", "ls", "-q"]).catch(() => ({ stdout: "" }));
-  const ids = stdout.split("\n").map((s) => s.trim()).filter(Boolean);
+  const ids = stdout
+    .split("\n")
+    .map((s) => s.trim())
+    .filter(Boolean);
   await Promise.all(
     ids.map(async (id) => {
       await ctr(p, ["-n", "k8s.io", "tasks", "kill", "-a", "-s", "SIGKILL", id]).catch(() => undefined);

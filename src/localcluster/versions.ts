@@ -15,7 +15,8 @@ export const PACKAGE_ROOT = resolve(fileURLToPath(new URL(".", import.meta.url))
 /** What the local cluster builds is cached outside the work tree, so every checkout and CI run reuses it. */
 export function cacheDir(): string {
   return (
-    process.env.WARMSTART_CACHE_DIR ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart")
+    process.env.WARMSTART_CACHE_DIR ??
+    join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "warmstart")
   );
 }
 

@@ -23,4 +23,5 @@ const addr = server.address();
 process.stdout.write(
   `model hub listening on http://${values.host}:${typeof addr === "object" && addr ? addr.port : values.port}\n`,
 );
-for (const sig of ["SIGTERM", "SIGINT"] as const) process.once(sig, () => server.close(() => process.exit(0)));
+for (const sig of ["SIGTERM", "SIGINT"] as const)
+  process.once(sig, () => server.close(() => process.exit(0)));

@@ -65,7 +65,10 @@ function layout(id: string, modelBytes: number): Map<string, Body> {
     Array.from({ length: 2000 }, (_, i) => [`${name}-tok${i}`, i] as [string, number]),
   );
   bodies.set("tokenizer.json", text(JSON.stringify({ version: "1.0", model: { type: "BPE", vocab } })));
-  bodies.set("tokenizer_config.json", text(JSON.stringify({ model_max_length: 8192, tokenizer_class: "Synthetic" })));
+  bodies.set(
+    "tokenizer_config.json",
+    text(JSON.stringify({ model_max_length: 8192, tokenizer_class: "Synthetic" })),
+  );
   const small = [...bodies.values()].reduce((n, b) => n + (b.kind === "text" ? b.bytes.length : 0), 0);
   const shardBytes = Math.max(1, Math.floor(Math.max(modelBytes - small - 1024, SHARDS) / SHARDS));
   const weightMap: Record<string, string> = {};
@@ -95,7 +98,7 @@ export function* streamBytes(key: Buffer, offset: number, len: number, chunk = 1
   if (skip) cipher.update(Buffer.alloc(skip));
   skip = 0;
   const zeros = Buffer.alloc(chunk);
-  for (let done = 0; done < len; ) {
+  for (let done = 0; done < len;) {
     const n = Math.min(chunk, len - done);
     yield cipher.update(n === chunk ? zeros : zeros.subarray(0, n));
     done += n;

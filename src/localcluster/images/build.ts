@@ -15,7 +15,19 @@
 import { execFile, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { createReadStream, existsSync } from "node:fs";
-import { chmod, cp, link, mkdir, mkdtemp, readFile, readdir, rename, rm, stat, writeFile } from "node:fs/promises";
+import {
+  chmod,
+  cp,
+  link,
+  mkdir,
+  mkdtemp,
+  readFile,
+  readdir,
+  rename,
+  rm,
+  stat,
+  writeFile,
+} from "node:fs/promises";
 import { dirname, join, relative } from "node:path";
 import { promisify } from "node:util";
 import { PACKAGE_ROOT, cacheDir } from "../versions.js";
@@ -67,9 +79,15 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
   await mkdir(join(imagesDir(), "layers"), { recursive: true });
   const base = await cachedLayer(`base-${DEBIAN_SUITE}-${BASE_PACKAGES.join("+")}-v1`, progress, buildBase);
   const node = await cachedLayer(`node-${IMAGE_NODE_VERSION}-v1`, progress, buildNode);
-  const deps = await cachedLayer(`deps-${await fileKey(join(PACKAGE_ROOT, "package-lock.json"))}-v1`, progress, buildDeps);
+  const deps = await cachedLayer(
+    `deps-${await fileKey(join(PACKAGE_ROOT, "package-lock.json"))}-v1`,
+    progress,
+    buildDeps,
+  );
   const appFiles = await appInputs();
-  const app = await cachedLayer(`app-${await filesKey(appFiles)}`, progress, (dir) => buildApp(dir, appFiles));
+  const app = await cachedLayer(`app-${await filesKey(appFiles)}`, progress, (dir) =>
+    buildApp(dir, appFiles),
+  );
   const engineInputs = [join(PACKAGE_ROOT, "src/localcluster/images/engine.py")];
   const engine = await cachedLayer(
     `engine-${HUGGINGFACE_HUB_VERSION}-${await filesKey(engineInputs)}`,
@@ -99,8 +117,16 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     User: `${WARMSTART_UID}:${WARMSTART_UID}`,
     WorkingDir: "/opt/warmstart",
   });
-  const engineEnv = [PATH_ENV, "PYTHONPATH=/opt/engine/site-packages", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"];
-  const engineImage = image("engine", [base, engine], { Entrypoint: ["/usr/local/bin/engine"], Env: engineEnv });
+  const engineEnv = [
+    PATH_ENV,
+    "PYTHONPATH=/opt/engine/site-packages",
+    "PYTHONDONTWRITEBYTECODE=1",
+    "PYTHONUNBUFFERED=1",
+  ];
+  const engineImage = image("engine", [base, engine], {
+    Entrypoint: ["/usr/local/bin/engine"],
+    Env: engineEnv,
+  });
   const engineAsUser = image("engine-user", [base, engine], {
     Entrypoint: ["/usr/local/bin/engine"],
     Env: engineEnv,
@@ -172,7 +198,11 @@ export async function writeImageArchive(refs: ImageRef[], out: string): Promise<
 }
 
 /** A layer from the cache, or built into a fresh folder, tarred and digested, then cached. */
-async function cachedLayer(key: string, progress: Progress, build: (dir: string) => Promise<void>): Promise<Layer> {
+async function cachedLayer(
+  key: string,
+  progress: Progress,
+  build: (dir: string) => Promise<void>,
+): Promise<Layer> {
   const file = join(imagesDir(), "layers", `${key}.tar`);
   const meta = `${file}.json`;
   try {
@@ -209,7 +239,9 @@ async function cachedLayer(key: string, progress: Progress, build: (dir: string)
     const size = (await stat(`${file}.tmp`)).size;
     await rename(`${file}.tmp`, file);
     await writeFile(meta, JSON.stringify({ digest, size }));
-    progress(`image layer ${key}: ${(size / 2 ** 20).toFixed(0)} MiB in ${((Date.now() - started) / 1000).toFixed(1)}s`);
+    progress(
+      `image layer ${key}: ${(size / 2 ** 20).toFixed(0)} MiB in ${((Date.now() - started) / 1000).toFixed(1)}s`,
+    );
     return { file, digest, size };
   } finally {
     await rm(work, { recursive: true, force: true });
@@ -226,7 +258,14 @@ async function buildBase(root: string): Promise<void> {
     mirror,
   ]);
   // What a container never needs: package lists, docs, caches.
-  for (const p of ["var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/locale", "usr/share/info"]) {
+  for (const p of [
+    "var/lib/apt/lists",
+    "var/cache/apt",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/locale",
+    "usr/share/info",
+  ]) {
     await rm(join(root, p), { recursive: true, force: true });
   }
   await chmod(join(root, "tmp"), 0o1777);
@@ -270,7 +309,12 @@ async function buildDeps(root: string): Promise<void> {
     });
   }
   // Build leftovers of the native modules (sources, objects) are not needed at run time.
-  for (const p of ["better-sqlite3/deps", "better-sqlite3/src", "better-sqlite3/build/Release/obj", "better-sqlite3/build/Release/obj.target"])
+  for (const p of [
+    "better-sqlite3/deps",
+    "better-sqlite3/src",
+    "better-sqlite3/build/Release/obj",
+    "better-sqlite3/build/Release/obj.target",
+  ])
     await rm(join(dest, p), { recursive: true, force: true });
 }
 
@@ -326,13 +370,23 @@ async function buildEngine(root: string): Promise<void> {
   ]);
   await cp(join(PACKAGE_ROOT, "src/localcluster/images/engine.py"), join(root, "opt/engine/engine.py"));
   await mkdir(join(root, "usr/local/bin"), { recursive: true });
-  await writeFile(join(root, "usr/local/bin/engine"), '#!/bin/sh\nexec python3 /opt/engine/engine.py "$@"\n', {
-    mode: 0o755,
-  });
+  await writeFile(
+    join(root, "usr/local/bin/engine"),
+    '#!/bin/sh\nexec python3 /opt/engine/engine.py "$@"\n',
+    {
+      mode: 0o755,
+    },
+  );
 }
 
 async function buildPause(root: string): Promise<void> {
-  await run("gcc", ["-static", "-O2", "-o", join(root, "pause"), join(PACKAGE_ROOT, "src/localcluster/images/pause.c")]);
+  await run("gcc", [
+    "-static",
+    "-O2",
+    "-o",
+    join(root, "pause"),
+    join(PACKAGE_ROOT, "src/localcluster/images/pause.c"),
+  ]);
   await run("strip", [join(root, "pause")]).catch(() => undefined);
 }
 
@@ -347,7 +401,8 @@ async function debianMirror(): Promise<string> {
   for (const f of files) {
     const text = await readFile(f, "utf8").catch(() => "");
     const m =
-      /^URIs:\s*(\S+\/debian)\/?\s*$/m.exec(text) ?? /^deb\s+(?:\[[^\]]*\]\s+)?(\S+\/debian)\/?\s+\S+/m.exec(text);
+      /^URIs:\s*(\S+\/debian)\/?\s*$/m.exec(text) ??
+      /^deb\s+(?:\[[^\]]*\]\s+)?(\S+\/debian)\/?\s+\S+/m.exec(text);
     if (m) return m[1]!;
   }
   return "http://deb.debian.org/debian";
