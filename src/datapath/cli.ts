@@ -102,13 +102,15 @@ export function registerDatapathCommands(program: Command): void {
     .requiredOption("--to <dir>", "the writable shadow (the pod's cache root)")
     .option("--parallel <n>", "files copied at once (default 8)")
     .option("--hash <sha256>", "refuse the tree unless its manifest says it was captured for this hash")
-    .action(async (o: { from: string; to: string; parallel?: string; hash?: string }) => {
+    .option("--any-uid", "make the shadow writable by any UID (the workload's UID is not known in advance)")
+    .action(async (o: { from: string; to: string; parallel?: string; hash?: string; anyUid?: boolean }) => {
       checkHash(o.hash);
       const r = await seed({
         from: o.from,
         to: o.to,
         hash: o.hash,
         parallel: intFlag("--parallel", o.parallel, 8),
+        anyUid: o.anyUid ?? false,
       });
       process.stdout.write(
         `seeded ${o.to} from ${o.from}: ${r.linked} model files linked in place, ${r.copied} files copied ` +

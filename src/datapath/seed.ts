@@ -24,6 +24,7 @@ import type { BigIntStats } from "node:fs";
 import {
   closeSync,
   constants as fsc,
+  chmodSync,
   fchmodSync,
   fstatSync,
   futimesSync,
@@ -71,6 +72,11 @@ export interface SeedOptions {
   hash?: string;
   /** Files copied at once (default 8). */
   parallel?: number;
+  /**
+   * Make the shadow writable by any UID: for a workload whose UID is not known when its pod is
+   * admitted (it comes from its image). Only the containers of that one pod ever see the shadow.
+   */
+  anyUid?: boolean;
   log?: Logger;
 }
 
@@ -130,11 +136,23 @@ export async function seed(opts: SeedOptions): Promise<SeedResult> {
     try {
       toFd = openDirNoFollow(toAbs);
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ELOOP")
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "ELOOP" || (code === "ENOTDIR" && lstatSync(toAbs).isSymbolicLink()))
         throw new Error(`refusing to seed into ${toAbs}: it is a symlink`);
       throw err;
     }
-    const res = await build(fromFd, toFd, toBin(from), scan, manifest, digests, parallel);
+    // The kubelet makes an emptyDir 0777 already; a root this process created it opens up itself.
+    if (opts.anyUid && (fstatSync(toFd).mode & 0o777) !== 0o777) fchmodSync(toFd, 0o777);
+    const res = await build(
+      fromFd,
+      toFd,
+      toBin(from),
+      scan,
+      manifest,
+      digests,
+      parallel,
+      opts.anyUid ?? false,
+    );
     opts.log?.info({ from, to, ...res }, "seeded");
     return res;
   } finally {
@@ -245,6 +263,7 @@ async function build(
   m: Manifest,
   digests: Map<string, string>,
   parallel: number,
+  anyUid: boolean,
 ): Promise<SeedResult> {
   const res: SeedResult = {
     linked: 0,
@@ -272,6 +291,7 @@ async function build(
         );
       }
       if (!st || st.isSymbolicLink()) mkdirSync(path, { mode: (Number(d.stat.mode) & 0o777) | 0o700 });
+      if (anyUid) chmodSync(path, 0o777);
     } finally {
       closeFd(parent);
     }
@@ -294,7 +314,7 @@ async function build(
 
   await runPool(toCopy, parallel, async (e) => {
     await yieldNow();
-    const r = copyIn(fromFd, toFd, e, digests.get(e.rel) as string, m);
+    const r = copyIn(fromFd, toFd, e, digests.get(e.rel) as string, m, anyUid ? 0o666 : 0o600);
     if (r === "kept") res.kept += 1;
     else {
       if (r === "replaced") res.replaced += 1;
@@ -353,6 +373,8 @@ function copyIn(
   e: TreeEntry,
   want: string,
   m: Manifest,
+  /** Permission bits every copy gets on top of its own (owner-writable, or writable by all). */
+  writable: number,
 ): "copied" | "replaced" | "kept" {
   const parent = openShadowDir(toFd, parentOf(e.rel));
   try {
@@ -381,7 +403,7 @@ function copyIn(
           throw new Error(
             `refusing to seed ${show}: its content does not match the manifest's ${m.digest} digest`,
           );
-        fchmodSync(out, (Number(e.stat.mode) & 0o777) | 0o600);
+        fchmodSync(out, (Number(e.stat.mode) & 0o777) | writable);
         if (exactTimes) setFdTimesNs(out, e.stat.atimeNs, e.stat.mtimeNs, show);
         else futimesSync(out, Number(e.stat.atimeNs) / 1e9, Number(e.stat.mtimeNs) / 1e9);
       } finally {
