@@ -238,7 +238,7 @@ void describe("decorateRestore", () => {
     assert.equal(seed.image, IMAGE);
     assert.deepEqual(
       [...(seed.command ?? []), ...(seed.args ?? [])],
-      ["warmstart", "seed", "--from", DEFAULT_RO_PATH, "--to", DEFAULT_CACHE_ROOT],
+      ["warmstart", "seed", "--from", DEFAULT_RO_PATH, "--to", DEFAULT_CACHE_ROOT, "--hash", HASH],
     );
     assert.deepEqual(seed.volumeMounts, [
       { name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true, subPathExpr: TREE_EXPR },

@@ -79,6 +79,8 @@ export interface LeaderOptions extends DecorationOptions {
 export interface RestoreOptions extends DecorationOptions {
   /** The read-only claim; defaults to `rox-<short>` of `hash`. */
   claimName?: string;
+  /** The full hash of the cache restored from (`restore-from` names another); defaults to `hash`. */
+  sourceHash?: string;
   /** The storage profile's prewarm policy; pod env WARMSTART_PREWARM overrides it. */
   prewarm: boolean;
   prewarmParallelism: number;
@@ -203,7 +205,17 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
       command: [...cmd],
       // The shadow is made writable by any UID when the workload's UID is not known here (it
       // comes from its image): only this pod's containers ever see it.
-      args: ["seed", "--from", ro, "--to", root, ...(identity.runAsUser === undefined ? ["--any-uid"] : [])],
+      // It checks the tree's manifest names the cache this pod was admitted against.
+      args: [
+        "seed",
+        "--from",
+        ro,
+        "--to",
+        root,
+        "--hash",
+        opts.sourceHash ?? opts.hash,
+        ...(identity.runAsUser === undefined ? ["--any-uid"] : []),
+      ],
     },
   ];
   const decision = prewarmDecision(c, opts.prewarm);

@@ -56,7 +56,7 @@ import {
   toBin,
 } from "./beneath.js";
 import { checkParallel } from "./capture.js";
-import { createDigest } from "./digest.js";
+import { createDigest, digestAvailable } from "./digest.js";
 import { nameOf, parseManifest, type Manifest } from "./manifest.js";
 import { exactTimes, setFdTimesNs, setTimesNsSync } from "./native.js";
 import { runPool } from "./pool.js";
@@ -390,16 +390,20 @@ function copyIn(
       // O_EXCL|O_NOFOLLOW: a fresh file, never something planted under that name.
       const out = openSync(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
       try {
-        const h = createDigest(m.digest);
+        // A process that cannot compute the manifest's digest still checks the size.
+        const h = digestAvailable(m.digest) ? createDigest(m.digest) : undefined;
         const buf = Buffer.allocUnsafe(CHUNK);
-        for (let pos = 0; ;) {
+        let pos = 0;
+        for (;;) {
           const got = readSync(src.fd, buf, 0, buf.length, pos);
           if (got === 0) break;
-          h.update(buf.subarray(0, got));
+          h?.update(buf.subarray(0, got));
           for (let off = 0; off < got;) off += writeSync(out, buf, off, got - off, pos + off);
           pos += got;
         }
-        if (h.hex() !== want)
+        if (pos !== Number(e.stat.size))
+          throw new Error(`refusing to seed ${show}: it changed size while it was copied`);
+        if (h && h.hex() !== want)
           throw new Error(
             `refusing to seed ${show}: its content does not match the manifest's ${m.digest} digest`,
           );

@@ -114,6 +114,7 @@ export async function decide(
         hash,
         reason,
         claimName: claimName(cacheHashFull),
+        sourceHash: cacheHashFull,
         image: deps.cfg.image,
         cacheRoot: deps.cfg.cacheRoot,
         prewarm: profile.prewarm,
