@@ -1,7 +1,8 @@
 /**
- * `npm run bench -- datapath`: capture against `cp -a`, prewarm against `find | xargs cat`, and
- * capture's peak memory, all on one synthetic model tree built here (large weight shards plus
- * many small compile-cache files). Every figure is the median of runs taken in alternating order.
+ * `npm run bench -- datapath`: capture against `cp -a` (wall and CPU seconds, with capture's
+ * BLAKE3 digests and with sha256 ones), prewarm against `find | xargs cat`, and capture's peak
+ * memory, all on one synthetic model tree built here (large weight shards plus many small
+ * compile-cache files). Every figure is the median of runs taken in alternating order.
  *
  * Sizes (env): WARMSTART_BENCH_SHARDS (4), WARMSTART_BENCH_SHARD_MB (512),
  * WARMSTART_BENCH_SMALL_FILES (20000), WARMSTART_BENCH_RUNS (2). The tree lives in a temp dir
@@ -15,6 +16,7 @@ import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { capture } from "../src/datapath/capture.js";
+import { DEFAULT_DIGEST } from "../src/datapath/digest.js";
 import { runPool } from "../src/datapath/pool.js";
 import { prewarm } from "../src/datapath/prewarm.js";
 
@@ -197,7 +199,7 @@ export async function runDatapathBench(): Promise<void> {
     settle();
 
     // --- capture vs cp -a (source warm in the page cache, as on a leader that just loaded it)
-    const t: Record<string, Sample[]> = { cap: [], cp: [], capSync: [], cpSync: [] };
+    const t: Record<string, Sample[]> = { cap: [], capSha: [], cp: [], capSync: [], cpSync: [] };
     let method = "";
     const fresh = async (name: string): Promise<string> => {
       const p = join(dir, name);
@@ -215,6 +217,12 @@ export async function runDatapathBench(): Promise<void> {
           ),
         );
       },
+      capSha: async (): Promise<void> => {
+        const dest = await fresh("cap");
+        t.capSha?.push(
+          await timed(() => capture({ src, dest, progress: false, durable: false, digest: "sha256" })),
+        );
+      },
       cp: async (): Promise<void> => {
         const dest = await fresh("cp");
         t.cp?.push(await timed(() => sh(`cp -a '${src}' '${dest}'`)));
@@ -230,7 +238,9 @@ export async function runDatapathBench(): Promise<void> {
     };
     for (let r = 0; r < runs; r++) {
       const order =
-        r % 2 === 0 ? [one.cap, one.cp, one.capSync, one.cpSync] : [one.cpSync, one.capSync, one.cp, one.cap];
+        r % 2 === 0
+          ? [one.cap, one.cp, one.capSha, one.capSync, one.cpSync]
+          : [one.cpSync, one.capSync, one.capSha, one.cp, one.cap];
       for (const f of order) await f();
     }
     await fresh("cap");
@@ -316,7 +326,13 @@ export async function runDatapathBench(): Promise<void> {
           what: "capture, no flush",
           samples: t.cap ?? [],
           bytes: total,
-          note: `${method}, sha256 of every byte`,
+          note: `${method}, ${DEFAULT_DIGEST} of every byte`,
+        },
+        {
+          what: "capture, no flush, sha256",
+          samples: t.capSha ?? [],
+          bytes: total,
+          note: "the digest before BLAKE3",
         },
         { what: "cp -a", samples: t.cp ?? [], bytes: total },
         { what: "capture (default: flushed before commit)", samples: t.capSync ?? [], bytes: total },
@@ -332,6 +348,7 @@ export async function runDatapathBench(): Promise<void> {
       [
         "",
         `capture vs cp -a:                   ${ratio(t.cp, t.cap)} (goal >= 1.0x)`,
+        `capture CPU vs cp -a CPU:           ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s)`,
         `capture vs cp -a && sync (durable): ${ratio(t.cpSync, t.capSync)}`,
         `prewarm vs find|xargs -P6 cat:      ${ratio(pw.xargs, pw.prewarm)} cold (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)} cold, ${ratio(pw.xargsWarm, pw.prewarmWarm)} warm`,
         `drop_caches:                        ${canDrop ? "worked" : "not permitted"}`,

@@ -139,7 +139,7 @@ class Stop {
   ) {
     this.signal = this.ac.signal;
     if (deadlineMs > 0)
-      this.timer = setTimeout(() => this.fire("deadline"), Math.min(deadlineMs, 2 ** 31 - 1));
+      this.timer = setTimeout(() => this.fire("deadline"), Math.min(deadlineMs, 2 ** 31 - 1)).unref();
     if (outer?.aborted) this.fire("aborted");
     else outer?.addEventListener("abort", this.onAbort, { once: true });
   }
@@ -184,7 +184,6 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     throw new Error(`deadlineMs must be 0 or more, got ${deadlineMs}`);
   const digest = opts.digest ?? DEFAULT_DIGEST;
   requireProcFd("capture");
-  if (opts.noOpenat2) disableOpenat2();
   const src = await realpath(opts.src).catch((err: unknown) => {
     throw new Error(
       `cannot capture ${opts.src}: ${isMissing(err) ? "no such directory" : (err as Error).message}`,
@@ -201,8 +200,9 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
   await removeStaleStaging(parent, basename(dest));
   await prepareDest(dest);
 
-  const stop = new Stop(src, deadlineMs, opts.signal);
   const rootFd = openDirNoFollow(src);
+  const stop = new Stop(src, deadlineMs, opts.signal);
+  const restoreOpenat2 = opts.noOpenat2 ? disableOpenat2() : undefined;
   const staging = `${dest}.tmp-${process.pid}-${randomBytes(6).toString("hex")}`;
   try {
     stop.check();
@@ -283,6 +283,7 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
   } finally {
     closeSync(rootFd);
     stop.dispose();
+    restoreOpenat2?.();
     // Only the staging directory is ours to remove: never the destination, whoever made it.
     if (active.delete(staging)) await rm(staging, { recursive: true, force: true }).catch(() => undefined);
   }

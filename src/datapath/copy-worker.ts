@@ -74,6 +74,7 @@ function beforeOpen(rel: string): void {
   Atomics.store(hookDone, 0, 0);
   parentPort?.postMessage({ kind: "beforeOpen", rel } satisfies FromWorker);
   while (Atomics.wait(hookDone, 0, 0, 1000) === "timed-out") if (stopped()) throw new StoppedError();
+  if (stopped()) throw new StoppedError();
 }
 
 interface Done {

@@ -38,6 +38,9 @@ const Blake3 = loadBlake3();
 /** What a capture uses unless told otherwise. */
 export const DEFAULT_DIGEST: DigestAlgorithm = Blake3 ? "blake3" : "sha256";
 
+/** Whether this process can compute `alg` (BLAKE3 needs its native binding). */
+export const digestAvailable = (alg: DigestAlgorithm): boolean => alg === "sha256" || Blake3 !== undefined;
+
 export function createDigest(alg: DigestAlgorithm): Digest {
   if (alg === "sha256") {
     const h = createHash("sha256");

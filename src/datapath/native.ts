@@ -239,9 +239,12 @@ export function closeRawFd(fd: number): void {
   libc?.close(fd);
 }
 
-/** Turns openat2 off for this thread (tests of the component-by-component walk). */
-export function disableOpenat2(): void {
+/** Turns openat2 off for this thread (tests of the component-by-component walk); returns a
+ * function that puts back what was there. */
+export function disableOpenat2(): () => void {
+  const was = openat2Works;
   openat2Works = false;
+  return () => void (openat2Works = was);
 }
 
 /** Whether openat2 is in use (until a call finds it missing). */
