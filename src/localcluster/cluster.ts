@@ -18,7 +18,14 @@ import {
 import { ensureSimulatedNode } from "./nodes.js";
 import { ensureHostPackages } from "./host-packages.js";
 import { buildImages, writeImageArchive } from "./images/build.js";
-import { killShims, realNodePaths, startRealNode, stopContainers, unmountUnder } from "./realnode.js";
+import {
+  findShims,
+  killShims,
+  realNodePaths,
+  startRealNode,
+  stopContainers,
+  unmountUnder,
+} from "./realnode.js";
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
@@ -344,11 +351,12 @@ export async function down(progress: (line: string) => void): Promise<{ stopped:
  */
 async function teardown(state: ClusterState): Promise<string[]> {
   const isKubelet = (p: ProcessRecord): boolean => p.name.startsWith("kubelet-");
-  const stopped = await stopAll(state.processes.filter(isKubelet));
   const real = (state.nodes ?? []).filter((n) => n.real).map((n) => realNodePaths(state.stateDir, n.name));
+  const shims = (await Promise.all(real.map(findShims))).flat();
+  const stopped = await stopAll(state.processes.filter(isKubelet));
   for (const p of real) await stopContainers(p);
   stopped.unshift(...(await stopAll(state.processes.filter((p) => !isKubelet(p)))));
-  for (const p of real) await killShims(p);
+  await killShims(shims);
   await unmountUnder(state.stateDir);
   return stopped;
 }

@@ -13,7 +13,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type * as k8s from "@kubernetes/client-node";
 import { CNI_BIN_DIR } from "./host-packages.js";
 import { GPU_PRODUCT_LABEL, setNodeGpus } from "./nodes.js";
-import { freePort, processStartTime, type ProcessRecord } from "./processes.js";
+import { freePort, type ProcessRecord } from "./processes.js";
 
 const run = promisify(execFile);
 
@@ -134,20 +134,34 @@ export async function stopContainers(p: RealNodePaths): Promise<void> {
   );
 }
 
-/** Shims whose pid file is under the node's state, still alive after containerd stopped. */
-export async function killShims(p: RealNodePaths): Promise<void> {
+/**
+ * The shims of a node's running tasks: the parent of each task's init process (a shim is the
+ * parent and subreaper of what it runs). Read while the tasks still run: once they are gone
+ * only the shim is left, with nothing on disk naming its pid.
+ */
+export async function findShims(p: RealNodePaths): Promise<number[]> {
   const tasks = join(p.containerdState, "io.containerd.runtime.v2.task");
+  const shims = new Set<number>();
   for (const ns of await readdir(tasks).catch(() => [] as string[])) {
     for (const id of await readdir(join(tasks, ns)).catch(() => [] as string[])) {
-      const pid = Number((await readFile(join(tasks, ns, id, "shim.pid"), "utf8").catch(() => "")).trim());
-      if (!pid || !(await processStartTime(pid))) continue;
-      const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
-      if (!cmd.includes("containerd-shim")) continue; // a reused pid is not ours
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {
-        /* gone */
-      }
+      const pid = Number((await readFile(join(tasks, ns, id, "init.pid"), "utf8").catch(() => "")).trim());
+      const status = pid ? await readFile(`/proc/${pid}/status`, "utf8").catch(() => "") : "";
+      const ppid = Number(/^PPid:\s*(\d+)/m.exec(status)?.[1] ?? 0);
+      if (ppid > 1) shims.add(ppid);
+    }
+  }
+  return [...shims];
+}
+
+/** Kills the shims that outlived containerd (never a pid that is not a shim any more). */
+export async function killShims(pids: number[]): Promise<void> {
+  for (const pid of pids) {
+    const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+    if (!cmd.includes("containerd-shim")) continue;
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      /* gone */
     }
   }
 }

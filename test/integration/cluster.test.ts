@@ -22,6 +22,7 @@ import {
 } from "../harness.js";
 import { ensureSimulatedNode, setNodeGpus } from "../../src/localcluster/nodes.js";
 import { processStartTime } from "../../src/localcluster/processes.js";
+import { findShims, realNodePaths } from "../../src/localcluster/realnode.js";
 import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
@@ -181,10 +182,14 @@ test("cluster up reuses a running cluster, and down leaves no process behind (al
     ).processes.map((p) => p.pid);
 
   // A crash of `cluster up` midway: SIGKILL it once the API server has started.
-  const crashing = spawn(process.execPath, [bin, "cluster", "up", "--bare", "--nodes", "1"], {
-    env,
-    stdio: "ignore",
-  });
+  const crashing = spawn(
+    process.execPath,
+    [bin, "cluster", "up", "--bare", "--nodes", "1", "--real-nodes", "0"],
+    {
+      env,
+      stdio: "ignore",
+    },
+  );
   await waitFor("up to start kube-apiserver", async () => (await readPids()).length >= 2, 60_000);
   crashing.kill("SIGKILL");
   const orphaned = await readPids();
@@ -196,11 +201,11 @@ test("cluster up reuses a running cluster, and down leaves no process behind (al
   for (const pid of orphaned)
     assert.equal(await processStartTime(pid), undefined, `pid ${pid} gone after down`);
 
-  const first = cli("cluster", "up", "--bare", "--nodes", "1");
+  const first = cli("cluster", "up", "--bare", "--nodes", "1", "--real-nodes", "0");
   assert.equal(first.status, 0, String(first.stderr));
   const pids = await readPids();
   assert.deepEqual(pids.length, 5, "etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok");
-  const second = cli("cluster", "up", "--bare", "--nodes", "1");
+  const second = cli("cluster", "up", "--bare", "--nodes", "1", "--real-nodes", "0");
   assert.equal(second.status, 0);
   assert.match(String(second.stderr), /already running/);
   assert.deepEqual(await readPids(), pids, "the second up reused the same processes");
@@ -212,3 +217,92 @@ test("cluster up reuses a running cluster, and down leaves no process behind (al
   const after = JSON.parse(String(cli("cluster", "status", "-o", "json").stdout)) as { running: boolean };
   assert.equal(after.running, false);
 });
+
+test("down stops a real node's kubelet, containerd, shims and containers, and unmounts everything it made", async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), "warmstart-real-"));
+  const env = { ...process.env, WARMSTART_STATE_DIR: dir };
+  const bin = join(PACKAGE_ROOT, "bin/warmstart");
+  const cli = (...args: string[]): ReturnType<typeof spawnSync> =>
+    spawnSync(process.execPath, [bin, ...args], { env, encoding: "utf8" });
+  t.after(async () => {
+    cli("cluster", "down");
+    await rm(dir, { recursive: true, force: true });
+  });
+  const up = cli("cluster", "up", "--bare", "--nodes", "0", "--real-nodes", "1");
+  assert.equal(up.status, 0, String(up.stderr));
+  const state = JSON.parse(await readFile(join(dir, "state.json"), "utf8")) as {
+    kubeconfig: string;
+    images: { engine: string };
+    processes: { name: string; pid: number }[];
+  };
+  const kc = new k8s.KubeConfig();
+  kc.loadFromFile(state.kubeconfig);
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  await waitFor("the default ServiceAccount", () =>
+    core.readNamespacedServiceAccount({ name: "default", namespace: "default" }),
+  );
+  // A running container with the volumes the kubelet mounts: a projected token and an emptyDir.
+  await core.createNamespacedPod({
+    namespace: "default",
+    body: {
+      metadata: { name: "sleeper" },
+      spec: {
+        hostNetwork: true,
+        nodeSelector: { "kubernetes.io/hostname": "real-0" },
+        tolerations: [{ key: "sim.warmstart.dev/real-node", operator: "Exists" }],
+        volumes: [{ name: "scratch", emptyDir: { medium: "Memory" } }],
+        containers: [
+          {
+            name: "sleep",
+            image: state.images.engine,
+            imagePullPolicy: "IfNotPresent",
+            command: ["sleep", "3600"],
+            volumeMounts: [{ name: "scratch", mountPath: "/scratch" }],
+          },
+        ],
+      },
+    },
+  });
+  await waitFor(
+    "the container running",
+    async () =>
+      (await core.readNamespacedPod({ name: "sleeper", namespace: "default" })).status?.phase === "Running",
+    120_000,
+  );
+  const shims = await shimPids(dir);
+  assert.ok(shims.length >= 1, "the pod's shim (one per sandbox) is running");
+  assert.ok((await mountsUnder(dir)).length > 0, "the kubelet and containerd mounted things under the state");
+  const recorded = state.processes.map((p) => p.pid);
+  assert.ok(state.processes.some((p) => p.name === "kubelet-real-0"));
+  assert.ok(state.processes.some((p) => p.name === "containerd-real-0"));
+
+  const down = cli("cluster", "down");
+  assert.equal(down.status, 0, String(down.stderr));
+  for (const pid of [...recorded, ...shims])
+    assert.equal(await processStartTime(pid), undefined, `pid ${pid} gone after down`);
+  assert.deepEqual(await processesMentioning(dir), [], "no process refers to the cluster's folder");
+  assert.deepEqual(await mountsUnder(dir), [], "no mount left under the cluster's folder");
+});
+
+async function shimPids(dir: string): Promise<number[]> {
+  return findShims(realNodePaths(dir, "real-0"));
+}
+
+async function mountsUnder(dir: string): Promise<string[]> {
+  const info = await readFile("/proc/self/mountinfo", "utf8");
+  return info
+    .split("\n")
+    .map((l) => l.split(" ")[4] ?? "")
+    .filter((m) => m === dir || m.startsWith(`${dir}/`));
+}
+
+async function processesMentioning(dir: string): Promise<string[]> {
+  const { readdir } = await import("node:fs/promises");
+  const found: string[] = [];
+  for (const pid of await readdir("/proc")) {
+    if (!/^\d+$/.test(pid) || Number(pid) === process.pid) continue;
+    const cmd = (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).split("\0").join(" ");
+    if (cmd.includes(dir)) found.push(`${pid}: ${cmd.slice(0, 200)}`);
+  }
+  return found;
+}
