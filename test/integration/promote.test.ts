@@ -418,10 +418,23 @@ void test("the webhook's view: restore settings from the storage-profile ConfigM
     spec: { hash },
   };
   const p = promotion(kc, SYSTEM_NAMESPACE, log);
-  assert.deepEqual(await p.restoreProfile(cache), { prewarm: false, prewarmParallelism: 3 });
+  // A host-path volume is the tree itself: restores mount its root (".").
+  assert.deepEqual(await p.restoreProfile(cache), { prewarm: false, prewarmParallelism: 3, treePath: "." });
+  assert.deepEqual(
+    await p.restoreProfile({
+      metadata: {
+        annotations: {
+          [ANN_CACHE_SOURCE]: encodeSource({ ...source, backend: "snapshot-clone", subPath: short }),
+        },
+      },
+      spec: { hash },
+    }),
+    { prewarm: false, prewarmParallelism: 3, treePath: short },
+    "a volume that holds the tree in a folder: restores mount that folder",
+  );
   assert.deepEqual(
     await p.restoreProfile({ metadata: {}, spec: { hash } }),
-    { prewarm: true, prewarmParallelism: 6 },
+    { prewarm: true, prewarmParallelism: 6, treePath: "." },
     "no source: defaults",
   );
   const ns = await tempNamespace(t, "wh");
