@@ -152,3 +152,38 @@ void test("seed in-process: counts, and a stale link to elsewhere is replaced", 
   assert.equal(second.linked, 1);
   assert.equal(await readlink(join(shadow, BLOB_SMALL)), join(ro, BLOB_SMALL));
 });
+
+void test("--any-uid: a workload running as another UID than the seed's writes its caches and beside the model", async (t) => {
+  if (!canSwitchUid()) {
+    t.skip("needs root and setpriv to run as two UIDs");
+    return;
+  }
+  const dir = tempDir(t);
+  const { ro } = await readOnlyCapture(dir);
+  const seedAs = UID;
+  const workload = UID + 1;
+  const sh = (uid: number, script: string): number | null =>
+    spawnSync("setpriv", [`--reuid=${uid}`, `--regid=${uid}`, "--clear-groups", "sh", "-c", script]).status;
+  for (const anyUid of [false, true]) {
+    const parent = join(dir, `pod-${anyUid}`);
+    await mkdir(parent, { mode: 0o777 });
+    await chmod(parent, 0o777); // as the kubelet makes an emptyDir
+    const shadow = join(parent, "cache-root");
+    const r = runCli(["seed", "--from", ro, "--to", shadow, ...(anyUid ? ["--any-uid"] : [])], {
+      uid: seedAs,
+    });
+    assert.equal(r.status, 0, r.stderr);
+    const kernel = join(shadow, KERNEL);
+    const lockDir = join(shadow, LOCK, "..");
+    const writes = [
+      `echo more >> '${kernel}'`,
+      `touch '${lockDir}/new.lock'`,
+      `touch '${join(shadow, "cache", "new")}'`,
+    ];
+    for (const w of writes) {
+      const status = sh(workload, w);
+      if (anyUid) assert.equal(status, 0, `with --any-uid, UID ${workload} can: ${w}`);
+      else assert.notEqual(status, 0, `without it, UID ${workload} cannot: ${w}`);
+    }
+  }
+});

@@ -291,9 +291,17 @@ async function build(
         );
       }
       if (!st || st.isSymbolicLink()) mkdirSync(path, { mode: (Number(d.stat.mode) & 0o777) | 0o700 });
-      if (anyUid) chmodSync(path, 0o777);
     } finally {
       closeFd(parent);
+    }
+    if (anyUid) {
+      // Through the directory's own descriptor: nothing put in its place is ever chmod-ed.
+      const fd = openShadowDir(toFd, d.rel);
+      try {
+        chmodSync(at(fd), 0o777);
+      } finally {
+        closeFd(fd);
+      }
     }
     res.dirs += 1;
   }
