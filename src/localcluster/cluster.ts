@@ -11,6 +11,7 @@ import {
   freePort,
   isAlive,
   processStartTime,
+  startAgain,
   startDetached,
   stopProcess,
   type ProcessRecord,
@@ -78,7 +79,8 @@ export async function readState(dir = stateDir()): Promise<ClusterState | undefi
 
 async function writeState(state: ClusterState): Promise<void> {
   const file = join(state.stateDir, STATE_FILE);
-  await writeFile(`${file}.tmp`, JSON.stringify(state, null, 2));
+  // Owner-only: it records the roles' environment (the cluster agent's token among it).
+  await writeFile(`${file}.tmp`, JSON.stringify(state, null, 2), { mode: 0o600 });
   await rename(`${file}.tmp`, file);
 }
 
@@ -165,14 +167,14 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       name: string,
       command: string,
       args: string[],
-      env?: NodeJS.ProcessEnv,
+      env?: Record<string, string>,
     ): Promise<ProcessRecord> => {
       const rec = await startDetached(name, command, args, { log: join(dir, "logs", `${name}.log`), env });
       state.processes.push(rec);
       await writeState(state);
       return rec;
     };
-    const launch = async (name: string, args: string[], env?: NodeJS.ProcessEnv): Promise<void> => {
+    const launch = async (name: string, args: string[], env?: Record<string, string>): Promise<void> => {
       await launchCommand(name, bins[name]!, args, env);
     };
     try {
@@ -259,7 +261,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
           "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
           "--cidr=10.64.0.0/12",
         ],
-        { ...process.env, HOME: kwokHome },
+        { HOME: kwokHome },
       );
 
       const kubeConfig = new k8s.KubeConfig();
@@ -315,12 +317,36 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
   });
 }
 
+/**
+ * Stops one of a running cluster's processes (a role, a kubelet...) and keeps its record, so
+ * `startProcessAgain` brings it back as it was; for tests that kill a role at a chosen moment.
+ */
+export async function stopClusterProcess(name: string, dir = stateDir()): Promise<void> {
+  const state = await readState(dir);
+  const rec = state?.processes.find((p) => p.name === name);
+  if (!rec) throw new Error(`no process ${name} in the local cluster`);
+  await stopProcess(rec);
+}
+
+/** Starts a stopped process of the cluster again (a no-op when it runs) and records its new pid. */
+export async function startClusterProcessAgain(name: string, dir = stateDir()): Promise<ProcessRecord> {
+  return withLock(dir, async () => {
+    const state = await readState(dir);
+    const i = state?.processes.findIndex((p) => p.name === name) ?? -1;
+    if (!state || i < 0) throw new Error(`no process ${name} in the local cluster`);
+    const rec = await startAgain(state.processes[i]!);
+    state.processes[i] = rec;
+    await writeState(state);
+    return rec;
+  });
+}
+
 /** Roles are the warmstart command itself, run as a detached process with its own log. */
 function launchRole(state: ClusterState, dir: string) {
-  return async (name: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<ProcessRecord> => {
+  return async (name: string, args: string[], env: Record<string, string> = {}): Promise<ProcessRecord> => {
     const rec = await startDetached(name, process.execPath, [join(PACKAGE_ROOT, "bin/warmstart"), ...args], {
       log: join(dir, "logs", `${name}.log`),
-      env: { ...process.env, KUBECONFIG: state.kubeconfig, WARMSTART_LOG_FORMAT: "json", ...env },
+      env: { KUBECONFIG: state.kubeconfig, WARMSTART_LOG_FORMAT: "json", ...env },
     });
     state.processes.push(rec);
     await writeState(state);

@@ -10,6 +10,11 @@ export interface ProcessRecord {
   pid: number;
   startTime: string;
   log: string;
+  /** How it was started (the environment on top of the starter's own), so it can be started again. */
+  command?: string;
+  args?: string[];
+  env?: Record<string, string>;
+  cwd?: string;
 }
 
 /** The kernel's start time of a pid (field 22 of /proc/<pid>/stat), or undefined when it is gone. */
@@ -37,14 +42,14 @@ export async function startDetached(
   name: string,
   command: string,
   args: string[],
-  opts: { log: string; env?: NodeJS.ProcessEnv; cwd?: string },
+  opts: { log: string; env?: Record<string, string>; cwd?: string },
 ): Promise<ProcessRecord> {
   const fd = openSync(opts.log, "a");
   try {
     const child = spawn(command, args, {
       detached: true,
       stdio: ["ignore", fd, fd],
-      env: opts.env ?? process.env,
+      env: { ...process.env, ...opts.env },
       cwd: opts.cwd,
     });
     const pid = await new Promise<number>((resolve, reject) => {
@@ -54,10 +59,30 @@ export async function startDetached(
     child.unref();
     const startTime = await processStartTime(pid);
     if (!startTime) throw new Error(`${name} exited at once; see ${opts.log}`);
-    return { name, pid, startTime, log: opts.log };
+    return {
+      name,
+      pid,
+      startTime,
+      log: opts.log,
+      command,
+      args,
+      ...(opts.env ? { env: opts.env } : {}),
+      ...(opts.cwd ? { cwd: opts.cwd } : {}),
+    };
   } finally {
     closeSync(fd);
   }
+}
+
+/** Starts a process again exactly as it was first started (same command, args, env, log). */
+export async function startAgain(rec: ProcessRecord): Promise<ProcessRecord> {
+  if (!rec.command || !rec.args) throw new Error(`${rec.name}: no record of how it was started`);
+  if (await isAlive(rec)) return rec;
+  return startDetached(rec.name, rec.command, rec.args, {
+    log: rec.log,
+    ...(rec.env ? { env: rec.env } : {}),
+    ...(rec.cwd ? { cwd: rec.cwd } : {}),
+  });
 }
 
 /**

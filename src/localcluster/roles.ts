@@ -18,7 +18,7 @@ export interface RoleUrls {
 
 export interface RoleContext {
   state: ClusterState;
-  launch: (name: string, args: string[], env?: NodeJS.ProcessEnv) => Promise<ProcessRecord>;
+  launch: (name: string, args: string[], env?: Record<string, string>) => Promise<ProcessRecord>;
   progress: (line: string) => void;
 }
 
