@@ -61,3 +61,30 @@ export const ENV_TREE = "WARMSTART_CACHE_TREE";
 export const ANN_CACHE_SOURCE = "warmstart.dev/source";
 /** The storage profile key of a node-local cache store (the host-path backend). */
 export const HOST_PATH_PROVISIONER = "warmstart.dev/host-path";
+
+/** User annotation: the capture volume's size limit for this pod (a quantity, capped by the cluster's maximum). */
+export const ANN_CACHE_SIZE_LIMIT = "warmstart.dev/cache-size-limit";
+/** On a leader, written by the webhook: the size limit its capture volume got (what eviction for size is measured against). */
+export const ANN_CAPTURE_SIZE_LIMIT = "warmstart.dev/capture-size-limit";
+/** The `warmstart.dev/*` annotations a pod's author may set; the webhook removes every other stamp (SPEC 1.3). */
+export const USER_ANNOTATIONS: readonly string[] = [ANN_RESTORE_FROM, SKIP, ANN_CACHE_SIZE_LIMIT];
+/** Namespace label: namespaces with the same value share caches under `sharing.scope=group` (SPEC 1.9). */
+export const LABEL_SHARE_GROUP = "warmstart.dev/share-group";
+export type SharingScope = "cluster" | "namespace" | "group";
+/** ConfigMap in the system namespace: the cache env the webhook points into the cache root (SPEC 1.3). */
+export const CACHE_ENV_CONFIGMAP = "warmstart-cache-env";
+/** Annotation on a ModelCache: the cache env template its leader was decorated with (JSON), replayed on restore. */
+export const ANN_CACHE_ENV = "warmstart.dev/cache-env";
+/** Label the webhook puts on pods it posts an Event about, so it finds them once they exist. */
+export const LABEL_ADMISSION_ID = "warmstart.dev/admission-id";
+
+/** ModelCache finalizer: claims, PVs and snapshots of the cache are removed before the record goes. */
+export const FINALIZER_CLEANUP = "warmstart.dev/cleanup";
+/** ModelCache finalizer per node whose store holds (or is writing) the cache's tree: `warmstart.dev/store-<node>`. */
+export const FINALIZER_STORE_PREFIX = "warmstart.dev/store-";
+/** Annotation on a restored pod once its benefit is counted on its cache's record (never counted twice). */
+export const ANN_RESTORE_RECORDED = "warmstart.dev/restore-recorded";
+/** Label on the per-node store Lease (`warmstart-store-<node>`), whose annotations say the store's use and budget. */
+export const LABEL_STORE = "warmstart.dev/store";
+export const ANN_STORE_BUDGET = "warmstart.dev/store-budget";
+export const ANN_STORE_USED = "warmstart.dev/store-used";

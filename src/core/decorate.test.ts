@@ -133,10 +133,24 @@ void describe("decorateLeader", () => {
     assert.match(env.HOME ?? "", /^valueFrom:/);
     assert.equal(env.TRITON_CACHE_DIR, `${DEFAULT_CACHE_ROOT}/cache/triton`);
     assert.equal(main(d).env?.filter((e) => e.name === "HF_HOME").length, 1);
-    assert.equal(
-      d.metadata?.annotations?.[ANN_INJECTED_ENV],
-      "CUDA_CACHE_PATH,NIM_CACHE_PATH,TORCHINDUCTOR_CACHE_DIR,TRITON_CACHE_DIR,VLLM_CACHE_ROOT",
-    );
+    // What was injected is known from the template: nothing on the pod records it.
+    assert.equal(d.metadata?.annotations?.[ANN_INJECTED_ENV], undefined);
+  });
+
+  void test("a forged injected-env annotation removes none of the pod's own env", () => {
+    const own: V1EnvVar[] = [
+      { name: "HF_ENDPOINT", value: "https://mirror.local" },
+      { name: "MY_SETTING", value: "x" },
+      { name: "HF_HOME", value: "/data/hf" },
+    ];
+    const p = pod(own);
+    p.metadata!.annotations = { [ANN_INJECTED_ENV]: "HF_ENDPOINT,MY_SETTING,HF_HOME" };
+    for (const d of [leader(p), follower(p), decorateRestore(p, restoreOpts)]) {
+      const env = envOf(main(d));
+      assert.equal(env.HF_ENDPOINT, "https://mirror.local");
+      assert.equal(env.MY_SETTING, "x");
+      assert.equal(env.HF_HOME, "/data/hf", "the pod's own cache location is not overwritten");
+    }
   });
 
   void test("a configurable root and template; HF_HUB_OFFLINE is never set, even when the template asks", () => {
@@ -158,11 +172,28 @@ void describe("decorateLeader", () => {
     }
   });
 
-  void test("the decorated pod hashes as the original: injected env does not count", () => {
+  void test("the hash is the pod's as written: the same whatever template decorates it", () => {
+    // The hash is composed once, before decoration (SPEC 1.2); two templates decorate differently
+    // but the stamp each carries is the hash of the pod as written.
     const p = pod([{ name: "MAX_LEN", value: "4096" }]);
-    const before = cacheHash(p, classifyPod(p)).hash;
-    const d = leader(p);
-    assert.equal(cacheHash(d, classifyPod(d)).hash, before);
+    const h = cacheHash(p, classifyPod(p)).hash;
+    const a = decorateLeader(p, { hash: h, electionId: "e", sizeLimit: "1Gi" });
+    const b = decorateLeader(p, {
+      hash: h,
+      electionId: "e",
+      sizeLimit: "1Gi",
+      cacheEnvTemplate: [{ name: "HF_HOME", value: "{root}/hf" }],
+    });
+    assert.notDeepEqual(main(a).env, main(b).env);
+    assert.equal(a.metadata?.annotations?.[ANN_HASH], h);
+    assert.equal(b.metadata?.annotations?.[ANN_HASH], h);
+    assert.equal(cacheHash(p, classifyPod(p)).hash, h, "decoration never changes the input pod");
+  });
+
+  void test("the capture volume's size limit is on the volume and in an annotation", () => {
+    const d = decorateLeader(pod(), { hash: HASH, electionId: "e", sizeLimit: "750Gi" });
+    assert.equal(d.spec?.volumes?.find((v) => v.name === CACHE_VOLUME)?.emptyDir?.sizeLimit, "750Gi");
+    assert.equal(d.metadata?.annotations?.["warmstart.dev/capture-size-limit"], "750Gi");
   });
 
   void test("idempotent: decorating twice equals decorating once", () => {
@@ -323,7 +354,7 @@ void describe("decorateRestore", () => {
     }
   });
 
-  void test("the prewarm init container decides from the resolved env at run time", (t) => {
+  void test("the prewarm init container decides from the resolved env at run time", () => {
     const bin = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));
     assert.equal(spawnSync(process.execPath, [bin, "prewarm", "--help"]).status, 0, "prewarm runs");
     const dir = mkdtempSync(join(tmpdir(), "warmstart-ro-"));
@@ -399,7 +430,7 @@ void describe("decorateFollower", () => {
     assert.deepEqual(follower(d), d);
   });
 
-  void test("the first init container refuses to start the workload until the ready marker exists", (t) => {
+  void test("the first init container refuses to start the workload until the ready marker exists", () => {
     // Runs the init container's own argv against the built command, as the kubelet would.
     const bin = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));
     assert.equal(spawnSync(process.execPath, [bin, "wait-ready", "--help"]).status, 0, "wait-ready runs");

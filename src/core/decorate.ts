@@ -11,8 +11,8 @@ import jsonpatch, { type Operation } from "fast-json-patch";
 import { mainContainerIndex } from "./classify.js";
 import {
   ANN_ELECTION_ID,
+  ANN_CAPTURE_SIZE_LIMIT,
   ANN_HASH,
-  ANN_INJECTED_ENV,
   ANN_REASON,
   ANN_ROLE,
   ANN_TREE,
@@ -32,7 +32,6 @@ import {
   shortHash,
   type Role,
 } from "./contract.js";
-import { injectedEnvNames } from "./hash.js";
 
 /** Where the engines' caches live inside a decorated pod. */
 export const DEFAULT_CACHE_ROOT = "/warmstart/cache-root";
@@ -137,9 +136,11 @@ export function decorateLeader(pod: V1Pod, opts: LeaderOptions): V1Pod {
   const { labels, annotations } = stamp(p, opts.hash, "leader", opts.reason);
   labels[LABEL_CAPTURE] = "true";
   annotations[ANN_ELECTION_ID] = opts.electionId;
+  // The limit the capture volume got, for whoever explains an eviction for size.
+  annotations[ANN_CAPTURE_SIZE_LIMIT] = opts.sizeLimit;
   upsertVolume(p, { name: CACHE_VOLUME, emptyDir: { sizeLimit: opts.sizeLimit } });
   upsertMount(c, { name: CACHE_VOLUME, mountPath: root });
-  injectCacheEnv(p, c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
+  injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
   return p;
 }
 
@@ -178,7 +179,7 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   upsertMount(c, roMount);
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
   upsertEnv(c, treeEnv);
-  injectCacheEnv(p, c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
+  injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
 
   const cmd = opts.warmstartCommand ?? ["warmstart"];
   const identity = runAsOf(p, c);
@@ -342,24 +343,12 @@ function upsertMount(c: V1Container, m: V1VolumeMount): void {
 }
 
 /**
- * Adds cache env the container does not set itself. Names this decoration added before (recorded
- * in an annotation) are ours to update or remove; every other existing name is the pod's and wins.
+ * Adds the cache env the container does not set itself: a name the pod sets, in any form, is the
+ * pod's and wins. What was injected is known from the template alone (SPEC 1.3); nothing on the
+ * pod says which names are ours, so nothing the author writes can make us remove their env.
  */
-function injectCacheEnv(p: V1Pod, c: V1Container, wanted: V1EnvVar[]): void {
-  const owned = injectedEnvNames(p);
-  const wantedNames = new Set(wanted.map((e) => e.name));
-  const env = (c.env ?? []).filter((e) => !(owned.has(e.name) && !wantedNames.has(e.name)));
-  const now = new Set<string>();
-  for (const w of wanted) {
-    const i = env.findIndex((e) => e.name === w.name);
-    if (i === -1) env.push(w);
-    else if (owned.has(w.name)) env[i] = w;
-    else continue; // the pod's own setting is respected
-    now.add(w.name);
-  }
+function injectCacheEnv(c: V1Container, wanted: V1EnvVar[]): void {
+  const env = [...(c.env ?? [])];
+  for (const w of wanted) if (!env.some((e) => e?.name === w.name)) env.push(w);
   if (env.length > 0 || c.env) c.env = env;
-  const annotations = (p.metadata ??= {}).annotations ?? {};
-  if (now.size > 0) annotations[ANN_INJECTED_ENV] = [...now].sort().join(",");
-  else delete annotations[ANN_INJECTED_ENV];
-  if (p.metadata) p.metadata.annotations = annotations;
 }

@@ -38,9 +38,16 @@ export function isCredentialFlag(flag: string): boolean {
   );
 }
 
-/** Replaces `user:password@` in URLs, so a credential inside a URL never reaches the hash or a record. */
+// Query parameters that carry a credential in signed or token-bearing URLs (S3, GCS, hubs).
+const CREDENTIAL_QUERY =
+  /([?&](?:token|access_token|auth|api_key|apikey|key|sig|signature|password|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential)=)[^&#\s]+/gi;
+
+/**
+ * Replaces the user info of URLs (`user:password@`, or a bare token as `token@`) and credential
+ * query parameters, so a credential inside a URL never reaches the hash, a record, a log or an Event.
+ */
 export function redactUrlCredentials(value: string): string {
-  return value.replace(/(\/\/)[^/@\s:]+:[^/@\s]+@/g, "$1<redacted>@");
+  return value.replace(/(\/\/)[^/@\s]+@/g, "$1<redacted>@").replace(CREDENTIAL_QUERY, "$1<redacted>");
 }
 
 /** A stable, secret-free description of where a `valueFrom` env takes its value. */

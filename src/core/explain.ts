@@ -6,7 +6,14 @@ import type { V1Pod, V1PodTemplateSpec } from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
 import { classifyPod, type Classification } from "./classify.js";
 import { shortHash } from "./contract.js";
-import { hashInputs, hashOfInputs, sealInputs, type HashInputs } from "./hash.js";
+import {
+  hashInputs,
+  hashOfInputs,
+  scopeOfInputs,
+  sealInputs,
+  type ContainerInputs,
+  type HashInputs,
+} from "./hash.js";
 import { looksLikeShell, quoteShellWord, shellWords } from "./shell.js";
 
 /** An input that looks like it changes from run to run, or pod to pod. */
@@ -241,15 +248,42 @@ export function diffInputs(a: HashInputs, b: HashInputs): Difference[] {
     if (x !== y) out.push({ input, a: x, b: y });
   };
   scalar("v", String(a.v), String(b.v));
-  scalar("image", a.image, b.image);
+  scalar("scope", scopeOfInputs(a), scopeOfInputs(b));
   scalar("model", a.model, b.model);
-  out.push(...diffLists("command", a.command, b.command), ...diffLists("args", a.args, b.args));
-  const ea = new Map(a.env.map((e) => [e.name, envDisplay(e)]));
-  const eb = new Map(b.env.map((e) => [e.name, envDisplay(e)]));
-  for (const n of [...new Set([...ea.keys(), ...eb.keys()])].sort())
-    scalar(`env.${n}`, ea.get(n) ?? null, eb.get(n) ?? null);
-  scalar("envFrom", a.envFrom.join(", ") || null, b.envFrom.join(", ") || null);
+  out.push(...diffContainer("", a, b));
+  const ca = a.containers ?? [];
+  const cb = b.containers ?? [];
+  for (let k = 0; k < Math.max(ca.length, cb.length); k++) {
+    const x = ca[k];
+    const y = cb[k];
+    const prefix = `containers[${k}].`;
+    if (!x || !y) {
+      scalar(`containers[${k}]`, x ? `${x.kind} ${x.image}` : null, y ? `${y.kind} ${y.image}` : null);
+      continue;
+    }
+    scalar(`${prefix}kind`, x.kind, y.kind);
+    out.push(...diffContainer(prefix, x, y));
+    scalar(`${prefix}mounts`, x.mounts.join(", ") || null, y.mounts.join(", ") || null);
+  }
   return out;
+
+  function diffContainer(prefix: string, x: ContainerInputs, y: ContainerInputs): Difference[] {
+    const d: Difference[] = [];
+    const sc = (input: string, p: string | null, q: string | null): void => {
+      if (p !== q) d.push({ input: `${prefix}${input}`, a: p, b: q });
+    };
+    sc("image", x.image, y.image);
+    d.push(
+      ...diffLists(`${prefix}command`, x.command, y.command),
+      ...diffLists(`${prefix}args`, x.args, y.args),
+    );
+    const ea = new Map(x.env.map((e) => [e.name, envDisplay(e)]));
+    const eb = new Map(y.env.map((e) => [e.name, envDisplay(e)]));
+    for (const n of [...new Set([...ea.keys(), ...eb.keys()])].sort())
+      sc(`env.${n}`, ea.get(n) ?? null, eb.get(n) ?? null);
+    sc("envFrom", x.envFrom.join(", ") || null, y.envFrom.join(", ") || null);
+    return d;
+  }
 }
 
 /**

@@ -2,7 +2,8 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { V1Container, V1EnvVar, V1Pod } from "@kubernetes/client-node";
 import { classifyPod } from "./classify.js";
-import { REDACTED, cacheHash, hashOfInputs, stripRoleArgs } from "./hash.js";
+import { REDACTED, cacheHash, hashOfInputs, scopeOfInputs, sealInputs, stripRoleArgs } from "./hash.js";
+import { scopeKey } from "./scope.js";
 
 function pod(c: Partial<V1Container>, extra: V1Container[] = []): V1Pod {
   return {
@@ -94,7 +95,7 @@ void describe("cacheHash: shape and determinism", () => {
     assert.equal(hashOf(p), "774b62ba738660ca906ed26c521d640e2421147bea9a20dab221d9faf662baf3");
   });
 
-  void test("only the main container counts; sidecars do not", () => {
+  void test("a sidecar that neither mounts the cache nor sets a cache location does not count", () => {
     const side = (v: string): V1Container => ({ name: "side", image: `envoy:${v}` });
     assert.equal(
       hashOf(pod({ args: ["--model", "m"] }, [side("1")])),
@@ -204,9 +205,18 @@ void describe("cacheHash: disaggregated workers of one model hash equal", () => 
     assert.equal(hashOf(r0), hashOf(r1));
   });
 
-  void test("webhook-injected WARMSTART_* env does not count", () => {
-    const a = pod({ args: ["--model", "m"], env: [{ name: "WARMSTART_PREWARM", value: "0" }] });
-    assert.equal(hashOf(a), hashOf(pod({ args: ["--model", "m"] })));
+  void test("WARMSTART_* env the author sets counts, except WARMSTART_PREWARM", () => {
+    const base = hashOf(pod({ args: ["--model", "m"] }));
+    const own = (name: string, value: string): V1Pod =>
+      pod({ args: ["--model", "m"], env: [{ name, value }] });
+    // A user's own WARMSTART_* variable may change what the engine does: it is theirs, and in.
+    assert.notEqual(hashOf(own("WARMSTART_MODE", "a")), base);
+    assert.notEqual(hashOf(own("WARMSTART_MODE", "a")), hashOf(own("WARMSTART_MODE", "b")));
+    assert.notEqual(hashOf(own("WARMSTART_CACHE_TREE", "x")), base);
+    // WARMSTART_PREWARM only decides whether a restore warms the page cache: the tree downloaded
+    // is the same either way, so it does not split the cache.
+    assert.equal(hashOf(own("WARMSTART_PREWARM", "0")), base);
+    assert.equal(hashOf(own("WARMSTART_PREWARM", "1")), base);
   });
 });
 
@@ -399,5 +409,120 @@ void describe("cacheHash: valueFrom counts by its reference", () => {
       hashOf(a),
       hashOf(pod({ args: ["--model", "m"], envFrom: [{ configMapRef: { name: "other" } }] })),
     );
+  });
+});
+
+void describe("cacheHash: nothing on the pod says what was injected", () => {
+  void test("a forged injected-env annotation cannot make the hash ignore the pod's own env", () => {
+    const withEndpoint = (endpoint: string, annotations?: Record<string, string>): V1Pod => ({
+      ...pod({ args: ["--model", "m"], env: [{ name: "HF_ENDPOINT", value: endpoint }] }),
+      metadata: { generateName: "w-", annotations },
+    });
+    const forged = { "warmstart.dev/injected-env": "HF_ENDPOINT" };
+    // Two mirrors serve different trees: their caches must never merge, whatever the pod claims.
+    assert.notEqual(
+      hashOf(withEndpoint("https://mirror-a.local", forged)),
+      hashOf(withEndpoint("https://mirror-b.local", forged)),
+    );
+    assert.equal(
+      hashOf(withEndpoint("https://mirror-a.local", forged)),
+      hashOf(withEndpoint("https://mirror-a.local")),
+    );
+  });
+
+  void test("the hash does not depend on the cache-env template: it is composed before decoration", () => {
+    // The template is only known to decorate; hashInputs has no way to take it, by design. What
+    // the author sets for a cache location is theirs, and counts.
+    const a = pod({ args: ["--model", "m"], env: [{ name: "HF_HOME", value: "/data/hf" }] });
+    const b = pod({ args: ["--model", "m"], env: [{ name: "HF_HOME", value: "/other/hf" }] });
+    assert.notEqual(hashOf(a), hashOf(b));
+  });
+});
+
+void describe("cacheHash: every container that touches the cache", () => {
+  const init = (c: Partial<V1Container>): V1Pod => {
+    const p = pod({ args: ["--model", "m"] });
+    p.spec!.initContainers = [{ name: "prep", image: "prep:1", ...c }];
+    return p;
+  };
+  const mountsCache = (image: string): Partial<V1Container> => ({
+    image,
+    volumeMounts: [{ name: "warmstart-cache", mountPath: "/warmstart/cache-root" }],
+  });
+
+  void test("an init container that mounts the cache volume counts: it can write into the tree", () => {
+    const plain = hashOf(pod({ args: ["--model", "m"] }));
+    assert.notEqual(hashOf(init(mountsCache("fetch:1"))), plain);
+    assert.notEqual(hashOf(init(mountsCache("fetch:1"))), hashOf(init(mountsCache("fetch:2"))));
+    assert.deepEqual(inputsOf(init(mountsCache("fetch:1"))).containers, [
+      {
+        kind: "init",
+        image: "fetch:1",
+        command: [],
+        args: [],
+        env: [],
+        envFrom: [],
+        mounts: ["/warmstart/cache-root"],
+      },
+    ]);
+  });
+
+  void test("a sidecar that sets a cache location counts, with its args and env", () => {
+    const side = (args: string[]): V1Container => ({
+      name: "fetcher",
+      image: "fetch:1",
+      args,
+      env: [{ name: "HF_HOME", value: "/warmstart/cache-root/model/huggingface" }],
+    });
+    const a = pod({ args: ["--model", "m"] }, [side(["--repo", "org/a"])]);
+    const b = pod({ args: ["--model", "m"] }, [side(["--repo", "org/b"])]);
+    assert.notEqual(hashOf(a), hashOf(b));
+    assert.equal(inputsOf(a).containers?.[0]?.kind, "container");
+    // Its credentials are redacted like the main container's.
+    const token = "hf_sidecarSecret4321";
+    const secret = pod({ args: ["--model", "m"] }, [
+      { ...side([]), env: [...side([]).env!, { name: "HF_TOKEN", value: token }] },
+    ]);
+    assert.ok(!JSON.stringify(inputsOf(secret)).includes(token));
+  });
+
+  void test("an init container touching nothing of the cache changes nothing", () => {
+    assert.equal(
+      hashOf(init({ image: "busybox", command: ["true"] })),
+      hashOf(pod({ args: ["--model", "m"] })),
+    );
+  });
+});
+
+void describe("cacheHash: sharing scope", () => {
+  const p = pod({ args: ["--model", "m"] });
+  const scoped = (scope?: string): string => cacheHash(p, classifyPod(p), { scope }).hash;
+
+  void test("the cluster scope keeps the hash pods always had; other scopes split it", () => {
+    assert.equal(scoped("cluster"), hashOf(p));
+    assert.equal(scoped(undefined), hashOf(p));
+    assert.notEqual(scoped("namespace:a"), hashOf(p));
+    assert.notEqual(scoped("namespace:a"), scoped("namespace:b"));
+    assert.notEqual(scoped("group:a"), scoped("namespace:a"));
+    assert.equal(scoped("group:ml"), scoped("group:ml"));
+  });
+
+  void test("scopeKey: namespace, group, and a namespace without a group is its own", () => {
+    assert.equal(scopeKey("cluster", "a", { "warmstart.dev/share-group": "g" }), "cluster");
+    assert.equal(scopeKey("namespace", "a", { "warmstart.dev/share-group": "g" }), "namespace:a");
+    assert.equal(scopeKey("group", "a", { "warmstart.dev/share-group": "g" }), "group:g");
+    assert.equal(scopeKey("group", "b", { "warmstart.dev/share-group": "g" }), "group:g");
+    assert.equal(scopeKey("group", "c", {}), "namespace:c");
+    assert.equal(scopeKey("group", "c", { "warmstart.dev/share-group": "" }), "namespace:c");
+  });
+
+  void test("a record's scope is read from its inputs; none means the cluster", () => {
+    assert.equal(scopeOfInputs(cacheHash(p, classifyPod(p), { scope: "group:g" }).inputs), "group:g");
+    assert.equal(
+      scopeOfInputs(sealInputs(cacheHash(p, classifyPod(p), { scope: "group:g" }).inputs)),
+      "group:g",
+    );
+    assert.equal(scopeOfInputs(undefined), "cluster");
+    assert.equal(scopeOfInputs({ image: "x" }), "cluster");
   });
 });

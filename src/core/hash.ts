@@ -1,7 +1,8 @@
 import { createHash } from "node:crypto";
 import type { V1Container, V1Pod } from "@kubernetes/client-node";
 import { mainContainerIndex, type Classification } from "./classify.js";
-import { ANN_INJECTED_ENV, shortHash } from "./contract.js";
+import { CACHE_VOLUME, ENV_PREWARM, shortHash } from "./contract.js";
+import { CLUSTER_SCOPE_KEY } from "./scope.js";
 import {
   envFromRef,
   envSourceRef,
@@ -20,20 +21,36 @@ export interface EnvInput {
   credential?: true;
 }
 
-/**
- * What goes into the cache hash (SPEC 1.2), secret-free. Its stable JSON is the hash preimage, so a
- * record that keeps these inputs can be re-hashed and compared later.
- */
-export interface HashInputs {
-  /** Bumped whenever the recipe changes, so old and new hashes never collide. */
-  v: 1;
+/** What one container contributes: the main container's fields, and those of every other that touches the cache. */
+export interface ContainerInputs {
   image: string;
   command: string[];
   args: string[];
   /** Sorted by name; the last definition of a name wins, as in the kubelet. */
   env: EnvInput[];
   envFrom: string[];
+}
+
+/** Another container (init, sidecar or regular) that can write into the captured tree. */
+export interface OtherContainerInputs extends ContainerInputs {
+  kind: "init" | "container";
+  /** Where it mounts the cache volume (`path` or `path:subPath`), if it does. */
+  mounts: string[];
+}
+
+/**
+ * What goes into the cache hash (SPEC 1.2), secret-free. Its stable JSON is the hash preimage, so a
+ * record that keeps these inputs can be re-hashed and compared later. Fields added since v1 are
+ * left out when empty, so a pod without them keeps the hash it always had.
+ */
+export interface HashInputs extends ContainerInputs {
+  /** Bumped whenever the recipe changes, so old and new hashes never collide. */
+  v: 1;
   model: string | null;
+  /** The sharing scope's key (SPEC 1.9); absent for the cluster scope. */
+  scope?: string;
+  /** The other containers that mount the cache volume or set a cache location, in pod order. */
+  containers?: OtherContainerInputs[];
   /** Set on inputs kept in a record: every command word, arg and env value is a digest (SPEC 1.4). */
   sealed?: true;
 }
@@ -54,31 +71,37 @@ const ROLE_BOOLEAN_FLAGS = new Set(["--is-prefill-worker", "--is-decode-worker"]
 const ROLE_VALUE_FLAGS = new Set(["--kv-transfer-config", "--kv-events-config"]);
 const isRoleValueFlag = (f: string): boolean => ROLE_VALUE_FLAGS.has(f) || f.startsWith("--disaggregation-");
 
-// Orchestration wiring (Dynamo, Grove, etcd, NATS) and what the webhook itself adds.
-const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_", "WARMSTART_"];
-const EXCLUDED_ENV_NAMES = new Set(["ETCD_ENDPOINTS", "NATS_SERVER", "NATS_URL"]);
+// Orchestration wiring (Dynamo, Grove, etcd, NATS). What the webhook injects never enters: the
+// hash is composed from the pod as its author wrote it, before any decoration. WARMSTART_PREWARM
+// only says whether a restore warms the page cache; it never changes what is downloaded, so pods
+// that differ only in it share one cache. Every other env the author set counts, WARMSTART_* too.
+const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_"];
+const EXCLUDED_ENV_NAMES = new Set(["ETCD_ENDPOINTS", "NATS_SERVER", "NATS_URL", ENV_PREWARM]);
 
-/** Env names that never enter the hash; `injected` are the names a decoration added to this pod. */
-export function isExcludedEnv(name: string, injected: ReadonlySet<string> = new Set()): boolean {
-  return (
-    EXCLUDED_ENV_NAMES.has(name) ||
-    EXCLUDED_ENV_PREFIXES.some((p) => name.startsWith(p)) ||
-    injected.has(name)
-  );
+/** Env names that never enter the hash. */
+export function isExcludedEnv(name: string): boolean {
+  return EXCLUDED_ENV_NAMES.has(name) || EXCLUDED_ENV_PREFIXES.some((p) => name.startsWith(p));
 }
 
-/** The env names a decoration recorded as its own on this pod. */
-export function injectedEnvNames(pod: V1Pod): Set<string> {
-  const raw = pod.metadata?.annotations?.[ANN_INJECTED_ENV];
-  return new Set(
-    typeof raw === "string"
-      ? raw
-          .split(",")
-          .map((s) => s.trim())
-          .filter(Boolean)
-      : [],
-  );
-}
+/**
+ * Env that points an engine's caches somewhere: a container that sets one writes where the
+ * engines read (SPEC 1.2 "sets a cache location"). A fixed list, independent of the configured
+ * cache-env template, so changing the template never changes a hash.
+ */
+export const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([
+  "HF_HOME",
+  "HF_HUB_CACHE",
+  "HUGGINGFACE_HUB_CACHE",
+  "TRANSFORMERS_CACHE",
+  "HF_DATASETS_CACHE",
+  "NIM_CACHE_PATH",
+  "TORCHINDUCTOR_CACHE_DIR",
+  "TRITON_CACHE_DIR",
+  "VLLM_CACHE_ROOT",
+  "CUDA_CACHE_PATH",
+  "XDG_CACHE_HOME",
+  "HOME",
+]);
 
 /**
  * Drops disaggregation role flags (with their values) and redacts credential values, over words of
@@ -171,27 +194,78 @@ function mainContainer(pod: V1Pod, classification?: Classification): V1Container
   return c;
 }
 
-/** The secret-free hash inputs of a pod's main container. */
-export function hashInputs(pod: V1Pod, classification?: Classification): HashInputs {
-  const c = mainContainer(pod, classification);
-  const injected = injectedEnvNames(pod);
+/** One container's secret-free inputs. */
+export function containerInputs(c: V1Container): ContainerInputs {
   const byName = new Map<string, EnvInput>();
-  for (const e of c.env ?? []) {
-    if (!e || typeof e.name !== "string" || isExcludedEnv(e.name, injected)) continue;
+  for (const e of Array.isArray(c.env) ? c.env : []) {
+    if (!e || typeof e.name !== "string" || isExcludedEnv(e.name)) continue;
     byName.delete(e.name); // the last definition wins
     if (isCredentialName(e.name)) byName.set(e.name, { name: e.name, credential: true });
     else if (e.valueFrom) byName.set(e.name, { name: e.name, from: envSourceRef(e.valueFrom) });
     else byName.set(e.name, { name: e.name, value: redactUrlCredentials(String(e.value ?? "")) });
   }
-  const { command, args } = stripRoleArgs(c.command ?? [], c.args ?? []);
+  const { command, args } = stripRoleArgs(
+    Array.isArray(c.command) ? c.command : [],
+    Array.isArray(c.args) ? c.args : [],
+  );
   return {
-    v: 1,
     image: String(c.image ?? "").trim(),
     command,
     args,
     env: [...byName.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)),
-    envFrom: (c.envFrom ?? []).filter(Boolean).map(envFromRef),
+    envFrom: (Array.isArray(c.envFrom) ? c.envFrom : []).filter(Boolean).map(envFromRef),
+  };
+}
+
+/** Where a container mounts the cache volume (the leader's capture volume is named CACHE_VOLUME). */
+function cacheMounts(c: V1Container): string[] {
+  return (Array.isArray(c.volumeMounts) ? c.volumeMounts : [])
+    .filter((m) => m?.name === CACHE_VOLUME)
+    .map(
+      (m) =>
+        `${String(m.mountPath)}${m.subPath ? `:${m.subPath}` : ""}${m.subPathExpr ? `:$(${m.subPathExpr})` : ""}`,
+    );
+}
+
+const touchesCache = (c: V1Container): boolean =>
+  cacheMounts(c).length > 0 ||
+  (Array.isArray(c.env) ? c.env : []).some(
+    (e) => typeof e?.name === "string" && CACHE_LOCATION_ENV.has(e.name),
+  );
+
+/** The containers other than the main one that can write into the captured tree (SPEC 1.2 "In"). */
+export function otherCacheContainers(pod: V1Pod, mainIndex: number): OtherContainerInputs[] {
+  const list = (v: unknown): V1Container[] =>
+    Array.isArray(v)
+      ? (v as unknown[]).filter((c): c is V1Container => typeof c === "object" && c !== null)
+      : [];
+  const out: OtherContainerInputs[] = [];
+  for (const c of list(pod.spec?.initContainers)) {
+    if (touchesCache(c)) out.push({ kind: "init", ...containerInputs(c), mounts: cacheMounts(c) });
+  }
+  list(pod.spec?.containers).forEach((c, i) => {
+    if (i !== mainIndex && touchesCache(c))
+      out.push({ kind: "container", ...containerInputs(c), mounts: cacheMounts(c) });
+  });
+  return out;
+}
+
+export interface HashOptions {
+  /** The pod's sharing-scope key (scopeKey); the cluster scope when absent. */
+  scope?: string;
+}
+
+/** The secret-free hash inputs of a pod: its main container, the containers that touch the cache, its scope. */
+export function hashInputs(pod: V1Pod, classification?: Classification, opts: HashOptions = {}): HashInputs {
+  const c = mainContainer(pod, classification);
+  const mainIndex = (pod.spec?.containers ?? []).indexOf(c);
+  const others = otherCacheContainers(pod, mainIndex);
+  return {
+    v: 1,
+    ...containerInputs(c),
     model: classification?.model !== undefined ? redactUrlCredentials(classification.model) : null,
+    ...(opts.scope && opts.scope !== CLUSTER_SCOPE_KEY ? { scope: opts.scope } : {}),
+    ...(others.length ? { containers: others } : {}),
   };
 }
 
@@ -201,8 +275,8 @@ export function hashOfInputs(inputs: HashInputs): string {
 }
 
 /** Composes the cache hash of a pod (SPEC 1.2). Throws only when the pod has no container at all. */
-export function cacheHash(pod: V1Pod, classification: Classification): CacheHash {
-  const inputs = hashInputs(pod, classification);
+export function cacheHash(pod: V1Pod, classification: Classification, opts: HashOptions = {}): CacheHash {
+  const inputs = hashInputs(pod, classification, opts);
   const hash = hashOfInputs(inputs);
   return { hash, short: shortHash(hash), inputs };
 }
@@ -218,11 +292,21 @@ const seal = (v: string): string =>
  */
 export function sealInputs(inputs: HashInputs): HashInputs {
   if (inputs.sealed) return inputs;
+  const sealContainer = <T extends ContainerInputs>(c: T): T => ({
+    ...c,
+    command: c.command.map(seal),
+    args: c.args.map(seal),
+    env: c.env.map((e) => (e.value === undefined ? e : { ...e, value: seal(e.value) })),
+  });
   return {
-    ...inputs,
-    command: inputs.command.map(seal),
-    args: inputs.args.map(seal),
-    env: inputs.env.map((e) => (e.value === undefined ? e : { ...e, value: seal(e.value) })),
+    ...sealContainer(inputs),
+    ...(inputs.containers ? { containers: inputs.containers.map(sealContainer) } : {}),
     sealed: true,
   };
+}
+
+/** The scope a record's inputs were hashed in (records without inputs, or without a scope, are cluster-wide). */
+export function scopeOfInputs(inputs: unknown): string {
+  const s = (inputs as { scope?: unknown } | undefined)?.scope;
+  return typeof s === "string" && s ? s : CLUSTER_SCOPE_KEY;
 }

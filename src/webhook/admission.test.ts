@@ -7,7 +7,11 @@ import { loadWebhookConfig } from "./config.js";
 import { createWebhookMetrics } from "./metrics.js";
 import type { AdmissionReview } from "./server.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
-import { ANN_ROLE } from "../core/contract.js";
+import jsonpatch from "fast-json-patch";
+import { ANN_CACHE_ENV, ANN_REASON, ANN_ROLE, LABEL_ADMISSION_ID, LABEL_CAPTURE } from "../core/contract.js";
+import type { AdmissionResponse } from "./server.js";
+import type { PendingEvent } from "./events.js";
+import { DEFAULT_CACHE_ENV_TEMPLATE } from "../core/decorate.js";
 
 const gpuPod = (model = "org/m"): V1Pod => ({
   metadata: { name: "w", namespace: "ns" },
@@ -36,11 +40,19 @@ const review = (pod: V1Pod, extra: Partial<AdmissionReview["request"]> = {}): Ad
   },
 });
 
+/** The pod the API server would store: the answer's patch applied to what was sent. */
+function admitted(sent: V1Pod, res: AdmissionResponse): V1Pod {
+  if (!res.patch) return sent;
+  const ops = JSON.parse(Buffer.from(res.patch, "base64").toString()) as jsonpatch.Operation[];
+  return jsonpatch.applyPatch(structuredClone(sent), ops, true, false).newDocument;
+}
+
 function deps(
   cluster: Partial<ClusterView>,
   flags: Record<string, unknown> = {},
-): AdmissionDeps & { calls: string[] } {
+): AdmissionDeps & { calls: string[]; events: PendingEvent[] } {
   const calls: string[] = [];
+  const events: PendingEvent[] = [];
   const view: ClusterView = {
     getModelCache: () => Promise.resolve(undefined),
     tryAcquire: () => Promise.resolve({ role: "leader", leaseUid: "lease-uid" }),
@@ -51,6 +63,8 @@ function deps(
     },
     restoreProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6, treePath: "." }),
     followerProfile: () => Promise.resolve({ prewarm: true, prewarmParallelism: 6 }),
+    namespaceLabels: () => Promise.resolve({}),
+    cacheEnvTemplate: () => Promise.resolve(DEFAULT_CACHE_ENV_TEMPLATE),
     ...cluster,
   };
   return {
@@ -58,8 +72,9 @@ function deps(
     cluster: view,
     log: pino({ level: "silent" }),
     metrics: createWebhookMetrics(),
-    recordEvent: () => undefined,
+    recordEvent: (ev) => events.push(ev),
     calls,
+    events,
   };
 }
 
@@ -102,12 +117,15 @@ test("a pod admitted just after its cache turned Ready restores instead of start
   assert.equal(decision.pod?.metadata?.annotations?.[ANN_ROLE], "restore");
 });
 
-test("any error admits the pod unchanged, with its uid and a warning", async () => {
+test("any error admits the pod undecorated, with its uid and a warning", async () => {
   const d = deps({ getModelCache: () => Promise.reject(new Error("connection refused")) });
-  const res = await admissionHandler(d)(review(gpuPod()));
+  const pod = gpuPod();
+  const res = await admissionHandler(d)(review(pod));
   assert.equal(res.uid, "u-1");
   assert.equal(res.allowed, true);
-  assert.equal(res.patch, undefined);
+  // Only the label its Event finds it by: no decoration, no role.
+  assert.deepEqual(Object.keys(admitted(pod, res).metadata?.labels ?? {}), [LABEL_ADMISSION_ID]);
+  assert.deepEqual(admitted(pod, res).spec, pod.spec);
   assert.match(res.warnings?.[0] ?? "", /connection refused/);
   const failOpen = await d.metrics.registry.getSingleMetricAsString("warmstart_webhook_fail_open_total");
   assert.match(failOpen, /cause="error"} 1/);
@@ -118,7 +136,7 @@ test("a cluster that does not answer in time admits the pod unchanged before the
   const started = Date.now();
   const res = await admissionHandler(d)(review(gpuPod()));
   assert.ok(Date.now() - started < 1000, "answered inside the 1 s webhook timeout");
-  assert.equal(res.patch, undefined);
+  assert.equal(admitted(gpuPod(), res).metadata?.annotations?.[ANN_ROLE], undefined);
   assert.match(res.warnings?.[0] ?? "", /no decision within/);
 });
 
@@ -136,7 +154,12 @@ test("after repeated failed captures a hash is admitted cold instead of re-elect
     kind: "ModelCache",
     metadata: { name: "0123456789abcdef" },
     spec: { hash: "0123456789abcdef".repeat(4) },
-    status: { phase: "Failed", reason: "CaptureFailed", message: "no space left on device", failures },
+    status: {
+      phase: "Failed",
+      reason: "CaptureFailed",
+      message: "no space left on device",
+      failedCaptures: failures,
+    },
   });
   const twice = await decide(review(gpuPod()), deps({ getModelCache: () => Promise.resolve(failed(2)) }));
   assert.equal(twice.role, "leader", "a failed attempt is retried");
@@ -149,7 +172,7 @@ test("a Lease won by a pod that is then admitted unchanged is given back", async
   // The record cannot be written (e.g. the CRD is missing): the pod fails open, the Lease goes.
   const failing = deps({ recordElection: () => Promise.reject(new Error("modelcaches not found")) });
   const res = await admissionHandler(failing)(review(gpuPod()));
-  assert.equal(res.patch, undefined, "admitted unchanged");
+  assert.equal(admitted(gpuPod(), res).metadata?.annotations?.[ANN_ROLE], undefined, "admitted undecorated");
   assert.deepEqual(failing.calls, ["release lease-uid"]);
 
   // The answer was given up on while the Lease was being created: given back too.
@@ -168,4 +191,306 @@ test("a Lease won by a pod that is then admitted unchanged is given back", async
   release();
   await new Promise((r) => setTimeout(r, 20));
   assert.deepEqual(slow.calls, ["release late-uid"]);
+});
+
+const FORGED_LABELS = {
+  app: "mine",
+  "warmstart.dev/capture": "true",
+  "warmstart.dev/hash": "0123456789abcdef",
+  "warmstart.dev/gated": "true",
+};
+const FORGED_ANNOTATIONS = {
+  note: "mine",
+  "warmstart.dev/hash": "01".repeat(32),
+  "warmstart.dev/role": "leader",
+  "warmstart.dev/election-id": "copied-from-the-holder",
+  "warmstart.dev/tree": "../../../etc",
+  "warmstart.dev/injected-env": "HF_ENDPOINT",
+  "warmstart.dev/capture-size-limit": "1Ei",
+};
+const forge = (p: V1Pod, annotations: Record<string, string> = {}): V1Pod => ({
+  ...p,
+  metadata: {
+    ...p.metadata,
+    labels: { ...FORGED_LABELS },
+    annotations: { ...FORGED_ANNOTATIONS, ...annotations },
+  },
+});
+const ours = (m: Record<string, string> | undefined): Record<string, string> =>
+  Object.fromEntries(Object.entries(m ?? {}).filter(([k]) => k.startsWith("warmstart.dev/")));
+
+test("the author's stamps are removed whatever the decision, fail-open included", async () => {
+  const web: V1Pod = { metadata: { name: "web" }, spec: { containers: [{ name: "web", image: "nginx" }] } };
+  const noModel: V1Pod = {
+    metadata: { name: "g" },
+    spec: { containers: [{ name: "c", image: "cuda", resources: { limits: { "nvidia.com/gpu": "1" } } }] },
+  };
+  const cases: [
+    string,
+    V1Pod,
+    Partial<ClusterView>,
+    Record<string, unknown>,
+    Partial<AdmissionReview["request"]>,
+  ][] = [
+    ["no GPU", forge(web), {}, {}, {}],
+    ["no model", forge(noModel), {}, {}, {}],
+    ["opted out", forge(gpuPod(), { "warmstart.dev/skip": "true" }), {}, {}, {}],
+    [
+      "namespace opted out",
+      forge(gpuPod()),
+      { namespaceLabels: () => Promise.resolve({ "warmstart.dev/skip": "true" }) },
+      {},
+      {},
+    ],
+    ["system namespace", forge(gpuPod()), {}, {}, { namespace: "warmstart-system" }],
+    ["malformed", { metadata: { labels: { ...FORGED_LABELS } } }, {}, {}, {}],
+    ["fail-open", forge(gpuPod()), { getModelCache: () => Promise.reject(new Error("boom")) }, {}, {}],
+    [
+      "timeout",
+      forge(gpuPod()),
+      { getModelCache: () => new Promise(() => undefined) },
+      { timeoutSeconds: 1 },
+      {},
+    ],
+    ["cold", forge(gpuPod()), {}, { electionEnabled: "false" }, {}],
+    ["dry run", forge(gpuPod()), {}, {}, { dryRun: true }],
+    ["follower", forge(gpuPod()), { tryAcquire: () => Promise.resolve({ role: "follower" }) }, {}, {}],
+  ];
+  for (const [name, pod, cluster, flags, extra] of cases) {
+    const res = await admissionHandler(deps(cluster, flags))(review(pod, extra));
+    const after = admitted(pod, res);
+    const labels = ours(after.metadata?.labels);
+    const annotations = ours(after.metadata?.annotations);
+    assert.equal(labels[LABEL_CAPTURE], undefined, `${name}: no capture label`);
+    assert.notEqual(annotations["warmstart.dev/election-id"], "copied-from-the-holder", name);
+    assert.equal(annotations["warmstart.dev/tree"], undefined, `${name}: no forged tree`);
+    assert.equal(annotations["warmstart.dev/injected-env"], undefined, name);
+    assert.equal(annotations["warmstart.dev/capture-size-limit"], undefined, name);
+    assert.notEqual(annotations["warmstart.dev/hash"], "01".repeat(32), name);
+    assert.notEqual(labels["warmstart.dev/hash"], "0123456789abcdef", name);
+    if (!annotations["warmstart.dev/role"]) {
+      // Left alone or failed open: nothing of ours but the label its Event finds it by.
+      assert.deepEqual(
+        Object.keys(labels).filter((k) => k !== LABEL_ADMISSION_ID),
+        [],
+        name,
+      );
+      assert.deepEqual(
+        Object.keys(annotations).filter((k) => k !== "warmstart.dev/skip"),
+        [],
+        name,
+      );
+    }
+    // The author's own labels and annotations are untouched.
+    assert.equal(after.metadata?.labels?.app, "mine", name);
+    if (name !== "malformed") assert.equal(after.metadata?.annotations?.note, "mine", name);
+  }
+});
+
+test("only a real leader carries capture=true, with the election id the webhook minted", async () => {
+  let minted = "";
+  const d = deps({
+    tryAcquire: (_h, id) => ((minted = id), Promise.resolve({ role: "leader", leaseUid: "l" })),
+  });
+  const pod = forge(gpuPod());
+  const after = admitted(pod, await admissionHandler(d)(review(pod)));
+  assert.equal(after.metadata?.labels?.[LABEL_CAPTURE], "true");
+  assert.ok(minted && after.metadata?.annotations?.["warmstart.dev/election-id"] === minted);
+  assert.equal(after.metadata?.annotations?.["warmstart.dev/capture-size-limit"], "200Gi");
+  assert.deepEqual(after.spec?.schedulingGates, undefined);
+});
+
+test("the count of failed captures decides cold; other failed elections are re-elected", async () => {
+  const record = (status: Record<string, unknown>): ModelCacheObject => ({
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: "0123456789abcdef" },
+    spec: { hash: "0123456789abcdef".repeat(4) },
+    status: { phase: "Failed", ...status },
+  });
+  // Five elections retired for deadlines or deleted leaders: none was a failed capture.
+  const retired = await decide(
+    review(gpuPod()),
+    deps({ getModelCache: () => Promise.resolve(record({ reason: "ElectionFailed", failures: 5 })) }),
+  );
+  assert.equal(retired.role, "leader");
+  const limit = await decide(
+    review(gpuPod()),
+    deps({ getModelCache: () => Promise.resolve(record({ failedCaptures: 2 })) }, { maxFailedCaptures: 2 }),
+  );
+  assert.equal(limit.role, "cold");
+  assert.match(limit.reason, /capture failed 2 times .*warmstart cache retry [0-9a-f]{16} elects again/);
+});
+
+test("restore-from reaches only a cache of the pod's own sharing scope", async () => {
+  const A = "aa".repeat(32);
+  const cache = (scope: string | undefined, phase = "Ready"): ModelCacheObject => ({
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: A.slice(0, 16) },
+    spec: { hash: A, inputs: { v: 1, image: "i", ...(scope ? { scope } : {}) } },
+    status: { phase },
+  });
+  const from = (ref: string): V1Pod => {
+    const p = gpuPod();
+    p.metadata!.annotations = { "warmstart.dev/restore-from": ref };
+    return p;
+  };
+  const run = async (c: ModelCacheObject, scope: string, ref = A.slice(0, 16)): Promise<string> => {
+    const d = deps({ getModelCache: () => Promise.resolve(c) }, { sharingScope: scope });
+    return (await decide(review(from(ref)), d)).role;
+  };
+  assert.equal(await run(cache(undefined), "cluster"), "restore");
+  assert.equal(await run(cache("namespace:ns"), "namespace"), "restore", "its own namespace");
+  // The attacker in namespace ns names a cache of namespace victim: cold, with no hint it exists.
+  const other = await decide(
+    review(from(A.slice(0, 16))),
+    deps({ getModelCache: () => Promise.resolve(cache("namespace:victim")) }, { sharingScope: "namespace" }),
+  );
+  assert.deepEqual(
+    [other.role, other.reason],
+    ["cold", `restore-from ${A.slice(0, 16)}: no cache of that hash in this pod's sharing scope`],
+  );
+  assert.equal(
+    await run(cache(undefined), "namespace"),
+    "cold",
+    "a cluster-wide cache is outside a namespace scope",
+  );
+  assert.equal(await run(cache("group:g"), "group"), "cold", "the namespace is in no group");
+  assert.equal(
+    await run(cache("cluster"), "cluster", "bb".repeat(32)),
+    "cold",
+    "a full hash must match exactly",
+  );
+  assert.equal(await run(cache(undefined), "cluster", "../../x"), "cold");
+  assert.equal(await run(cache(undefined, "Capturing"), "cluster"), "cold");
+});
+
+test("group scope: namespaces of one share-group share a hash, others do not", async () => {
+  const hashIn = async (labels: Record<string, string>, namespace: string): Promise<string | undefined> =>
+    (
+      await decide(
+        review(gpuPod(), { namespace }),
+        deps({ namespaceLabels: () => Promise.resolve(labels) }, { sharingScope: "group" }),
+      )
+    ).hash;
+  const g = { "warmstart.dev/share-group": "ml" };
+  assert.equal(await hashIn(g, "a"), await hashIn(g, "b"));
+  assert.notEqual(await hashIn(g, "a"), await hashIn({ "warmstart.dev/share-group": "web" }, "a"));
+  assert.notEqual(await hashIn({}, "a"), await hashIn({}, "b"));
+});
+
+test("GPU pods left alone, and fail-open admits, get an Event saying why; frontends and dry runs none", async () => {
+  const noModel: V1Pod = {
+    metadata: { generateName: "g-" },
+    spec: { containers: [{ name: "c", image: "cuda", resources: { limits: { "nvidia.com/gpu": "1" } } }] },
+  };
+  const d = deps({});
+  const res = await admissionHandler(d)(review(noModel));
+  assert.equal(d.events.length, 1);
+  const ev = d.events[0]!;
+  assert.deepEqual(
+    [ev.type, ev.reason, ev.message],
+    ["Normal", "WarmstartLeftAlone", "left alone: GPU container names no model"],
+  );
+  assert.equal(
+    admitted(noModel, res).metadata?.labels?.[LABEL_ADMISSION_ID],
+    ev.admissionId,
+    "found by its label",
+  );
+
+  const skipped = gpuPod();
+  skipped.metadata!.annotations = { "warmstart.dev/skip": "true" };
+  await admissionHandler(d)(review(skipped));
+  assert.equal(d.events[1]?.message, "left alone: opted out (warmstart.dev/skip annotation)");
+
+  const web: V1Pod = { metadata: { name: "web" }, spec: { containers: [{ name: "web", image: "nginx" }] } };
+  const webRes = await admissionHandler(d)(review(web));
+  assert.equal(webRes.patch, undefined, "a frontend is not touched");
+  await admissionHandler(d)(review(noModel, { dryRun: true }));
+  assert.equal(d.events.length, 2);
+
+  const failing = deps({ getModelCache: () => Promise.reject(new Error("etcd is down")) });
+  await admissionHandler(failing)(review(gpuPod()));
+  assert.deepEqual(
+    failing.events.map((e) => [e.type, e.reason, e.message]),
+    [["Warning", "WarmstartFailOpen", "admitted without a cache decision: etcd is down"]],
+  );
+});
+
+test("a credential in the model URL never reaches the record, the pod's reason or an Event", async () => {
+  const token = "hf_SuperSecret123";
+  let recorded: string | undefined;
+  const d = deps({
+    recordElection: (o) => ((recorded = o.model), Promise.resolve(undefined)),
+  });
+  const pod = gpuPod(`https://user:${token}@hub.local/org/m`);
+  const res = await admissionHandler(d)(review(pod));
+  assert.equal(recorded, "https://<redacted>@hub.local/org/m");
+  const after = admitted(pod, res);
+  assert.ok(!JSON.stringify(after.metadata).includes(token));
+  assert.ok(!JSON.stringify(d.events).includes(token));
+  // The pod's own args are its own: they are not rewritten.
+  assert.ok(JSON.stringify(after.spec).includes(token));
+  const failing = deps({ getModelCache: () => Promise.reject(new Error(`GET https://u:${token}@x failed`)) });
+  const failed = await admissionHandler(failing)(review(pod));
+  assert.ok(!JSON.stringify(failed).includes(token) && !JSON.stringify(failing.events).includes(token));
+});
+
+test("the size limit a pod asks for is used, capped by the cluster's maximum, and explained", async () => {
+  const asking = (limit: string): V1Pod => {
+    const p = gpuPod();
+    p.metadata!.annotations = { "warmstart.dev/cache-size-limit": limit };
+    return p;
+  };
+  const limitOf = async (limit: string, flags: Record<string, unknown> = {}): Promise<[string?, string?]> => {
+    const decision = await decide(review(asking(limit)), deps({}, flags));
+    const vol = decision.pod?.spec?.volumes?.find((v) => v.name === "warmstart-cache");
+    return [vol?.emptyDir?.sizeLimit, decision.pod?.metadata?.annotations?.[ANN_REASON]];
+  };
+  assert.deepEqual(await limitOf("500Gi"), ["500Gi", "won the election"]);
+  const [capped, why] = await limitOf("5Ti", { maxCacheSizeLimit: "2Ti" });
+  assert.equal(capped, "2Ti");
+  assert.match(why ?? "", /above the cluster's maximum; using 2Ti/);
+  assert.equal((await limitOf("junk", { cacheSizeLimit: "300Gi" }))[0], "300Gi");
+  assert.throws(
+    () => loadWebhookConfig({ cacheSizeLimit: "2Ti", maxCacheSizeLimit: "1Ti" }, {}),
+    /above the maximum/,
+  );
+  assert.throws(() => loadWebhookConfig({ cacheSizeLimit: "big" }, {}), /not a size/);
+});
+
+test("the cache-env template in force decorates leaders and followers; a restore replays its leader's", async () => {
+  const mine = [{ name: "HF_HOME", value: "{root}/model/hub" }];
+  const envOf = (p: V1Pod | undefined): string[] =>
+    (p?.spec?.containers[0]?.env ?? []).map((e) => `${e.name}=${e.value ?? "(ref)"}`);
+  const leader = await decide(review(gpuPod()), deps({ cacheEnvTemplate: () => Promise.resolve(mine) }));
+  assert.deepEqual(envOf(leader.pod), ["HF_HOME=/warmstart/cache-root/model/hub"]);
+  const follower = await decide(
+    review(gpuPod()),
+    deps({
+      cacheEnvTemplate: () => Promise.resolve(mine),
+      tryAcquire: () => Promise.resolve({ role: "follower" }),
+    }),
+  );
+  assert.ok(envOf(follower.pod).includes("HF_HOME=/warmstart/cache-root/model/hub"));
+  const ready: ModelCacheObject = {
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: {
+      name: "0123456789abcdef",
+      annotations: { [ANN_CACHE_ENV]: JSON.stringify([{ name: "HF_HOME", value: "{root}/model/old" }]) },
+    },
+    spec: { hash: "0123456789abcdef".repeat(4) },
+    status: { phase: "Ready" },
+  };
+  const restored = await decide(
+    review(gpuPod()),
+    deps({ cacheEnvTemplate: () => Promise.resolve(mine), getModelCache: () => Promise.resolve(ready) }),
+  );
+  assert.equal(restored.role, "restore");
+  assert.ok(
+    envOf(restored.pod).includes("HF_HOME=/warmstart/cache-root/model/old"),
+    envOf(restored.pod).join(),
+  );
 });

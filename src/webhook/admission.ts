@@ -1,22 +1,37 @@
 import { randomBytes } from "node:crypto";
 import type { V1Pod } from "@kubernetes/client-node";
-import { classifyPod } from "../core/classify.js";
-import { cacheHash, type HashInputs } from "../core/hash.js";
+import { classifyPod, REASON_NO_CONTAINERS, REASON_NO_GPU } from "../core/classify.js";
+import { cacheHash, scopeOfInputs, type HashInputs } from "../core/hash.js";
 import {
   decorateCold,
   decorateFollower,
   decorateLeader,
   decorateRestore,
   jsonPatch,
+  type CacheEnvTemplate,
 } from "../core/decorate.js";
-import { ANN_RESTORE_FROM, SKIP, claimName, shortHash, type Role } from "../core/contract.js";
+import {
+  ANN_CACHE_ENV,
+  ANN_CACHE_SIZE_LIMIT,
+  ANN_RESTORE_FROM,
+  LABEL_ADMISSION_ID,
+  SKIP,
+  claimName,
+  shortHash,
+  type Role,
+} from "../core/contract.js";
+import { redactUrlCredentials } from "../core/env.js";
+import { stripStamps } from "../core/stamps.js";
+import { scopeKey } from "../core/scope.js";
+import { captureSizeLimit } from "../core/size.js";
+import { templateFromJson } from "../core/cacheenv.js";
 import type { Logger } from "../common/log.js";
 import type { AdmissionResponse, AdmissionReview } from "./server.js";
 import type { WebhookConfig } from "./config.js";
 import type { WebhookMetrics } from "./metrics.js";
 import type { ElectionResult } from "./election.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
-import { ANN_ADMISSION_ID, type PendingEvent } from "./events.js";
+import type { PendingEvent } from "./events.js";
 
 /** What the decision needs from the cluster; each call is bounded by the admission deadline. */
 export interface ClusterView {
@@ -30,6 +45,7 @@ export interface ClusterView {
     electionId: string;
     namespace: string;
     name?: string;
+    cacheEnv?: CacheEnvTemplate;
   }): Promise<ModelCacheObject | undefined>;
   releaseLease(hash: string, leaseUid: string): Promise<void>;
   /** The storage profile's restore settings for a cache (backend-specific prewarm policy). */
@@ -40,6 +56,10 @@ export interface ClusterView {
   followerProfile(): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
   /** A restore in a namespace that has no claim yet gets one at admission. */
   ensureClaim?(cache: ModelCacheObject, namespace: string): Promise<void>;
+  /** A namespace's labels (opt-out, share-group), from a short cache. */
+  namespaceLabels(namespace: string): Promise<Record<string, string>>;
+  /** The cache-env template in force (the ConfigMap's, or the built-in one), from a short cache. */
+  cacheEnvTemplate(): Promise<CacheEnvTemplate>;
 }
 
 export interface AdmissionDeps {
@@ -53,17 +73,33 @@ export interface AdmissionDeps {
 export interface Decision {
   role: Role | "pass";
   reason: string;
+  /** The pod to admit: stamps removed, maybe decorated. Absent when the request holds no pod. */
   pod?: V1Pod;
   hash?: string;
+  /** Set when the pod gets an Event (decorated pods and GPU pods left alone): it finds the pod later. */
   admissionId?: string;
 }
 
 const mintId = (): string => randomBytes(8).toString("hex");
+const HASH_REF = /^[0-9a-f]{16}(?:[0-9a-f]{48})?$/;
+
+const isRecord = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
+
+const isPodCreate = (req: AdmissionReview["request"]): boolean =>
+  req.operation === "CREATE" && req.resource?.resource === "pods" && !req.subResource;
+
+/** The pod with the label its Event is found by (a pod whose metadata is not a map gets none). */
+function withAdmissionId(pod: V1Pod, admissionId: string): V1Pod {
+  if (!isRecord(pod.metadata)) return pod;
+  const labels = isRecord(pod.metadata.labels) ? pod.metadata.labels : {};
+  return { ...pod, metadata: { ...pod.metadata, labels: { ...labels, [LABEL_ADMISSION_ID]: admissionId } } };
+}
 
 /**
- * SPEC 1.3, in order: leave alone, stamp, restore-from, restore, elect, cold. Returns the decorated
- * pod (or none when the pod is left alone). Throws only on cluster errors, which the caller turns
- * into a fail-open admit.
+ * SPEC 1.3, in order: remove the author's stamps (always), leave alone, stamp, restore-from,
+ * restore, elect, cold. Returns the pod to admit. Throws only on cluster errors, which the caller
+ * turns into a fail-open admit (that still removes the stamps).
  */
 export async function decide(
   review: AdmissionReview,
@@ -72,39 +108,49 @@ export async function decide(
   expired?: () => boolean,
 ): Promise<Decision> {
   const req = review.request;
-  if (req.operation !== "CREATE" || req.resource?.resource !== "pods" || req.subResource) {
-    return { role: "pass", reason: "not a pod creation" };
+  if (!isPodCreate(req)) return { role: "pass", reason: "not a pod creation" };
+  if (!isRecord(req.object)) return { role: "pass", reason: "no pod in the request" };
+  const { pod, removed } = stripStamps(req.object);
+  if (removed.length) {
+    for (const r of removed) deps.metrics.stampsRemoved.inc({ kind: r.slice(0, r.indexOf(":")) });
+    deps.log.info(
+      { namespace: req.namespace, pod: podName(pod), removed },
+      "removed warmstart.dev stamps the pod's author set",
+    );
   }
-  const pod = req.object as V1Pod | undefined;
-  if (!pod || typeof pod !== "object" || !pod.spec) return { role: "pass", reason: "no pod in the request" };
   const namespace = req.namespace ?? pod.metadata?.namespace ?? "default";
-  if (namespace === deps.cfg.systemNamespace) return { role: "pass", reason: "system namespace" };
-  if (pod.metadata?.annotations?.[SKIP] === "true") return { role: "pass", reason: `opted out (${SKIP})` };
-
   const c = classifyPod(pod);
-  if (!c.downloader) return { role: "pass", reason: c.reason };
-
-  const { hash, inputs } = cacheHash(pod, c);
-  const admissionId = mintId();
-  const stamped: V1Pod = {
-    ...pod,
-    metadata: {
-      ...pod.metadata,
-      annotations: { ...pod.metadata?.annotations, [ANN_ADMISSION_ID]: admissionId },
-    },
+  const gpu = c.reason !== REASON_NO_GPU && c.reason !== REASON_NO_CONTAINERS;
+  // Only GPU pods get an Event for being left alone: frontends and routers are the common case.
+  const leftAlone = (reason: string): Decision => {
+    if (!gpu) return { role: "pass", reason, pod };
+    const admissionId = mintId();
+    return { role: "pass", reason, pod: withAdmissionId(pod, admissionId), admissionId };
   };
-  const cold = (reason: string): Decision => ({
-    role: "cold",
-    reason,
-    hash,
-    admissionId,
-    pod: decorateCold(stamped, { hash, reason }),
-  });
+  if (!isRecord(pod.spec)) return leftAlone("no pod spec");
+  if (namespace === deps.cfg.systemNamespace) return leftAlone("system namespace");
+  if (pod.metadata?.annotations?.[SKIP] === "true") return leftAlone(`opted out (${SKIP} annotation)`);
+  if (!c.downloader) return leftAlone(c.reason);
+  const nsLabels = await deps.cluster.namespaceLabels(namespace);
+  if (nsLabels[SKIP] === "true") return leftAlone(`opted out (${SKIP} namespace label)`);
+
+  const scope = scopeKey(deps.cfg.sharingScope, namespace, nsLabels);
+  const { hash, inputs } = cacheHash(pod, c, { scope });
+  const admissionId = mintId();
+  const stamped = withAdmissionId(pod, admissionId);
+  const cold = (why: string): Decision => {
+    const reason = redactUrlCredentials(why);
+    return { role: "cold", reason, hash, admissionId, pod: decorateCold(stamped, { hash, reason }) };
+  };
   const restore = async (cache: ModelCacheObject, reason: string): Promise<Decision> => {
     const cacheHashFull = cache.spec.hash;
-    // A dry run must not create the claim (the webhook declares no side effects).
+    // A dry run must not create the claim (the webhook declares no side effects on dry runs).
     if (!req.dryRun) await deps.cluster.ensureClaim?.(cache, namespace);
     const profile = await deps.cluster.restoreProfile(cache);
+    // The leader's cache env is replayed, so the engine looks where the tree was written.
+    const template =
+      templateFromJson(cache.metadata?.annotations?.[ANN_CACHE_ENV]) ??
+      (await deps.cluster.cacheEnvTemplate());
     return {
       role: "restore",
       reason,
@@ -117,6 +163,7 @@ export async function decide(
         sourceHash: cacheHashFull,
         image: deps.cfg.image,
         cacheRoot: deps.cfg.cacheRoot,
+        cacheEnvTemplate: template,
         prewarm: profile.prewarm,
         prewarmParallelism: profile.prewarmParallelism,
         treePath: profile.treePath,
@@ -124,12 +171,22 @@ export async function decide(
     };
   };
 
-  const restoreFrom = pod.metadata?.annotations?.[ANN_RESTORE_FROM];
+  const restoreFrom = pod.metadata?.annotations?.[ANN_RESTORE_FROM]?.trim().toLowerCase();
   if (restoreFrom) {
+    if (!HASH_REF.test(restoreFrom)) return cold(`restore-from is not a cache hash (16 or 64 hex digits)`);
     const cache = await deps.cluster.getModelCache(restoreFrom);
-    if (cache?.status?.phase === "Ready")
-      return restore(cache, `restore from ${shortHash(restoreFrom)} (requested)`);
-    return cold(`restore-from ${restoreFrom} has no Ready cache`);
+    // One answer for "no such cache" and "another scope's cache": no oracle across scopes.
+    const reachable =
+      cache !== undefined &&
+      (restoreFrom.length === 16 || cache.spec.hash === restoreFrom) &&
+      scopeOfInputs(cache.spec.inputs) === scope;
+    if (!reachable)
+      return cold(
+        `restore-from ${shortHash(restoreFrom)}: no cache of that hash in this pod's sharing scope`,
+      );
+    if (cache.status?.phase !== "Ready")
+      return cold(`restore-from ${shortHash(restoreFrom)} has no Ready cache`);
+    return restore(cache, `restore from ${shortHash(restoreFrom)} (requested)`);
   }
 
   const cache = await deps.cluster.getModelCache(hash);
@@ -137,18 +194,22 @@ export async function decide(
   if (cache?.status?.phase === "Failed" && cache.status.reason === "Unsupported") {
     return cold(`cache backend unsupported: ${cache.status.message ?? ""}`.trim());
   }
-  const failures = Number(cache?.status?.failures ?? 0);
-  if (cache?.status?.phase === "Failed" && failures >= deps.cfg.maxCaptureAttempts) {
-    // Delete the ModelCache to try again.
+  // Only captures that failed count (SPEC 1.7): a leader deleted or an election past its
+  // deadline is re-elected, and `warmstart cache retry` clears the count.
+  const failed = Number(cache?.status?.failedCaptures ?? 0);
+  if (Number.isFinite(failed) && failed >= deps.cfg.maxFailedCaptures) {
     return cold(
-      `capture failed ${failures} times (last: ${cache.status.message ?? cache.status.reason ?? "?"})`,
+      `capture failed ${failed} times (last: ${cache?.status?.message ?? cache?.status?.reason ?? "?"}); ` +
+        `warmstart cache retry ${shortHash(hash)} elects again`,
     );
   }
 
   if (!deps.cfg.electionEnabled) return cold("election disabled");
-  // A dry run must not leave a Lease behind (the webhook declares no side effects).
+  // A dry run must not leave a Lease behind (the webhook declares no side effects on dry runs).
   if (req.dryRun) return cold("dry run: no election");
 
+  // Read before the election: an error here must not cost a Lease.
+  const template = await deps.cluster.cacheEnvTemplate();
   const electionId = admissionId;
   const result = await deps.cluster.tryAcquire(hash, electionId, namespace);
   if (result.role === "leader") {
@@ -159,11 +220,13 @@ export async function decide(
       if (expired?.()) throw new Error("admission deadline passed after the election");
       const ready = await deps.cluster.recordElection({
         hash,
-        model: c.model,
+        // Never a credential in a record (SPEC 1.9): the inputs' model is already redacted.
+        model: inputs.model ?? undefined,
         inputs,
         electionId,
         namespace,
         name: pod.metadata?.name,
+        cacheEnv: template,
       });
       if (ready) {
         await deps.cluster.releaseLease(hash, result.leaseUid);
@@ -178,17 +241,23 @@ export async function decide(
         );
       throw err;
     }
+    const size = captureSizeLimit(pod.metadata?.annotations?.[ANN_CACHE_SIZE_LIMIT], {
+      defaultLimit: deps.cfg.cacheSizeLimit,
+      maxLimit: deps.cfg.maxCacheSizeLimit,
+    });
+    const reason = size.note ? `won the election; ${size.note}` : "won the election";
     return {
       role: "leader",
-      reason: "won the election",
+      reason,
       hash,
       admissionId,
       pod: decorateLeader(stamped, {
         hash,
-        reason: "won the election",
+        reason,
         electionId,
         cacheRoot: deps.cfg.cacheRoot,
-        sizeLimit: deps.cfg.cacheSizeLimit,
+        cacheEnvTemplate: template,
+        sizeLimit: size.limit,
       }),
     };
   }
@@ -203,13 +272,27 @@ export async function decide(
       reason: "another pod is downloading",
       image: deps.cfg.image,
       cacheRoot: deps.cfg.cacheRoot,
+      cacheEnvTemplate: template,
       prewarm: profile.prewarm,
       prewarmParallelism: profile.prewarmParallelism,
     }),
   };
 }
 
-/** The AdmissionReview handler: decide within the deadline, or admit unchanged and say why. */
+const podName = (pod: V1Pod | undefined): string => {
+  const m = isRecord(pod?.metadata) ? pod.metadata : undefined;
+  const n = m?.name ?? m?.generateName;
+  return typeof n === "string" ? n : "";
+};
+
+const toPatch = (original: V1Pod, admitted: V1Pod): Pick<AdmissionResponse, "patch" | "patchType"> => {
+  const patch = jsonPatch(original, admitted);
+  return patch.length
+    ? { patchType: "JSONPatch", patch: Buffer.from(JSON.stringify(patch)).toString("base64") }
+    : {};
+};
+
+/** The AdmissionReview handler: decide within the deadline, or admit with the stamps removed and say why. */
 export function admissionHandler(
   deps: AdmissionDeps,
 ): (review: AdmissionReview) => Promise<AdmissionResponse> {
@@ -218,9 +301,9 @@ export function admissionHandler(
   return async (review) => {
     const started = process.hrtime.bigint();
     const uid = review.request.uid;
-    const pod = review.request.object as V1Pod | undefined;
+    const original = review.request.object as V1Pod | undefined;
     const namespace = review.request.namespace ?? "default";
-    const name = pod?.metadata?.name ?? pod?.metadata?.generateName ?? "";
+    const name = podName(original);
     const observe = (outcome: string): void => {
       deps.metrics.latency.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9);
     };
@@ -236,41 +319,43 @@ export function admissionHandler(
           }, budgetMs);
         }),
       ]);
-      deps.metrics.decisions.inc({ role: decision.role, reason: decision.reason });
-      if (decision.role === "pass" || !decision.pod || !pod) {
-        deps.log.debug({ namespace, pod: name, reason: decision.reason }, "left alone");
+      deps.metrics.decisions.inc({
+        role: decision.role,
+        reason: decision.role === "pass" ? decision.reason : decision.role,
+      });
+      const patch = decision.pod && original ? toPatch(original, decision.pod) : {};
+      const event = (ev: Omit<PendingEvent, "namespace" | "name" | "admissionId">): void => {
+        if (decision.admissionId && !review.request.dryRun)
+          deps.recordEvent({
+            namespace,
+            name: original?.metadata?.name,
+            admissionId: decision.admissionId,
+            ...ev,
+          });
+      };
+      if (decision.role === "pass") {
+        // Left alone: said in the log (at info for GPU pods, which get an Event too).
+        deps.log[decision.admissionId ? "info" : "debug"](
+          { namespace, pod: name, reason: decision.reason },
+          "left alone",
+        );
+        event({ type: "Normal", reason: "WarmstartLeftAlone", message: `left alone: ${decision.reason}` });
         observe("pass");
-        return { uid, allowed: true };
+        return { uid, allowed: true, ...patch };
       }
-      const patch = jsonPatch(pod, decision.pod);
+      const short = decision.hash ? shortHash(decision.hash) : "-";
       deps.log.info(
-        {
-          namespace,
-          pod: name,
-          role: decision.role,
-          reason: decision.reason,
-          hash: decision.hash && shortHash(decision.hash),
-        },
+        { namespace, pod: name, role: decision.role, reason: decision.reason, hash: short },
         "admission decision",
       );
-      deps.recordEvent({
-        namespace,
-        name: pod.metadata?.name,
-        admissionId: decision.admissionId!,
-        shortHash: decision.hash && shortHash(decision.hash),
+      event({
+        shortHash: decision.hash && short,
         type: "Normal",
         reason: `Warmstart${decision.role[0]!.toUpperCase()}${decision.role.slice(1)}`,
-        message: `${decision.role}: ${decision.reason} (cache ${decision.hash ? shortHash(decision.hash) : "-"})`,
+        message: `${decision.role}: ${decision.reason} (cache ${short})`,
       });
       observe(decision.role);
-      return patch.length
-        ? {
-            uid,
-            allowed: true,
-            patchType: "JSONPatch",
-            patch: Buffer.from(JSON.stringify(patch)).toString("base64"),
-          }
-        : { uid, allowed: true };
+      return { uid, allowed: true, ...patch };
     } catch (err) {
       observe("fail-open");
       return failOpen(deps, err, review);
@@ -280,16 +365,45 @@ export function admissionHandler(
   };
 }
 
-/** Admit unchanged, and say why in the log, the metrics and (for named pods) an Event. */
+/**
+ * Admit without a decision, and say why in the log, the metrics and an Event. The author's stamps
+ * are removed all the same: that needs no API call, so no error can stop it short of a request
+ * that holds no pod at all.
+ */
 export function failOpen(deps: AdmissionDeps, err: unknown, review: AdmissionReview): AdmissionResponse {
-  const message = err instanceof Error ? err.message : String(err);
-  const pod = review.request.object as V1Pod | undefined;
-  const namespace = review.request.namespace ?? "default";
+  const message = redactUrlCredentials(err instanceof Error ? err.message : String(err));
+  const req = review.request;
+  const namespace = req.namespace ?? "default";
+  const original = req.object as V1Pod | undefined;
   deps.metrics.failOpen.inc({ cause: /within \d+ ms/.test(message) ? "timeout" : "error" });
-  deps.log.warn({ namespace, pod: pod?.metadata?.name, err: message }, "admitted unchanged (fail open)");
+  deps.log.warn(
+    { namespace, pod: podName(original), err: message },
+    "admitted without a decision (fail open)",
+  );
+  let patch: Pick<AdmissionResponse, "patch" | "patchType"> = {};
+  try {
+    if (isPodCreate(req) && isRecord(original)) {
+      const { pod } = stripStamps(original);
+      const admissionId = mintId();
+      const admitted = withAdmissionId(pod, admissionId);
+      patch = toPatch(original, admitted);
+      if (admitted !== pod && !req.dryRun)
+        deps.recordEvent({
+          namespace,
+          name: isRecord(original.metadata) ? (original.metadata.name as string | undefined) : undefined,
+          admissionId,
+          type: "Warning",
+          reason: "WarmstartFailOpen",
+          message: `admitted without a cache decision: ${message}`,
+        });
+    }
+  } catch (stripErr) {
+    deps.log.error({ err: stripErr, namespace }, "could not even remove the stamps; admitted as written");
+  }
   return {
-    uid: review.request.uid,
+    uid: req.uid,
     allowed: true,
-    warnings: [`warmstart: admitted unchanged: ${message}`.slice(0, 250)],
+    ...patch,
+    warnings: [`warmstart: admitted without a cache decision: ${message}`.slice(0, 250)],
   };
 }

@@ -11,11 +11,26 @@ export function registerWebhookCommands(program: Command): void {
     .option("--cert-file <file>", "serving certificate (PEM); reloaded when it changes")
     .option("--key-file <file>", "serving key (PEM)")
     .option("--ca-file <file>", "CA bundle for the registration (default: the certificate)")
+    .option(
+      "--client-ca-file <file>",
+      "answer only callers whose client certificate this CA signed (the API server's webhook client)",
+    )
+    .option("--client-name <names>", "accepted client certificate names, comma-separated (CN or DNS)")
     .option("--register-url <url>", "register a MutatingWebhookConfiguration pointing at this URL")
     .option("--election-enabled [bool]", "elect one downloader per hash (default false: admit cold)")
     .option("--election-deadline <duration>", "how long an election may take before it is retired (e.g. 60m)")
     .option("--image <image>", "the warmstart image for init containers")
     .option("--timeout-seconds <n>", "the API server's webhook timeout")
+    .option("--sharing-scope <scope>", "who shares a cache: cluster (default), namespace or group")
+    .option(
+      "--max-failed-captures <n>",
+      "failed captures of a hash after which its pods start cold (default 3)",
+    )
+    .option("--cache-size-limit <size>", "the leader's capture volume size limit (default 200Gi)")
+    .option(
+      "--max-cache-size-limit <size>",
+      "the most a pod may ask for with warmstart.dev/cache-size-limit (default 1Ti)",
+    )
     .option(
       "--store-provisioner <name>",
       "storage profile key of the node agents' cache stores (followers prewarm by it; default host-path)",
@@ -29,6 +44,12 @@ export function registerWebhookCommands(program: Command): void {
         certFile: flags.certFile,
         keyFile: flags.keyFile,
         caFile: flags.caFile,
+        clientCaFile: flags.clientCaFile,
+        clientNames: flags.clientName,
+        sharingScope: flags.sharingScope,
+        maxFailedCaptures: flags.maxFailedCaptures,
+        cacheSizeLimit: flags.cacheSizeLimit,
+        maxCacheSizeLimit: flags.maxCacheSizeLimit,
         registerUrl: flags.registerUrl,
         electionEnabled: flags.electionEnabled === true ? "true" : flags.electionEnabled,
         electionDeadline: flags.electionDeadline,

@@ -1,5 +1,6 @@
 import * as k8s from "@kubernetes/client-node";
 import {
+  ANN_CACHE_ENV,
   ANN_DEADLINE,
   ANN_HASH,
   ANN_LEADER_NAMESPACE,
@@ -10,8 +11,9 @@ import {
 } from "../core/contract.js";
 import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
 import { sealInputs, type HashInputs } from "../core/hash.js";
-
-import { isAlreadyExists, apiError, isNotFound } from "../common/kube.js";
+import { redactUrlCredentials } from "../core/env.js";
+import type { CacheEnvTemplate } from "../core/decorate.js";
+import { isAlreadyExists, apiError, isConflict, isNotFound } from "../common/kube.js";
 
 export type ElectionResult = { role: "leader"; leaseUid: string } | { role: "follower" };
 
@@ -76,11 +78,19 @@ export async function releaseLease(
   }
 }
 
+/** Points a test can stop at, to put a write of its own between two of ours. */
+export interface RecordElectionHooks {
+  /** After the existing record was read, before it is reset for this election. */
+  afterRead?: (existing: ModelCacheObject) => Promise<void>;
+}
+
 /**
  * Record a new election in the durable cache record: created in phase Electing, or (when a
  * failed earlier attempt left one) reset to Electing for this election. A cache that turned Ready
  * meanwhile is never reset: it is returned, and the caller restores from it instead (a pod admitted
- * just after Ready, once the Lease was gone, must not start a second capture).
+ * just after Ready, once the Lease was gone, must not start a second capture). The reset is written
+ * only over the record as read (resourceVersion precondition): a Ready that lands between the read
+ * and the write makes the write fail, and the record is read again.
  */
 export async function recordElection(
   custom: k8s.CustomObjectsApi,
@@ -91,25 +101,31 @@ export async function recordElection(
     electionId: string;
     namespace: string;
     name?: string;
+    cacheEnv?: CacheEnvTemplate;
   },
+  hooks: RecordElectionHooks = {},
 ): Promise<ModelCacheObject | undefined> {
   const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
   const name = shortHash(opts.hash);
   const spec = {
     hash: opts.hash,
-    model: opts.model,
+    // Never a credential in a record (SPEC 1.9), whoever the caller is.
+    ...(opts.model !== undefined ? { model: redactUrlCredentials(opts.model) } : {}),
     // Never verbatim: a record is readable cluster-wide (SPEC 1.4).
     inputs: opts.inputs && sealInputs(opts.inputs),
     electionId: opts.electionId,
     leader: { namespace: opts.namespace, ...(opts.name ? { name: opts.name } : {}) },
   };
+  // The leader's template, replayed by restores of this cache.
+  const annotations = opts.cacheEnv ? { [ANN_CACHE_ENV]: JSON.stringify(opts.cacheEnv) } : undefined;
   const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
-  const electing = (): Promise<unknown> =>
+  const electing = (resourceVersion?: string): Promise<ModelCacheObject> =>
     custom.patchClusterCustomObjectStatus(
       {
         ...ref,
         name,
         body: {
+          ...(resourceVersion ? { metadata: { resourceVersion } } : {}),
           status: {
             phase: "Electing",
             reason: "LeaderElected",
@@ -119,26 +135,52 @@ export async function recordElection(
         },
       },
       merge,
-    );
+    ) as Promise<ModelCacheObject>;
   try {
     await custom.createClusterCustomObject({
       ...ref,
       body: {
         apiVersion: `${MODELCACHE.group}/${MODELCACHE.version}`,
         kind: MODELCACHE.kind,
-        metadata: { name, labels: { [LABEL_HASH]: name } },
+        metadata: { name, labels: { [LABEL_HASH]: name }, ...(annotations ? { annotations } : {}) },
         spec,
       },
     });
     await electing();
+    return undefined;
   } catch (err) {
     if (!isAlreadyExists(err)) throw apiError(`creating ModelCache ${name}`, err);
-    const existing = await getModelCache(custom, name);
-    if (existing?.status?.phase === "Ready") return existing;
-    // Status before spec: for a moment the record must never read "Failed" with the new
-    // election's id, which the release controller would take for this election failing.
-    await electing();
-    await custom.patchClusterCustomObject({ ...ref, name, body: { spec } }, merge);
   }
-  return undefined;
+  for (let attempt = 0; attempt < RESET_ATTEMPTS; attempt++) {
+    const existing = await getModelCache(custom, name);
+    if (!existing) throw new Error(`ModelCache ${name} vanished while a new election was recorded`);
+    if (existing.status?.phase === "Ready") return existing;
+    await hooks.afterRead?.(existing);
+    try {
+      // Status before spec: for a moment the record must never read "Failed" with the new
+      // election's id, which the release controller would take for this election failing.
+      const reset = await electing(existing.metadata.resourceVersion);
+      await custom.patchClusterCustomObject(
+        {
+          ...ref,
+          name,
+          body: {
+            metadata: {
+              resourceVersion: reset.metadata.resourceVersion,
+              ...(annotations ? { annotations } : {}),
+            },
+            spec,
+          },
+        },
+        merge,
+      );
+      return undefined;
+    } catch (err) {
+      // Written meanwhile (a Ready, a late Failed): read it again and decide again.
+      if (!isConflict(err)) throw apiError(`resetting ModelCache ${name} for a new election`, err);
+    }
+  }
+  throw new Error(`ModelCache ${name}: still changing after ${RESET_ATTEMPTS} attempts to reset it`);
 }
+
+const RESET_ATTEMPTS = 5;

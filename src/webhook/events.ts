@@ -1,9 +1,13 @@
 import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
-import { LABEL_HASH } from "../core/contract.js";
+import { LABEL_ADMISSION_ID } from "../core/contract.js";
+import { redactUrlCredentials } from "../core/env.js";
 import { postPodEvent } from "../common/events.js";
 
-export const ANN_ADMISSION_ID = "warmstart.dev/admission-id";
+export { LABEL_ADMISSION_ID };
+
+// Admission ids per list call: a set-based selector stays well inside URL limits.
+const IDS_PER_LIST = 50;
 
 export interface PendingEvent {
   namespace: string;
@@ -17,11 +21,12 @@ export interface PendingEvent {
 }
 
 /**
- * Posts an Event on each pod the webhook decided about. At admission the pod does not exist yet
- * (and a generateName pod has no name), so events wait in a bounded queue; every tick, one list
- * per namespace finds the admitted pods by admission id, and each found pod gets its Event.
- * Events whose pod never appears (dry runs, pods refused later in the chain) are dropped after a
- * few ticks. Never on the admission path, and O(namespaces) API calls per tick, not O(pods).
+ * Posts an Event on each pod the webhook decided about, left alone (a GPU pod) or admitted on
+ * fail-open. At admission the pod does not exist yet (and a generateName pod has no name), so
+ * events wait in a bounded queue; every tick, one list per namespace selects exactly the pods
+ * waited for by their admission-id label, and each found pod gets its Event. Events whose pod
+ * never appears (pods refused later in the chain) are dropped after a few ticks. Never on the
+ * admission path, and O(namespaces) API calls per tick, not O(pods).
  */
 export class PodEventRecorder {
   private pending: (PendingEvent & { ticks: number })[] = [];
@@ -41,6 +46,7 @@ export class PodEventRecorder {
 
   record(ev: PendingEvent): void {
     if (this.stopped) return;
+    ev = { ...ev, message: redactUrlCredentials(ev.message) };
     if (this.pending.length >= this.maxPending) {
       this.onResult("dropped");
       return;
@@ -73,17 +79,21 @@ export class PodEventRecorder {
     for (const ev of batch) byNamespace.set(ev.namespace, [...(byNamespace.get(ev.namespace) ?? []), ev]);
     await Promise.all(
       [...byNamespace].map(async ([namespace, events]) => {
-        let pods: Map<string, k8s.V1Pod>;
-        try {
-          const list = await this.core.listNamespacedPod({ namespace, labelSelector: LABEL_HASH });
-          pods = new Map(
-            list.items
-              .map((p) => [p.metadata?.annotations?.[ANN_ADMISSION_ID] ?? "", p] as const)
-              .filter(([id]) => id),
-          );
-        } catch (err) {
-          this.log.warn({ err, namespace }, "could not list pods to post events; will retry");
-          pods = new Map();
+        const pods = new Map<string, k8s.V1Pod>();
+        const ids = [...new Set(events.map((e) => e.admissionId))];
+        for (let i = 0; i < ids.length; i += IDS_PER_LIST) {
+          try {
+            const list = await this.core.listNamespacedPod({
+              namespace,
+              labelSelector: `${LABEL_ADMISSION_ID} in (${ids.slice(i, i + IDS_PER_LIST).join(",")})`,
+            });
+            for (const p of list.items) {
+              const id = p.metadata?.labels?.[LABEL_ADMISSION_ID];
+              if (id) pods.set(id, p);
+            }
+          } catch (err) {
+            this.log.warn({ err, namespace }, "could not list pods to post events; will retry");
+          }
         }
         for (const ev of events) {
           const pod = pods.get(ev.admissionId);

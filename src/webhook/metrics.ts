@@ -1,4 +1,4 @@
-import { Counter, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 
 export interface WebhookMetrics {
   registry: Registry;
@@ -6,6 +6,9 @@ export interface WebhookMetrics {
   latency: Histogram<"outcome">;
   failOpen: Counter<"cause">;
   events: Counter<"result">;
+  stampsRemoved: Counter<"kind">;
+  configInvalid: Gauge<"config">;
+  unauthenticated: Counter<"why">;
 }
 
 export function createWebhookMetrics(): WebhookMetrics {
@@ -36,6 +39,24 @@ export function createWebhookMetrics(): WebhookMetrics {
       name: "warmstart_webhook_events_total",
       help: "Kubernetes Events posted about admitted pods",
       labelNames: ["result"],
+      registers: [registry],
+    }),
+    stampsRemoved: new Counter({
+      name: "warmstart_webhook_stamps_removed_total",
+      help: "warmstart.dev/* labels, annotations and gates a pod's author set, removed at admission",
+      labelNames: ["kind"],
+      registers: [registry],
+    }),
+    configInvalid: new Gauge({
+      name: "warmstart_webhook_config_invalid",
+      help: "1 while a configuration the webhook reads (e.g. the cache-env ConfigMap) is refused as invalid",
+      labelNames: ["config"],
+      registers: [registry],
+    }),
+    unauthenticated: new Counter({
+      name: "warmstart_webhook_unauthenticated_requests_total",
+      help: "Admission requests refused because the caller presented no trusted client certificate",
+      labelNames: ["why"],
       registers: [registry],
     }),
   };

@@ -1,11 +1,11 @@
 import * as k8s from "@kubernetes/client-node";
-import { SKIP } from "../core/contract.js";
 import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
 
 /**
  * The MutatingWebhookConfiguration for pod CREATE. Fail open (`Ignore`) with a short timeout so a
- * dead webhook never blocks a deployment; the system namespaces and opted-out namespaces are never
- * sent to us at all.
+ * dead webhook never blocks a deployment. Every namespace but kube-system is sent to us, opted-out
+ * ones and our own included: the stamps a pod's author set are removed whatever the decision
+ * (SPEC 1.3). Side effects (Leases, records, claims) happen only on real creates.
  */
 export function webhookConfiguration(opts: {
   name: string;
@@ -13,7 +13,6 @@ export function webhookConfiguration(opts: {
   service?: { namespace: string; name: string; port: number };
   caBundle: string;
   timeoutSeconds: number;
-  systemNamespace: string;
 }): k8s.V1MutatingWebhookConfiguration {
   return {
     apiVersion: "admissionregistration.k8s.io/v1",
@@ -38,18 +37,13 @@ export function webhookConfiguration(opts: {
           },
         ],
         failurePolicy: "Ignore",
-        sideEffects: "None",
+        sideEffects: "NoneOnDryRun",
         timeoutSeconds: opts.timeoutSeconds,
         reinvocationPolicy: "Never",
         matchPolicy: "Equivalent",
         namespaceSelector: {
           matchExpressions: [
-            {
-              key: "kubernetes.io/metadata.name",
-              operator: "NotIn",
-              values: [opts.systemNamespace, "kube-system"],
-            },
-            { key: SKIP, operator: "NotIn", values: ["true"] },
+            { key: "kubernetes.io/metadata.name", operator: "NotIn", values: ["kube-system"] },
           ],
         },
       },

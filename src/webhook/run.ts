@@ -13,6 +13,7 @@ import { getModelCache } from "../common/modelcache.js";
 import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
 import { registerWebhook, webhookConfiguration } from "./registration.js";
 import { promotion } from "../promote/webhook.js";
+import { CacheEnvConfig, namespaceLabels } from "./lookups.js";
 
 export interface RunningWebhook extends RunningServer {
   caBundle: string;
@@ -49,7 +50,14 @@ export async function runWebhook(
     metrics.events.inc({ result }),
   );
 
+  const ttlMs = cfg.lookupTtlSeconds * 1000;
+  const namespaces = namespaceLabels(core, log, ttlMs);
+  const cacheEnv = new CacheEnvConfig(core, cfg.systemNamespace, log, ttlMs, (invalid) =>
+    metrics.configInvalid.set({ config: "cache-env" }, invalid ? 1 : 0),
+  );
   const cluster: ClusterView = {
+    namespaceLabels: (ns) => namespaces.get(ns),
+    cacheEnvTemplate: () => cacheEnv.template(),
     getModelCache: (h) => getModelCache(custom, h),
     tryAcquire: (hash, electionId, podNamespace) =>
       tryAcquire(coordination, {
@@ -87,10 +95,21 @@ export async function runWebhook(
     log.info("serving with a generated development certificate");
   }
 
+  if (!cfg.clientCaFile)
+    log.warn("no --client-ca-file: the webhook answers any caller that reaches it, not only the API server");
   const server = await startAdmissionServer({
     host: cfg.host,
     port: cfg.port,
     cert,
+    ...(cfg.clientCaFile
+      ? {
+          clientAuth: {
+            caFile: cfg.clientCaFile,
+            names: cfg.clientNames,
+            onRefused: (why) => metrics.unauthenticated.inc({ why }),
+          },
+        }
+      : {}),
     maxBodyBytes: cfg.maxBodyBytes,
     handler: admissionHandler(deps),
     onHandlerError: (err, review) => failOpen(deps, err, review),
@@ -108,7 +127,6 @@ export async function runWebhook(
         url: cfg.registerUrl,
         caBundle,
         timeoutSeconds: cfg.timeoutSeconds,
-        systemNamespace: cfg.systemNamespace,
       }),
     );
     log.info(

@@ -4,6 +4,7 @@ import { mkdtemp, rm, writeFile, rename } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect } from "node:tls";
+import { request as httpsRequest } from "node:https";
 import { setTimeout as sleep } from "node:timers/promises";
 import { pino } from "pino";
 import { createCA, issueCert } from "../common/certs.js";
@@ -57,4 +58,85 @@ test("a rotated serving certificate is picked up without a restart", async (t) =
     after = await servedSerial(port);
   }
   assert.notEqual(after, before, "the new certificate is served");
+});
+
+/** POSTs a minimal review, with or without a client certificate; resolves to the HTTP status. */
+function postReview(port: number, client?: { cert: string; key: string }): Promise<number> {
+  const body = JSON.stringify({
+    apiVersion: "admission.k8s.io/v1",
+    kind: "AdmissionReview",
+    request: { uid: "u", operation: "CREATE", resource: { group: "", version: "v1", resource: "pods" } },
+  });
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest(
+      {
+        host: "127.0.0.1",
+        port,
+        path: "/mutate",
+        method: "POST",
+        rejectUnauthorized: false,
+        headers: { "content-type": "application/json" },
+        ...(client ?? {}),
+      },
+      (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      },
+    );
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+test("with a client CA, only the API server's certificate may post reviews; probes stay open", async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), "webhook-client-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const serving = await createCA("serving");
+  const leaf = await issueCert(serving, { commonName: "webhook", ips: ["127.0.0.1"], usage: "server" });
+  const clusterCa = await createCA("cluster");
+  const otherCa = await createCA("elsewhere");
+  const apiserver = await issueCert(clusterCa, {
+    commonName: "kube-apiserver-webhook-client",
+    usage: "client",
+  });
+  const admin = await issueCert(clusterCa, {
+    commonName: "admin",
+    organization: "system:masters",
+    usage: "client",
+  });
+  const forged = await issueCert(otherCa, { commonName: "kube-apiserver-webhook-client", usage: "client" });
+  const caFile = join(dir, "client-ca.crt");
+  await writeFile(caFile, clusterCa.cert);
+
+  let handled = 0;
+  const refused: string[] = [];
+  const srv = await startAdmissionServer({
+    host: "127.0.0.1",
+    port: 0,
+    cert: leaf,
+    maxBodyBytes: 1024 * 1024,
+    handler: (r) => (handled++, Promise.resolve({ uid: r.request.uid, allowed: true })),
+    onHandlerError: (_e, r) => ({ uid: r.request.uid, allowed: true }),
+    log: pino({ level: "silent" }),
+    clientAuth: { caFile, names: ["kube-apiserver-webhook-client"], onRefused: (why) => refused.push(why) },
+  });
+  t.after(() => srv.close());
+  const port = Number(new URL(srv.url).port);
+
+  assert.equal(await postReview(port), 401, "no certificate");
+  assert.equal(await postReview(port, forged), 403, "a certificate another CA signed, with the right name");
+  assert.equal(await postReview(port, admin), 403, "the cluster CA's certificate for someone else");
+  assert.equal(handled, 0, "no review reached the handler");
+  assert.deepEqual(refused, ["no-certificate", "untrusted", "name"]);
+  assert.equal(await postReview(port, apiserver), 200);
+  assert.equal(handled, 1);
+  const health = await new Promise<number>((resolve, reject) =>
+    httpsRequest(`${srv.url}/healthz`, { rejectUnauthorized: false }, (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    })
+      .on("error", reject)
+      .end(),
+  );
+  assert.equal(health, 200);
 });

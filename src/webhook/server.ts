@@ -1,5 +1,6 @@
 import { createServer, type Server } from "node:https";
 import type { IncomingMessage, ServerResponse } from "node:http";
+import type { TLSSocket } from "node:tls";
 import { readFileSync, watchFile, unwatchFile } from "node:fs";
 import { z } from "zod";
 import type { Logger } from "../common/log.js";
@@ -44,6 +45,15 @@ export interface ServerOptions {
   onHandlerError: (err: unknown, review: AdmissionReview) => AdmissionResponse;
   registry?: Registry;
   log: Logger;
+  /**
+   * Answer /mutate only for callers with a client certificate signed by this CA (and, when names
+   * are given, issued to one of them: CN or DNS name). Health and metrics stay open.
+   */
+  clientAuth?: {
+    caFile: string;
+    names?: string[];
+    onRefused?: (why: "no-certificate" | "untrusted" | "name") => void;
+  };
 }
 
 export interface RunningServer {
@@ -67,12 +77,16 @@ class HttpError extends Error {
  * (a rotated Secret swaps the files under the mount).
  */
 export async function startAdmissionServer(opts: ServerOptions): Promise<RunningServer> {
-  const readCert = (): { cert: string; key: string } =>
-    "certFile" in opts.cert
+  const readCert = (): { cert: string; key: string; ca?: string } => ({
+    ...("certFile" in opts.cert
       ? { cert: readFileSync(opts.cert.certFile, "utf8"), key: readFileSync(opts.cert.keyFile, "utf8") }
-      : opts.cert;
+      : opts.cert),
+    ...(opts.clientAuth ? { ca: readFileSync(opts.clientAuth.caFile, "utf8") } : {}),
+  });
 
-  const server = createServer({ ...readCert() }, (req, res) => {
+  // The certificate is asked for but checked per route: probes reach /healthz without one.
+  const tls = opts.clientAuth ? { requestCert: true, rejectUnauthorized: false } : {};
+  const server = createServer({ ...readCert(), ...tls }, (req, res) => {
     route(req, res).catch((err: unknown) => {
       opts.log.error({ err }, "request failed");
       if (!res.headersSent) send(res, 500, { error: "internal error" });
@@ -80,18 +94,20 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
   });
 
   const watched: string[] = [];
-  if ("certFile" in opts.cert) {
-    for (const f of [opts.cert.certFile, opts.cert.keyFile]) {
-      watched.push(f);
-      watchFile(f, { interval: 2000 }, () => {
-        try {
-          server.setSecureContext(readCert());
-          opts.log.info({ file: f }, "serving certificate reloaded");
-        } catch (err) {
-          opts.log.warn({ err, file: f }, "could not reload the serving certificate; keeping the old one");
-        }
-      });
-    }
+  const files = [
+    ...("certFile" in opts.cert ? [opts.cert.certFile, opts.cert.keyFile] : []),
+    ...(opts.clientAuth ? [opts.clientAuth.caFile] : []),
+  ];
+  for (const f of files) {
+    watched.push(f);
+    watchFile(f, { interval: 2000 }, () => {
+      try {
+        server.setSecureContext(readCert());
+        opts.log.info({ file: f }, "serving certificate reloaded");
+      } catch (err) {
+        opts.log.warn({ err, file: f }, "could not reload the serving certificate; keeping the old one");
+      }
+    });
   }
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -105,6 +121,16 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
       return;
     }
     if (path !== "/mutate") return send(res, 404, { error: `no route for ${req.method} ${path}` });
+    const refused = callerRefused(req);
+    if (refused) {
+      opts.clientAuth?.onRefused?.(refused.why);
+      opts.log.warn(
+        { remote: req.socket.remoteAddress, why: refused.message },
+        "refused an admission request",
+      );
+      req.resume();
+      return send(res, refused.status, { error: refused.message });
+    }
     if (req.method !== "POST") return send(res, 405, { error: "use POST" });
 
     let review: AdmissionReview;
@@ -123,6 +149,40 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
       response = opts.onHandlerError(err, review);
     }
     send(res, 200, { apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview", response });
+  }
+
+  /** Why this caller may not post reviews; undefined when it may. */
+  function callerRefused(
+    req: IncomingMessage,
+  ): { status: number; why: "no-certificate" | "untrusted" | "name"; message: string } | undefined {
+    if (!opts.clientAuth) return undefined;
+    const socket = req.socket as TLSSocket;
+    const peer = socket.getPeerCertificate();
+    if (!peer || Object.keys(peer).length === 0)
+      return { status: 401, why: "no-certificate", message: "a client certificate is required" };
+    if (!socket.authorized)
+      return {
+        status: 403,
+        why: "untrusted",
+        message: `client certificate not trusted: ${String(socket.authorizationError)}`,
+      };
+    const names = opts.clientAuth.names ?? [];
+    if (names.length) {
+      const cn = peer.subject?.CN;
+      const dns = (peer.subjectaltname ?? "")
+        .split(",")
+        .map((s) => s.trim())
+        .filter((s) => s.startsWith("DNS:"))
+        .map((s) => s.slice(4));
+      const held = [...(Array.isArray(cn) ? cn : cn ? [cn] : []), ...dns];
+      if (!held.some((n) => names.includes(n)))
+        return {
+          status: 403,
+          why: "name",
+          message: `client certificate ${held.join(",") || "(unnamed)"} is not allowed`,
+        };
+    }
+    return undefined;
   }
 
   const listening = await listen(server, {

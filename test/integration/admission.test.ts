@@ -327,7 +327,6 @@ test("a hung webhook does not block pods: they are admitted unchanged within the
     url: `https://127.0.0.1:${port}`,
     caBundle: (await createCA("unused")).cert,
     timeoutSeconds: 2,
-    systemNamespace: SYSTEM_NAMESPACE,
   });
   // Only this test's namespace is sent to the dead webhook.
   cfg.webhooks![0]!.namespaceSelector = { matchLabels: { "kubernetes.io/metadata.name": ns } };

@@ -1,0 +1,26 @@
+/**
+ * Sharing scopes (SPEC 1.9): a cache is shared by the pods of one hash inside one scope and never
+ * outside it. The scope key enters the hash, so two scopes never meet on one Lease, record or claim.
+ */
+import { LABEL_SHARE_GROUP, type SharingScope } from "./contract.js";
+
+export const SHARING_SCOPES: readonly SharingScope[] = ["cluster", "namespace", "group"];
+
+/** The whole cluster is one scope; its key is left out of the hash so cluster-scope hashes stay as they were. */
+export const CLUSTER_SCOPE_KEY = "cluster";
+
+/**
+ * The scope a pod's caches live in: `cluster`, `namespace:<ns>`, or `group:<value>` for a
+ * namespace labelled `warmstart.dev/share-group=<value>` (a namespace without the label, or with
+ * an empty value, is its own group, the same key as under `namespace`).
+ */
+export function scopeKey(
+  scope: SharingScope,
+  namespace: string,
+  namespaceLabels: Readonly<Record<string, string>> | undefined,
+): string {
+  if (scope === "cluster") return CLUSTER_SCOPE_KEY;
+  const group = namespaceLabels?.[LABEL_SHARE_GROUP];
+  if (scope === "group" && group) return `group:${group}`;
+  return `namespace:${namespace}`;
+}
