@@ -23,8 +23,14 @@ export function registerNodeAgentCommands(program: Command): void {
     .option("--warmup <duration>", "how long a leader stays Ready before capture (default 30s)")
     .option("--concurrency <n>", "captures at once on this node (default 2)")
     .option("--capture-parallel <n>", "files copied at once within one capture (default 8)")
+    .option("--capture-deadline <duration>", "a capture taking longer fails cleanly (default 30m; 0: none)")
+    .option(
+      "--store-budget <size>",
+      "bytes the store may hold, e.g. 500Gi (default: no limit); unused caches make room, least recently restored first",
+    )
     .option("--no-durable", "do not flush captured data to disk before committing (throwaway stores only)")
     .option("--resync <duration>", "how often pods and promoted claims are looked at again (default 60s)")
+    .option("--snapshot-timeout <duration>", "snapshot-clone: how long a snapshot may take to be ready (default 10m)")
     .option("--host <host>", "metrics and health listen address (default 0.0.0.0)")
     .option("--port <port>", "metrics and health port (0 = any free port; default 9464)")
     .action(async (flags: Record<string, string | boolean | undefined>) => {
@@ -38,8 +44,11 @@ export function registerNodeAgentCommands(program: Command): void {
         warmupMs: flags.warmup,
         concurrency: flags.concurrency,
         captureParallel: flags.captureParallel,
+        captureDeadlineMs: flags.captureDeadline,
+        storeBudget: flags.storeBudget,
         durable: flags.durable === false ? false : undefined,
         resyncMs: flags.resync,
+        snapshotTimeoutMs: flags.snapshotTimeout,
         host: flags.host,
         port: flags.port,
       });
