@@ -79,6 +79,7 @@ export async function runDemo(): Promise<void> {
     realNodes: 1,
     hubModelMiB: 256,
     hubMiBs: 64,
+    csi: false,
     bare: false,
     progress: (l) => out.line(l),
   });

@@ -17,6 +17,7 @@ function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unk
     nodes: st.nodes,
     roles: st.roles,
     ...(st.images ? { images: st.images } : {}),
+    ...(st.csi ? { csi: st.csi } : {}),
     processes: st.processes.map((p) => ({ name: p.name, pid: p.pid, log: p.log })),
   };
 }
@@ -49,6 +50,7 @@ export function registerClusterCommands(program: Command): void {
         .default(64)
         .argParser(positiveInt),
     )
+    .option("--no-csi", "without the CSI stack (driver stand-in and sidecars) on the first real node")
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
     .action(
       async (opts: {
@@ -57,6 +59,7 @@ export function registerClusterCommands(program: Command): void {
         realNodes: number;
         hubModelMib: number;
         hubMibS: number;
+        csi: boolean;
         bare: boolean;
       }) => {
         const state = await up({
@@ -65,6 +68,7 @@ export function registerClusterCommands(program: Command): void {
           realNodes: opts.realNodes,
           hubModelMiB: opts.hubModelMib,
           hubMiBs: opts.hubMibS,
+          csi: opts.csi,
           bare: opts.bare,
           progress,
         });

@@ -18,6 +18,7 @@ import {
 } from "./processes.js";
 import { ensureSimulatedNode } from "./nodes.js";
 import { ensureHostPackages } from "./host-packages.js";
+import { startCsi, type CsiState } from "./csi/stack.js";
 import { buildImages, writeImageArchive } from "./images/build.js";
 import {
   findShims,
@@ -39,6 +40,8 @@ export interface ClusterOptions {
   /** Size of every synthetic model the local hub serves, and the bandwidth all its clients share. */
   hubModelMiB: number;
   hubMiBs: number;
+  /** The CSI stack on the first real node (driver stand-in, sidecars, classes). */
+  csi: boolean;
   bare: boolean;
   progress: (line: string) => void;
 }
@@ -63,6 +66,8 @@ export interface ClusterState {
   roles: RoleUrls;
   /** Images present on every real node. */
   images?: { warmstart: string; engine: string; engineAsUser: string; pause: string };
+  /** The CSI stack, when it runs. */
+  csi?: CsiState;
   processes: ProcessRecord[];
   stateDir: string;
 }
@@ -210,6 +215,8 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         `--tls-cert-file=${pki.serverCert}`,
         `--tls-private-key-file=${pki.serverKey}`,
         `--client-ca-file=${pki.caCert}`,
+        // The API server presents a client certificate to webhooks (the webhook checks it).
+        `--admission-control-config-file=${pki.admissionConfig}`,
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         `--service-account-key-file=${pki.saPub}`,
         `--service-account-signing-key-file=${pki.saKey}`,
@@ -297,6 +304,19 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
 
       if (opts.realNodes > 0) {
         await startRealNodes(opts, state, pki, bins.kubelet!, core, launchCommand);
+        const first = state.nodes.find((n) => n.real)!;
+        if (opts.csi) {
+          state.csi = await startCsi({
+            stateDir: dir,
+            kubeconfig: state.kubeconfig,
+            kc: kubeConfig,
+            node: first.name,
+            kubeletRoot: first.kubeletRoot,
+            launch: launchCommand,
+            progress: opts.progress,
+          });
+          await writeState(state);
+        }
       }
 
       if (!opts.bare) {
@@ -467,7 +487,11 @@ interface Pki {
   adminKey: string;
   saKey: string;
   saPub: string;
+  admissionConfig: string;
 }
+
+/** The name on the certificate the API server presents to webhooks (the webhook's --client-name). */
+export const WEBHOOK_CLIENT_CN = "warmstart-apiserver-webhook-client";
 
 async function writePki(dir: string): Promise<Pki> {
   const pkiDir = join(dir, "pki");
@@ -484,8 +508,31 @@ async function writePki(dir: string): Promise<Pki> {
     organization: "system:masters",
     usage: "client",
   });
+  const webhookClient = await issueCert(ca, { commonName: WEBHOOK_CLIENT_CN, usage: "client" });
   const sa = await createSigningKeyPair();
   const p = (f: string): string => join(pkiDir, f);
+  // Webhook client authentication: the user '*' matches every webhook the API server calls.
+  const webhookKubeconfig = [
+    "apiVersion: v1",
+    "kind: Config",
+    "users:",
+    "- name: '*'",
+    "  user:",
+    `    client-certificate: ${p("webhook-client.crt")}`,
+    `    client-key: ${p("webhook-client.key")}`,
+    "",
+  ].join("\n");
+  const admissionConfig = ["ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"]
+    .map((plugin) =>
+      [
+        `- name: ${plugin}`,
+        "  configuration:",
+        "    apiVersion: apiserver.config.k8s.io/v1",
+        "    kind: WebhookAdmissionConfiguration",
+        `    kubeConfigFile: ${p("webhook-client.kubeconfig")}`,
+      ].join("\n"),
+    )
+    .join("\n");
   await Promise.all([
     writeFile(p("ca.crt"), ca.cert),
     writeFile(p("ca.key"), ca.key, { mode: 0o600 }),
@@ -495,6 +542,13 @@ async function writePki(dir: string): Promise<Pki> {
     writeFile(p("admin.key"), admin.key, { mode: 0o600 }),
     writeFile(p("sa.key"), sa.privateKey, { mode: 0o600 }),
     writeFile(p("sa.pub"), sa.publicKey),
+    writeFile(p("webhook-client.crt"), webhookClient.cert),
+    writeFile(p("webhook-client.key"), webhookClient.key, { mode: 0o600 }),
+    writeFile(p("webhook-client.kubeconfig"), webhookKubeconfig, { mode: 0o600 }),
+    writeFile(
+      p("admission.yaml"),
+      `apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n${admissionConfig}\n`,
+    ),
   ]);
   return {
     caCert: p("ca.crt"),
@@ -504,6 +558,7 @@ async function writePki(dir: string): Promise<Pki> {
     adminKey: p("admin.key"),
     saKey: p("sa.key"),
     saPub: p("sa.pub"),
+    admissionConfig: p("admission.yaml"),
   };
 }
 

@@ -1,0 +1,327 @@
+/**
+ * The CSI backends of promote (SPEC 1.5) end to end on the real node, with the local cluster's
+ * CSI stack (the folder driver stand-in and the real provisioner, snapshotter and
+ * snapshot-controller): the node's cache store is a CSI volume, the leader's tree is captured
+ * into it, and followers in two namespaces start from it (snapshot-clone: a read-only clone per
+ * namespace; shared-volume: per-namespace static volumes of the same data).
+ */
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test, type TestContext } from "node:test";
+import * as k8s from "@kubernetes/client-node";
+import { getModelCache } from "../../src/common/modelcache.js";
+import { SYSTEM_NAMESPACE } from "../../src/common/kube.js";
+import {
+  ANN_ROLE,
+  ANN_TREE,
+  LABEL_HASH,
+  STORAGE_PROFILES_CONFIGMAP,
+  claimName,
+} from "../../src/core/contract.js";
+import { readState, startClusterProcessAgain, stopClusterProcess } from "../../src/localcluster/cluster.js";
+import { CSI_DRIVER_NAME, FolderDriver } from "../../src/localcluster/csi/driver.js";
+import { csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../src/localcluster/csi/stack.js";
+import { freePort } from "../../src/localcluster/processes.js";
+import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import {
+  createEngines,
+  engineReport,
+  hubStats,
+  initExits,
+  modelBytes,
+  realNodeOrSkip,
+  type RealNode,
+} from "../realnode.js";
+
+const READY_MS = 240_000;
+const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+
+test("csi-sanity passes against the driver stand-in", async (t) => {
+  const bins = csiDir();
+  const dir = await mkdtemp(join(tmpdir(), "csi-sanity-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const driver = new FolderDriver({
+    socket: join(dir, "csi.sock"),
+    dataDir: join(dir, "data"),
+    nodeId: "sanity",
+    protoDir: bins,
+  });
+  await driver.start();
+  t.after(() => driver.stop());
+  const r = spawnSync(
+    join(bins, "csi-sanity"),
+    [
+      `--csi.endpoint=${join(dir, "csi.sock")}`,
+      `--csi.mountdir=${join(dir, "mnt")}`,
+      `--csi.stagingdir=${join(dir, "stage")}`,
+      "--ginkgo.no-color",
+    ],
+    { encoding: "utf8", timeout: 300_000, maxBuffer: 64 << 20 },
+  );
+  const summary = r.stdout.split("\n").filter((l) => /Passed|Failed|Pending|Skipped|Ran \d+/.test(l));
+  t.diagnostic(summary.slice(-3).join(" | "));
+  assert.equal(r.status, 0, `csi-sanity failed:\n${r.stdout.slice(-6000)}\n${r.stderr.slice(-2000)}`);
+});
+
+/** A claim for the node's cache store on a class of the driver, bound, and its folder. */
+async function storeVolume(
+  t: TestContext,
+  storageClass: string,
+  mode: string,
+): Promise<{ claim: string; dir: string }> {
+  const { core } = await kube();
+  const st = await readState();
+  const name = uniqueName("store");
+  await core.createNamespacedPersistentVolumeClaim({
+    namespace: SYSTEM_NAMESPACE,
+    body: {
+      metadata: { name },
+      spec: {
+        accessModes: [mode],
+        storageClassName: storageClass,
+        resources: { requests: { storage: "2Gi" } },
+      },
+    },
+  });
+  t.after(async () => {
+    await core
+      .deleteNamespacedPersistentVolumeClaim({ name, namespace: SYSTEM_NAMESPACE })
+      .catch(() => undefined);
+  });
+  const pvc = await waitFor(
+    `store claim ${name} bound`,
+    async () => {
+      const c = await core.readNamespacedPersistentVolumeClaim({ name, namespace: SYSTEM_NAMESPACE });
+      return c.status?.phase === "Bound" ? c : undefined;
+    },
+    60_000,
+  );
+  const pv = await core.readPersistentVolume({ name: pvc.spec!.volumeName! });
+  return {
+    claim: `${SYSTEM_NAMESPACE}/${name}`,
+    dir: join(st!.csi!.dataDir, "volumes", pv.spec!.csi!.volumeHandle),
+  };
+}
+
+/**
+ * The real node's agent, for this test, keeps its store on a CSI volume: the cluster's own agent
+ * of that node is stopped meanwhile (two agents would both capture) and started again after.
+ */
+async function storeOnVolume(
+  t: TestContext,
+  node: RealNode,
+  store: { claim: string; dir: string },
+  extra: string[] = [],
+): Promise<void> {
+  const cluster = `node-agent-${node.name}`;
+  await stopClusterProcess(cluster);
+  const port = await freePort();
+  const st = await readState();
+  const agent = spawn(
+    process.execPath,
+    [
+      join(PACKAGE_ROOT, "bin/warmstart"),
+      "node-agent",
+      `--node=${node.name}`,
+      `--kubelet-root=${node.kubeletRoot}`,
+      `--store=${store.dir}`,
+      `--store-claim=${store.claim}`,
+      "--warmup=1s",
+      "--resync=10s",
+      "--no-durable",
+      "--host=127.0.0.1",
+      `--port=${port}`,
+      ...extra,
+    ],
+    {
+      env: { ...process.env, KUBECONFIG: st!.kubeconfig, WARMSTART_LOG_FORMAT: "json" },
+      stdio: ["ignore", "ignore", "pipe"],
+    },
+  );
+  let stderr = "";
+  agent.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
+  t.after(async () => {
+    agent.kill("SIGTERM");
+    await new Promise((r) => agent.once("exit", r));
+    await startClusterProcessAgain(cluster);
+  });
+  await waitFor(
+    `the CSI-store node agent (${stderr})`,
+    async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok,
+  );
+}
+
+async function readyPods(namespace: string, n: number): Promise<k8s.V1Pod[]> {
+  return waitFor(
+    `${n} ready engine pods in ${namespace}`,
+    async () => {
+      const pods = (await listPods(namespace, "app=engine")).filter((p) => !p.metadata?.deletionTimestamp);
+      return pods.length === n && pods.every(isPodReady) ? pods : undefined;
+    },
+    READY_MS,
+  );
+}
+
+/** Two namespaces of one chart: the leader's namespace (2 replicas) and another (1 restore). */
+async function storyInTwoNamespaces(
+  t: TestContext,
+  node: RealNode,
+): Promise<{ short: string; pods: k8s.V1Pod[] }> {
+  const model = `synthetic/${uniqueName("csi")}`;
+  const a = await tempNamespace(t, "csi-a");
+  await createEngines(t, node, a, { replicas: 2, model });
+  const first = await readyPods(a, 2);
+  const short = first[0]!.metadata!.labels![LABEL_HASH]!;
+  const b = await tempNamespace(t, "csi-b");
+  await createEngines(t, node, b, { replicas: 1, model });
+  const second = await readyPods(b, 1);
+  const size = await modelBytes(node, model);
+  assert.equal((await hubStats(node)).repos[model]?.bytes, size, "one model's worth from the hub");
+  return { short, pods: [...first, ...second] };
+}
+
+async function assertRestoredFromVolume(node: RealNode, pods: k8s.V1Pod[], short: string): Promise<void> {
+  const restored = pods.filter((p) => p.metadata?.annotations?.[ANN_ROLE] !== "leader");
+  assert.equal(restored.length, 2, "a follower and a restore in another namespace");
+  for (const p of restored) {
+    assert.equal(p.metadata?.annotations?.[ANN_TREE], short, `${p.metadata?.name} mounts the tree's folder`);
+    assert.deepEqual(Object.values(initExits(p)), [0, 0, 0], `${p.metadata?.name}: init containers`);
+    const r = await engineReport(node, p);
+    assert.equal(r.fetchedBytes, 0, `${p.metadata?.name} fetched nothing`);
+    assert.equal(r.compileCache, "hit");
+    assert.equal(r.modelStore.writable, false, "the clone is mounted read-only");
+  }
+}
+
+test("snapshot-clone: the store volume is snapshotted; followers in two namespaces start from read-only clones", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node || !(await csiReady(t))) return;
+  const { custom, core } = await kube();
+  await storeOnVolume(t, node, await storeVolume(t, SNAPSHOT_CLASS, "ReadWriteOnce"));
+  const { short, pods } = await storyInTwoNamespaces(t, node);
+  const cache = await getModelCache(custom, short);
+  assert.equal(cache?.status?.phase, "Ready");
+  for (const ns of new Set(pods.map((p) => p.metadata!.namespace!))) {
+    const claim = await core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace: ns });
+    assert.deepEqual(claim.spec?.accessModes, ["ReadOnlyMany"]);
+    assert.equal(claim.spec?.dataSource?.kind, "VolumeSnapshot", `${ns}: a clone of the snapshot`);
+    const pv = await core.readPersistentVolume({ name: claim.spec!.volumeName! });
+    assert.equal(pv.spec?.csi?.driver, CSI_DRIVER_NAME);
+  }
+  await assertRestoredFromVolume(node, pods, short);
+});
+
+test("shared-volume: the store volume is shared by per-namespace static volumes; followers start from it", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node || !(await csiReady(t))) return;
+  const { custom, core } = await kube();
+  const store = await storeVolume(t, SHARED_CLASS, "ReadWriteMany");
+  await storeOnVolume(t, node, store);
+  const { short, pods } = await storyInTwoNamespaces(t, node);
+  assert.equal((await getModelCache(custom, short))?.status?.phase, "Ready");
+  const storePv = (await core.listPersistentVolume()).items.find((v) =>
+    store.dir.endsWith(v.spec?.csi?.volumeHandle ?? "\0"),
+  );
+  for (const ns of new Set(pods.map((p) => p.metadata!.namespace!))) {
+    const claim = await core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace: ns });
+    const pv = await core.readPersistentVolume({ name: claim.spec!.volumeName! });
+    assert.ok(
+      pv.spec?.csi?.volumeHandle.startsWith(`${storePv!.spec!.csi!.volumeHandle}#`),
+      `${ns}: a handle of the store volume's own data (${pv.spec?.csi?.volumeHandle})`,
+    );
+  }
+  await assertRestoredFromVolume(node, pods, short);
+});
+
+test("a snapshot that never becomes ready: the cache ends Failed and no follower waits forever", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node || !(await csiReady(t))) return;
+  const { core, custom } = await kube();
+  const storage = (await kube()).kc.makeApiClient(k8s.StorageV1Api);
+  const objects = k8s.KubernetesObjectApi.makeApiClient((await kube()).kc);
+  const type = uniqueName("unready");
+  // A class of the driver whose snapshots never turn ready to use, promoted by snapshot-clone.
+  await storage.createStorageClass({
+    body: {
+      metadata: { name: type },
+      provisioner: CSI_DRIVER_NAME,
+      parameters: { type },
+      volumeBindingMode: "Immediate",
+      reclaimPolicy: "Delete",
+    },
+  });
+  await objects.create({
+    apiVersion: "snapshot.storage.k8s.io/v1",
+    kind: "VolumeSnapshotClass",
+    metadata: { name: type },
+    driver: CSI_DRIVER_NAME,
+    deletionPolicy: "Delete",
+    parameters: { readyToUse: "false" },
+  } as k8s.KubernetesObject);
+  const cm = await core.readNamespacedConfigMap({
+    name: STORAGE_PROFILES_CONFIGMAP,
+    namespace: SYSTEM_NAMESPACE,
+  });
+  const before = cm.data?.[CSI_DRIVER_NAME] ?? "{}";
+  const profile = JSON.parse(before) as { volumeTypes?: Record<string, unknown> };
+  profile.volumeTypes = {
+    ...profile.volumeTypes,
+    [type]: { backend: "snapshot-clone", snapshotClass: type },
+  };
+  await patchProfile(core, JSON.stringify(profile));
+  t.after(async () => {
+    await patchProfile(core, before);
+    await storage.deleteStorageClass({ name: type }).catch(() => undefined);
+    await objects
+      .delete({
+        apiVersion: "snapshot.storage.k8s.io/v1",
+        kind: "VolumeSnapshotClass",
+        metadata: { name: type },
+      })
+      .catch(() => undefined);
+  });
+  await storeOnVolume(t, node, await storeVolume(t, type, "ReadWriteOnce"), ["--snapshot-timeout=5s"]);
+
+  const ns = await tempNamespace(t, "csi-stuck");
+  const model = `synthetic/${uniqueName("stuck")}`;
+  await createEngines(t, node, ns, { replicas: 2, model });
+  const short = await waitFor("a leader", async () => {
+    const pods = await listPods(ns, "app=engine");
+    return pods.find((p) => p.metadata?.annotations?.[ANN_ROLE] === "leader")?.metadata?.labels?.[LABEL_HASH];
+  });
+  const failed = await waitFor(
+    "the cache Failed",
+    async () => {
+      const c = await getModelCache(custom, short);
+      return c?.status?.phase === "Failed" ? c : undefined;
+    },
+    READY_MS,
+  );
+  assert.match(String(failed.status?.message ?? ""), /snapshot/i);
+  // Every replica ends Ready (cold after the failure, or re-elected): none stays gated.
+  await readyPods(ns, 2);
+});
+
+async function patchProfile(core: k8s.CoreV1Api, value: string): Promise<void> {
+  await core.patchNamespacedConfigMap(
+    {
+      name: STORAGE_PROFILES_CONFIGMAP,
+      namespace: SYSTEM_NAMESPACE,
+      body: { data: { [CSI_DRIVER_NAME]: value } },
+    },
+    mergePatch,
+  );
+}
+
+async function csiReady(t: TestContext): Promise<boolean> {
+  const st = await readState();
+  if (!st?.csi) {
+    t.skip("the local cluster runs without its CSI stack (cluster up --no-csi)");
+    return false;
+  }
+  return true;
+}
