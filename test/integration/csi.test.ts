@@ -209,7 +209,7 @@ test("snapshot-clone: the store volume is snapshotted; followers in two namespac
     const claim = await core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace: ns });
     assert.deepEqual(claim.spec?.accessModes, ["ReadOnlyMany"]);
     assert.equal(claim.spec?.dataSource?.kind, "VolumeSnapshot", `${ns}: a clone of the snapshot`);
-    const pv = await core.readPersistentVolume({ name: claim.spec!.volumeName! });
+    const pv = await core.readPersistentVolume({ name: claim.spec.volumeName! });
     assert.equal(pv.spec?.csi?.driver, CSI_DRIVER_NAME);
   }
   await assertRestoredFromVolume(node, pods, short);
