@@ -4,6 +4,7 @@ import * as k8s from "@kubernetes/client-node";
 import type { ClusterState } from "./cluster.js";
 import { freePort, isAlive, type ProcessRecord } from "./processes.js";
 import { mkdir, readFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 
 /** The URLs of the Warmstart roles the local cluster runs (absent until a role exists). */
@@ -103,6 +104,14 @@ async function startWebhook(ctx: RoleContext): Promise<string> {
     `--port=${port}`,
     `--register-url=${url}`,
     "--election-enabled=true",
+    // Only the API server may post reviews: it presents the client certificate `cluster up` issued
+    // (a cluster started before it did keeps an open webhook).
+    ...(existsSync(join(ctx.state.stateDir, "pki", "webhook-client.crt"))
+      ? [
+          `--client-ca-file=${join(ctx.state.stateDir, "pki", "ca.crt")}`,
+          "--client-name=warmstart-apiserver-webhook-client",
+        ]
+      : []),
     // Init containers run the image every real node has (simulated nodes never start them).
     ...(ctx.state.images ? [`--image=${ctx.state.images.warmstart}`] : []),
   ]);

@@ -19,9 +19,16 @@ import {
   createWorkers,
 } from "../harness.js";
 import {
+  ANN_CACHE_SIZE_LIMIT,
+  ANN_CAPTURE_SIZE_LIMIT,
+  ANN_ELECTION_ID,
   ANN_HASH,
+  ANN_REASON,
   ANN_RESTORE_FROM,
   ANN_ROLE,
+  ANN_TREE,
+  LABEL_ADMISSION_ID,
+  SKIP,
   LABEL_CAPTURE,
   LABEL_GATED,
   LABEL_HASH,
@@ -35,17 +42,39 @@ import {
 } from "../../src/core/contract.js";
 import { classifyPod } from "../../src/core/classify.js";
 import { cacheHash } from "../../src/core/hash.js";
-import { SYSTEM_NAMESPACE, isNotFound } from "../../src/common/kube.js";
+import { SYSTEM_NAMESPACE, isAlreadyExists, isNotFound } from "../../src/common/kube.js";
+import { createHash } from "node:crypto";
+import jsonpatch from "fast-json-patch";
 import { registerWebhook, unregisterWebhook, webhookConfiguration } from "../../src/webhook/registration.js";
 import { createCA } from "../../src/common/certs.js";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { parseAllDocuments } from "yaml";
+import { pino } from "pino";
+import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { recordElection } from "../../src/webhook/election.js";
+import { runWebhook } from "../../src/webhook/run.js";
+import { loadWebhookConfig } from "../../src/webhook/config.js";
+import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
+import { DEFAULT_CACHE_ENV_TEMPLATE } from "../../src/core/decorate.js";
 
 let webhookUrl: string;
+let pkiDir: string;
 
 before(async () => {
   const st = await localCluster();
   if (!st?.roles.webhook) throw new Error("these tests need the webhook role of `warmstart cluster up`");
   webhookUrl = st.roles.webhook;
+  pkiDir = join(st.stateDir, "pki");
 });
+
+/** The client certificate `cluster up` issued for the API server to present to webhooks. */
+async function apiServerClientCert(): Promise<{ cert: string; key: string }> {
+  return {
+    cert: await readFile(join(pkiDir, "webhook-client.crt"), "utf8"),
+    key: await readFile(join(pkiDir, "webhook-client.key"), "utf8"),
+  };
+}
 
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
 
@@ -358,11 +387,13 @@ test("a hung webhook does not block pods: they are admitted unchanged within the
 });
 
 test("a malformed AdmissionReview gets a clear 400 and the webhook keeps serving", async () => {
+  // Posted as the API server would: with its webhook client certificate.
+  const client = await apiServerClientCert();
   const post = (body: string, contentType = "application/json"): Promise<{ status: number; body: string }> =>
     new Promise((resolve, reject) => {
       const req = request(
         `${webhookUrl}/mutate`,
-        { method: "POST", rejectUnauthorized: false, headers: { "content-type": contentType } },
+        { method: "POST", rejectUnauthorized: false, headers: { "content-type": contentType }, ...client },
         (res) => {
           let text = "";
           res.on("data", (d: Buffer) => (text += d.toString()));
@@ -403,3 +434,592 @@ test("a malformed AdmissionReview gets a clear 400 and the webhook keeps serving
   const review = JSON.parse(ok.body) as { response: { uid: string; allowed: boolean; patch?: string } };
   assert.deepEqual(review.response, { uid: "abc-123", allowed: true });
 });
+
+// --- trust: stamps, client certificates, scopes, the record -----------------------------------
+
+const FORGED_LABELS: Record<string, string> = {
+  app: "mine",
+  "warmstart.dev/capture": "true",
+  "warmstart.dev/hash": "0123456789abcdef",
+  "warmstart.dev/gated": "true",
+};
+const FORGED_ANNOTATIONS: Record<string, string> = {
+  "warmstart.dev/hash": "01".repeat(32),
+  "warmstart.dev/role": "leader",
+  "warmstart.dev/election-id": "copied-from-the-holder",
+  "warmstart.dev/tree": "../../../etc",
+  "warmstart.dev/injected-env": "HF_ENDPOINT",
+};
+const ours = (m: Record<string, string> | undefined): Record<string, string> =>
+  Object.fromEntries(Object.entries(m ?? {}).filter(([k]) => k.startsWith("warmstart.dev/")));
+
+function assertNoForgery(p: k8s.V1Pod, what: string): void {
+  const labels = ours(p.metadata?.labels);
+  const annotations = ours(p.metadata?.annotations);
+  assert.notEqual(labels["warmstart.dev/hash"], "0123456789abcdef", `${what}: forged short hash`);
+  assert.notEqual(annotations["warmstart.dev/hash"], "01".repeat(32), `${what}: forged hash`);
+  assert.notEqual(
+    annotations["warmstart.dev/election-id"],
+    "copied-from-the-holder",
+    `${what}: forged election id`,
+  );
+  assert.equal(annotations["warmstart.dev/tree"], undefined, `${what}: forged tree`);
+  assert.equal(annotations["warmstart.dev/injected-env"], undefined, `${what}: forged injected env`);
+  if (role(p) !== "leader") assert.equal(labels[LABEL_CAPTURE], undefined, `${what}: forged capture label`);
+  if (role(p) !== "follower") assert.equal(labels[LABEL_GATED], undefined, `${what}: forged gated label`);
+  assert.equal(p.metadata?.labels?.app, "mine", `${what}: the author's own label stays`);
+}
+
+test("a pod that forges Warmstart's stamps gets none of them, whatever the webhook decides", async (t) => {
+  const ns = await tempNamespace(t, "forge");
+  const skipNs = await tempNamespace(t, "forge-skip", { "warmstart.dev/skip": "true" });
+  const { core } = await kube();
+  const forged = (
+    name: string,
+    containers: k8s.V1Container[],
+    annotations: Record<string, string> = {},
+  ): k8s.V1Pod => ({
+    metadata: { name, labels: { ...FORGED_LABELS }, annotations: { ...FORGED_ANNOTATIONS, ...annotations } },
+    spec: { containers },
+  });
+  const model = `org/forged-${ns}`;
+  const cases: [string, string, k8s.V1Pod][] = [
+    ["a frontend", ns, forged("web", [{ name: "web", image: "nginx" }])],
+    ["a GPU pod naming no model", ns, forged("cuda", [gpuContainer("c", ["--port", "1"])])],
+    ["an opted-out pod", ns, forged("skipped", [gpuContainer("c", ["--model", model])], { [SKIP]: "true" })],
+    [
+      "a pod of an opted-out namespace",
+      skipNs,
+      forged("in-skip-ns", [gpuContainer("c", ["--model", model])]),
+    ],
+    [
+      "a pod of the system namespace",
+      SYSTEM_NAMESPACE,
+      forged(uniqueName("sys"), [{ name: "c", image: "x" }]),
+    ],
+    [
+      "a downloader",
+      ns,
+      forged("leader", [gpuContainer("c", ["--model", model])], { [ANN_CACHE_SIZE_LIMIT]: "500Gi" }),
+    ],
+    ["its replica", ns, forged("follower", [gpuContainer("c", ["--model", model])])],
+  ];
+  for (const [what, namespace, body] of cases) {
+    const p = await core.createNamespacedPod({ namespace, body });
+    if (namespace === SYSTEM_NAMESPACE)
+      t.after(() =>
+        core.deleteNamespacedPod({ name: body.metadata!.name!, namespace }).then(() => undefined),
+      );
+    assertNoForgery(p, what);
+  }
+  const leader = await core.readNamespacedPod({ name: "leader", namespace: ns });
+  const hash = leader.metadata!.annotations![ANN_HASH]!;
+  await cleanupHash(t, shortHash(hash));
+  assert.equal(role(leader), "leader");
+  // The capture label it wears is the webhook's, with the election id the Lease holds.
+  const { coordination } = await kube();
+  const lease = await coordination.readNamespacedLease({
+    name: leaseName(hash),
+    namespace: SYSTEM_NAMESPACE,
+  });
+  assert.equal(leader.metadata?.annotations?.[ANN_ELECTION_ID], lease.spec?.holderIdentity);
+  // Its own size limit is kept (a user annotation) and used, and the limit is stamped.
+  assert.equal(leader.metadata?.annotations?.[ANN_CACHE_SIZE_LIMIT], "500Gi");
+  assert.equal(leader.metadata?.annotations?.[ANN_CAPTURE_SIZE_LIMIT], "500Gi");
+  assert.equal(leader.spec?.volumes?.find((v) => v.name === "warmstart-cache")?.emptyDir?.sizeLimit, "500Gi");
+  assert.equal(role(await core.readNamespacedPod({ name: "follower", namespace: ns })), "follower");
+});
+
+test("a pod admitted on fail-open loses its forged stamps and gets a Warning Event saying why", async (t) => {
+  const ns = await tempNamespace(t, "failopen");
+  const { core, custom } = await kube();
+  // A Ready record that says nowhere where its tree is: a restore in a new namespace cannot get
+  // its claim, so admission fails and the pod is admitted without a decision.
+  const podSpec = (name: string): k8s.V1Pod => ({
+    metadata: { name, labels: { ...FORGED_LABELS }, annotations: { ...FORGED_ANNOTATIONS } },
+    spec: { containers: [gpuContainer("vllm", ["--model", `org/orphan-${ns}`])] },
+  });
+  const { hash } = cacheHash(podSpec("x"), classifyPod(podSpec("x")));
+  const short = shortHash(hash);
+  await cleanupHash(t, short);
+  const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
+  await custom.createClusterCustomObject({
+    ...ref,
+    body: {
+      apiVersion: "warmstart.dev/v1alpha1",
+      kind: "ModelCache",
+      metadata: { name: short },
+      spec: { hash },
+    },
+  });
+  await custom.patchClusterCustomObjectStatus(
+    { ...ref, name: short, body: { status: { phase: "Ready" } } },
+    k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
+  );
+  const pod = await core.createNamespacedPod({ namespace: ns, body: podSpec("failed-open") });
+  assert.equal(role(pod), undefined, "admitted without a decision");
+  assertNoForgery(pod, "a fail-open pod");
+  assert.deepEqual(Object.keys(ours(pod.metadata?.labels)), [LABEL_ADMISSION_ID]);
+  assert.deepEqual(ours(pod.metadata?.annotations), {});
+  const ev = await waitFor("the fail-open Event", async () => {
+    const evs = await core.listNamespacedEvent({
+      namespace: ns,
+      fieldSelector: "involvedObject.name=failed-open",
+    });
+    return evs.items.find((e) => e.reason === "WarmstartFailOpen");
+  });
+  assert.equal(ev.type, "Warning");
+  assert.match(ev.message ?? "", /records no promoted source/);
+});
+
+test("GPU pods left alone get an Event saying why", async (t) => {
+  const ns = await tempNamespace(t, "alone");
+  const { core } = await kube();
+  await core.createNamespacedPod({
+    namespace: ns,
+    body: { metadata: { generateName: "cuda-" }, spec: { containers: [gpuContainer("c", ["--port", "1"])] } },
+  });
+  await core.createNamespacedPod({
+    namespace: ns,
+    body: {
+      metadata: { name: "skipped", annotations: { [SKIP]: "true" } },
+      spec: { containers: [gpuContainer("c", ["--model", "org/m"])] },
+    },
+  });
+  const events = await waitFor("two WarmstartLeftAlone Events", async () => {
+    const evs = (await core.listNamespacedEvent({ namespace: ns })).items.filter(
+      (e) => e.reason === "WarmstartLeftAlone",
+    );
+    return evs.length === 2 ? evs : undefined;
+  });
+  assert.deepEqual(events.map((e) => e.message).sort(), [
+    "left alone: GPU container names no model",
+    "left alone: opted out (warmstart.dev/skip annotation)",
+  ]);
+  assert.ok(
+    events.some((e) => e.involvedObject.name?.startsWith("cuda-")),
+    "a generateName pod is found too",
+  );
+});
+
+test("the webhook answers only the API server: a direct review creates no Lease and no record", async (t) => {
+  const model = `org/direct-${uniqueName("m")}`;
+  const body = (uid: string): string =>
+    JSON.stringify({
+      apiVersion: "admission.k8s.io/v1",
+      kind: "AdmissionReview",
+      request: {
+        uid,
+        operation: "CREATE",
+        namespace: "default",
+        resource: { group: "", version: "v1", resource: "pods" },
+        object: {
+          metadata: { name: "direct" },
+          spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+        },
+      },
+    });
+  const post = (client?: { cert: string; key: string }): Promise<number> =>
+    new Promise((resolve, reject) => {
+      const req = request(
+        `${webhookUrl}/mutate`,
+        {
+          method: "POST",
+          rejectUnauthorized: false,
+          headers: { "content-type": "application/json" },
+          ...client,
+        },
+        (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        },
+      );
+      req.on("error", reject);
+      req.end(body("direct-1"));
+    });
+  const probe: k8s.V1Pod = {
+    metadata: { name: "direct" },
+    spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+  };
+  const { hash } = cacheHash(probe, classifyPod(probe));
+  await cleanupHash(t, shortHash(hash));
+
+  assert.equal(await post(), 401, "no client certificate");
+  // The cluster CA signed it, but for someone else (the admin): not the API server.
+  const admin = {
+    cert: await readFile(join(pkiDir, "admin.crt"), "utf8"),
+    key: await readFile(join(pkiDir, "admin.key"), "utf8"),
+  };
+  assert.equal(await post(admin), 403, "a certificate that is not the API server's");
+  const ca = await createCA("elsewhere");
+  const { issueCert } = await import("../../src/common/certs.js");
+  const forgedName = await issueCert(ca, {
+    commonName: "warmstart-apiserver-webhook-client",
+    usage: "client",
+  });
+  assert.equal(await post(forgedName), 403, "the right name from another CA");
+
+  const { coordination, custom, admission } = await kube();
+  await assert.rejects(
+    coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE }),
+    (err: unknown) => isNotFound(err),
+    "no Lease",
+  );
+  assert.equal(await getModelCache(custom, hash), undefined, "no ModelCache");
+
+  // Through the API server, a dry run is admitted and leaves nothing behind either.
+  const { core } = await kube();
+  const dry = await core.createNamespacedPod({ namespace: "default", dryRun: "All", body: probe });
+  assert.equal(role(dry), "cold");
+  await assert.rejects(
+    coordination.readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE }),
+    (err: unknown) => isNotFound(err),
+  );
+  assert.equal(await getModelCache(custom, hash), undefined);
+  const registered = await admission.readMutatingWebhookConfiguration({ name: "warmstart" });
+  assert.equal(registered.webhooks?.[0]?.sideEffects, "NoneOnDryRun");
+});
+
+test("the stamps policy refuses a later change of a stamp by anyone but Warmstart's service accounts", async (t) => {
+  const ns = await tempNamespace(t, "vap");
+  const { kc, core, admission } = await kube();
+  const docs = parseAllDocuments(
+    await readFile(join(PACKAGE_ROOT, "deploy/policies/stamps.yaml"), "utf8"),
+  ).map((d) => d.toJS() as k8s.KubernetesObject);
+  const policy = docs.find((d) => d.kind === "ValidatingAdmissionPolicy") as k8s.V1ValidatingAdmissionPolicy;
+  const shipped = docs.find(
+    (d) => d.kind === "ValidatingAdmissionPolicyBinding",
+  ) as k8s.V1ValidatingAdmissionPolicyBinding;
+  try {
+    await admission.createValidatingAdmissionPolicy({ body: policy });
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw err;
+    const current = await admission.readValidatingAdmissionPolicy({ name: policy.metadata!.name! });
+    await admission.replaceValidatingAdmissionPolicy({
+      name: policy.metadata!.name!,
+      body: {
+        ...policy,
+        metadata: { ...policy.metadata, resourceVersion: current.metadata?.resourceVersion },
+      },
+    });
+  }
+  // The shipped binding, confined to this test's namespace: the local cluster's roles run as
+  // the admin, not as service accounts, and other tests share the cluster.
+  const bindingName = `warmstart-stamps-${ns}`;
+  await admission.createValidatingAdmissionPolicyBinding({
+    body: {
+      ...shipped,
+      metadata: { name: bindingName },
+      spec: {
+        ...shipped.spec,
+        matchResources: { namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": ns } } },
+      },
+    },
+  });
+  t.after(() =>
+    admission.deleteValidatingAdmissionPolicyBinding({ name: bindingName }).then(() => undefined),
+  );
+
+  // Both identities may patch pods here: what refuses the first is the policy, not RBAC.
+  const mallory = "mallory";
+  const warmstartSa = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-server`;
+  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
+  await rbac.createNamespacedRole({
+    namespace: ns,
+    body: {
+      metadata: { name: "pod-editor" },
+      rules: [{ apiGroups: [""], resources: ["pods"], verbs: ["get", "patch", "update"] }],
+    },
+  });
+  await rbac.createNamespacedRoleBinding({
+    namespace: ns,
+    body: {
+      metadata: { name: "pod-editor" },
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "pod-editor" },
+      subjects: [
+        { kind: "User", name: mallory, apiGroup: "rbac.authorization.k8s.io" },
+        { kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE },
+      ],
+    },
+  });
+  const as = (user: string): k8s.CoreV1Api => {
+    const base = kc.getCurrentUser()!;
+    const ikc = new k8s.KubeConfig();
+    ikc.loadFromOptions({
+      clusters: kc.clusters,
+      users: [{ ...base, name: "impersonating", impersonateUser: user }],
+      contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
+      currentContext: "impersonating",
+    });
+    return ikc.makeApiClient(k8s.CoreV1Api);
+  };
+  const strategic = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  const patch = (api: k8s.CoreV1Api, body: object, dryRun?: string): Promise<k8s.V1Pod> =>
+    api.patchNamespacedPod({ name: "target", namespace: ns, body, ...(dryRun ? { dryRun } : {}) }, strategic);
+
+  // A GPU pod left alone: it carries the webhook's admission-id label.
+  await core.createNamespacedPod({
+    namespace: ns,
+    body: { metadata: { name: "target" }, spec: { containers: [gpuContainer("c", ["--port", "1"])] } },
+  });
+  const capture = { metadata: { labels: { [LABEL_CAPTURE]: "true" } } };
+  // The policy reaches the admission chain a moment after it is created: probe with dry runs.
+  const refusal = await waitFor("the policy to refuse", async () => {
+    try {
+      await patch(as(mallory), capture, "All");
+      return undefined;
+    } catch (err) {
+      return (err as { body?: string }).body ?? String(err);
+    }
+  });
+  assert.match(refusal, /warmstart\.dev\/\* labels are written by Warmstart only/);
+  await assert.rejects(patch(as(mallory), capture), /written by Warmstart only/, "capture=true refused");
+  await assert.rejects(
+    patch(as(mallory), { metadata: { annotations: { [ANN_TREE]: "../../etc" } } }),
+    /written by Warmstart only/,
+  );
+  await assert.rejects(
+    patch(as(mallory), { metadata: { labels: { [LABEL_ADMISSION_ID]: null } } }),
+    /written by Warmstart only/,
+    "removing a stamp is a change too",
+  );
+  // Not the policy's business: the author's own labels and user annotations.
+  await patch(as(mallory), {
+    metadata: { labels: { team: "a" }, annotations: { [ANN_RESTORE_FROM]: "0".repeat(16) } },
+  });
+  const after = await core.readNamespacedPod({ name: "target", namespace: ns });
+  assert.equal(after.metadata?.labels?.[LABEL_CAPTURE], undefined);
+  assert.equal(after.metadata?.labels?.team, "a");
+  // Warmstart's own service account may.
+  await patch(as(warmstartSa), capture);
+  assert.equal(
+    (await core.readNamespacedPod({ name: "target", namespace: ns })).metadata?.labels?.[LABEL_CAPTURE],
+    "true",
+  );
+});
+
+test("resetting a failed record for a new election never overwrites a Ready written meanwhile", async (t) => {
+  const { custom } = await kube();
+  const hash = createHash("sha256").update(uniqueName("reset")).digest("hex");
+  const short = shortHash(hash);
+  await cleanupHash(t, short);
+  const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
+  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  // A failed capture left the record Failed.
+  await custom.createClusterCustomObject({
+    ...ref,
+    body: {
+      apiVersion: "warmstart.dev/v1alpha1",
+      kind: "ModelCache",
+      metadata: { name: short },
+      spec: { hash, electionId: "old" },
+    },
+  });
+  await custom.patchClusterCustomObjectStatus(
+    {
+      ...ref,
+      name: short,
+      body: { status: { phase: "Failed", reason: "CaptureFailed", failedCaptures: 1 } },
+    },
+    merge,
+  );
+  // Between the webhook's read and its reset, the old election's promote publishes Ready.
+  let injected = 0;
+  const result = await recordElection(
+    custom,
+    { hash, electionId: "new", namespace: "team-a" },
+    {
+      afterRead: async (seen) => {
+        if (injected++) return;
+        assert.equal(seen.status?.phase, "Failed");
+        await custom.patchClusterCustomObjectStatus(
+          { ...ref, name: short, body: { status: { phase: "Ready", reason: "Promoted" } } },
+          merge,
+        );
+      },
+    },
+  );
+  assert.equal(injected, 1, "the interleaving happened");
+  assert.equal(result?.status?.phase, "Ready", "the caller is told to restore");
+  const now = (await getModelCache(custom, short)) as ModelCacheObject;
+  assert.equal(now.status?.phase, "Ready", "the Ready stands");
+  assert.equal(now.spec.electionId, "old", "the record was not taken over by the new election");
+
+  // Without a write in between, a Failed record is reset for the new election, its count kept.
+  await custom.patchClusterCustomObjectStatus(
+    { ...ref, name: short, body: { status: { phase: "Failed", reason: "CaptureFailed" } } },
+    merge,
+  );
+  assert.equal(await recordElection(custom, { hash, electionId: "newer", namespace: "team-a" }), undefined);
+  const reset = (await getModelCache(custom, short)) as ModelCacheObject;
+  assert.deepEqual([reset.status?.phase, reset.spec.electionId], ["Electing", "newer"]);
+});
+
+test("the cache-env ConfigMap decorates new leaders; a bad one is refused and the built-in template kept", async (t) => {
+  const ns = await tempNamespace(t, "cacheenv");
+  const { core, custom } = await kube();
+  const name = "warmstart-cache-env";
+  const builtIn = Object.fromEntries(DEFAULT_CACHE_ENV_TEMPLATE.map((e) => [e.name, e.value]));
+  const put = async (data: Record<string, string>): Promise<void> => {
+    try {
+      await core.createNamespacedConfigMap({
+        namespace: SYSTEM_NAMESPACE,
+        body: { metadata: { name }, data },
+      });
+    } catch (err) {
+      if (!isAlreadyExists(err)) throw err;
+      await core.replaceNamespacedConfigMap({
+        name,
+        namespace: SYSTEM_NAMESPACE,
+        body: { metadata: { name }, data },
+      });
+    }
+  };
+  t.after(() =>
+    core.deleteNamespacedConfigMap({ name, namespace: SYSTEM_NAMESPACE }).then(
+      () => undefined,
+      (err: unknown) => {
+        if (!isNotFound(err)) throw err;
+      },
+    ),
+  );
+  let n = 0;
+  /** A fresh leader (its own model), its env, and its record. */
+  const leaderEnv = async (): Promise<{ env: Record<string, string>; pod: k8s.V1Pod }> => {
+    const pod = await core.createNamespacedPod({
+      namespace: ns,
+      body: {
+        metadata: { name: `l-${n++}` },
+        spec: { containers: [gpuContainer("c", ["--model", `org/env-${ns}-${n}`])] },
+      },
+    });
+    await cleanupHash(t, pod.metadata!.labels![LABEL_HASH]!);
+    assert.equal(role(pod), "leader");
+    const env = Object.fromEntries((pod.spec!.containers[0]!.env ?? []).map((e) => [e.name, e.value ?? ""]));
+    return { env, pod };
+  };
+  // Built-in entries kept (other tests share the cluster), one more added.
+  await put({ ...builtIn, XDG_CACHE_HOME: "{root}/cache/xdg" });
+  const custom1 = await waitFor("a leader decorated from the ConfigMap", async () => {
+    const l = await leaderEnv();
+    return l.env.XDG_CACHE_HOME === "/warmstart/cache-root/cache/xdg" ? l : undefined;
+  });
+  // The record keeps the template the leader had, for its restores.
+  const record = await getModelCache(custom, custom1.pod.metadata!.labels![LABEL_HASH]!);
+  assert.match(record?.metadata.annotations?.["warmstart.dev/cache-env"] ?? "", /XDG_CACHE_HOME/);
+
+  // One entry that would point out of the cache root: the whole ConfigMap is refused.
+  await put({ ...builtIn, XDG_CACHE_HOME: "{root}/cache/xdg", EVIL: "/etc" });
+  const fallback = await waitFor("the built-in template back", async () => {
+    const l = await leaderEnv();
+    return l.env.XDG_CACHE_HOME === undefined ? l : undefined;
+  });
+  assert.equal(fallback.env.EVIL, undefined);
+  assert.equal(fallback.env.HF_HOME, "/warmstart/cache-root/model/huggingface");
+});
+
+test("sharing scope namespace: restore-from another namespace's cache starts cold; its own restores", async (t) => {
+  // A webhook of its own with sharing.scope=namespace, over the real API server; reviews are posted
+  // to it directly (the cluster's webhook is the one registered, with the cluster scope).
+  const { kc, custom } = await kube();
+  const nsA = await tempNamespace(t, "scope-a");
+  const nsB = await tempNamespace(t, "scope-b");
+  const hook = await runWebhook(
+    loadWebhookConfig({ host: "127.0.0.1", port: 0, electionEnabled: "true", sharingScope: "namespace" }, {}),
+    { kubeConfig: kc, log: pino({ level: "silent" }) },
+  );
+  t.after(() => hook.stop());
+  const review = async (namespace: string, annotations?: Record<string, string>): Promise<k8s.V1Pod> => {
+    const pod: k8s.V1Pod = {
+      metadata: { name: "w", annotations },
+      spec: { containers: [gpuContainer("vllm", ["--model", `org/scoped-${nsA}`])] },
+    };
+    const res = await fetchReview(hook.url, {
+      uid: uniqueName("u"),
+      operation: "CREATE",
+      namespace,
+      resource: { group: "", version: "v1", resource: "pods" },
+      object: pod,
+    });
+    const ops = res.patch
+      ? (JSON.parse(Buffer.from(res.patch, "base64").toString()) as jsonpatch.Operation[])
+      : [];
+    return jsonpatch.applyPatch(structuredClone(pod), ops, true, false).newDocument;
+  };
+  const leaderA = await review(nsA);
+  assert.equal(role(leaderA), "leader");
+  const hashA = leaderA.metadata!.annotations![ANN_HASH]!;
+  await cleanupHash(t, shortHash(hashA));
+  const leaderB = await review(nsB);
+  const hashB = leaderB.metadata!.annotations![ANN_HASH]!;
+  await cleanupHash(t, shortHash(hashB));
+  assert.equal(role(leaderB), "leader", "the same pod in another namespace is another cache");
+  assert.notEqual(hashA, hashB);
+  // A's cache turns Ready, with where its tree is (as promote would publish it).
+  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  await custom.patchClusterCustomObject(
+    {
+      group: MODELCACHE.group,
+      version: MODELCACHE.version,
+      plural: MODELCACHE.plural,
+      name: shortHash(hashA),
+      body: {
+        metadata: {
+          annotations: {
+            [ANN_CACHE_SOURCE]: JSON.stringify({
+              backend: "host-path",
+              provisioner: HOST_PATH_PROVISIONER,
+              sizeBytes: 1024,
+              node: "gpu-0",
+              path: `/var/lib/warmstart/store/${shortHash(hashA)}`,
+              hostPathType: "hostPath",
+            }),
+          },
+        },
+      },
+    },
+    merge,
+  );
+  await custom.patchClusterCustomObjectStatus(
+    {
+      group: MODELCACHE.group,
+      version: MODELCACHE.version,
+      plural: MODELCACHE.plural,
+      name: shortHash(hashA),
+      body: { status: { phase: "Ready" } },
+    },
+    k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
+  );
+  const stolen = await review(nsB, { [ANN_RESTORE_FROM]: shortHash(hashA) });
+  assert.equal(role(stolen), "cold");
+  assert.match(
+    stolen.metadata!.annotations![ANN_REASON]!,
+    /no cache of that hash in this pod's sharing scope/,
+  );
+  assert.ok(!JSON.stringify(stolen.spec).includes(claimName(hashA)), "no claim of A's cache mounted");
+  const own = await review(nsA, { [ANN_RESTORE_FROM]: hashA });
+  assert.equal(role(own), "restore");
+});
+
+/** POSTs one AdmissionReview to a webhook started without client authentication. */
+function fetchReview(url: string, req: object): Promise<{ patch?: string }> {
+  return new Promise((resolve, reject) => {
+    const r = request(
+      `${url}/mutate`,
+      { method: "POST", rejectUnauthorized: false, headers: { "content-type": "application/json" } },
+      (res) => {
+        let text = "";
+        res.on("data", (d: Buffer) => (text += d.toString()));
+        res.on("end", () => {
+          try {
+            resolve((JSON.parse(text) as { response: { patch?: string } }).response);
+          } catch (err) {
+            reject(new Error(`webhook answered ${res.statusCode}: ${text}`, { cause: err }));
+          }
+        });
+      },
+    );
+    r.on("error", reject);
+    r.end(JSON.stringify({ apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview", request: req }));
+  });
+}
