@@ -15,7 +15,7 @@ const MODULES: { commands: string[]; load: () => Promise<Register> }[] = [
   { commands: ["explain"], load: async () => (await import("./explain.js")).registerExplainCommands },
   { commands: ["webhook"], load: async () => (await import("../webhook/cli.js")).registerWebhookCommands },
   {
-    commands: ["server", "caches", "elections", "pods"],
+    commands: ["server", "caches", "elections", "pods", "cache"],
     load: async () => (await import("../server/cli.js")).registerServerCommands,
   },
   { commands: ["demo"], load: async () => (await import("../demo/cli.js")).registerDemoCommands },

@@ -15,6 +15,29 @@ export const durationMs = z.union([z.number(), z.string()]).transform((v, ctx) =
   );
 });
 
+const UNITS: Record<string, number> = {
+  "": 1,
+  k: 1e3,
+  M: 1e6,
+  G: 1e9,
+  T: 1e12,
+  Ki: 2 ** 10,
+  Mi: 2 ** 20,
+  Gi: 2 ** 30,
+  Ti: 2 ** 40,
+};
+
+/** Byte sizes like "500Gi", "2T", "1.5Gi" or plain bytes (Kubernetes quantity suffixes). */
+export const byteSize = z.union([z.number(), z.string()]).transform((v, ctx) => {
+  if (typeof v === "number") return Math.round(v);
+  const m = /^(\d+(?:\.\d+)?)\s*(k|M|G|T|Ki|Mi|Gi|Ti)?B?$/.exec(v.trim());
+  if (!m) {
+    ctx.addIssue({ code: "custom", message: `not a size: "${v}" (use e.g. 500Gi, 2T or bytes)` });
+    return z.NEVER;
+  }
+  return Math.round(Number(m[1]) * UNITS[m[2] ?? ""]!);
+});
+
 const absolute = (what: string): z.ZodString =>
   z
     .string({ error: `is required (${what})` })
@@ -44,6 +67,13 @@ export const NodeAgentConfig = z.object({
   concurrency: z.coerce.number().int().min(1).max(64).default(2),
   /** Files copied at once within one capture. */
   captureParallel: z.coerce.number().int().min(1).max(256).default(8),
+  /** A capture taking longer than this fails cleanly (nothing committed); 0: no limit. */
+  captureDeadlineMs: durationMs.default(30 * 60_000),
+  /**
+   * Bytes the store may hold (0: no limit). A capture that needs room removes caches no pod
+   * mounts, least recently restored first; a cache in use is never removed.
+   */
+  storeBudget: byteSize.default(0),
   /** Flush captured data to disk before committing (off only for throwaway stores). */
   durable: bool.default(true),
   host: z.string().default("0.0.0.0"),
@@ -66,6 +96,8 @@ export function loadNodeAgentConfig(flags: Record<string, unknown>, env = proces
     storeProvisioner: env.WARMSTART_STORE_PROVISIONER,
     warmupMs: env.WARMSTART_WARMUP,
     concurrency: env.WARMSTART_CAPTURE_CONCURRENCY,
+    captureDeadlineMs: env.WARMSTART_CAPTURE_DEADLINE,
+    storeBudget: env.WARMSTART_STORE_BUDGET,
     port: env.WARMSTART_NODE_AGENT_PORT,
   };
   const merged: Record<string, unknown> = {};

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { V1Pod } from "@kubernetes/client-node";
-import { cancelReasonFor, decidePod, timeToReadySeconds } from "./decide.js";
+import { cancelReasonFor, cancelsCapture, decidePod, leaderSighting, timeToReadySeconds } from "./decide.js";
 
 const HASH = "0123456789abcdef".repeat(4);
 
@@ -26,7 +26,11 @@ function leader(
         "warmstart.dev/hash": HASH.slice(0, 16),
         ...overrides.labels,
       },
-      annotations: { "warmstart.dev/hash": HASH, ...overrides.annotations },
+      annotations: {
+        "warmstart.dev/hash": HASH,
+        "warmstart.dev/election-id": "e1",
+        ...overrides.annotations,
+      },
       ...(overrides.deleting ? { deletionTimestamp: new Date() } : {}),
     },
     spec: { nodeName: overrides.node ?? "gpu-0", containers: [] },
@@ -48,7 +52,29 @@ void test("a Ready leader on this node with its stamp is considered, under the s
     action: "consider",
     hash: HASH,
     short: HASH.slice(0, 16),
+    election: "e1",
   });
+});
+
+void test("the capture label without an election id is ignored: only an elected leader is captured", () => {
+  const forged = leader();
+  delete forged.metadata!.annotations!["warmstart.dev/election-id"];
+  assert.deepEqual(decidePod(forged, "gpu-0"), { action: "skip", reason: "no-election-id" });
+  assert.equal(cancelReasonFor("no-election-id"), "not-leader");
+  assert.equal(leaderSighting(forged, "gpu-0"), undefined, "never recorded as a leader either");
+});
+
+void test("a leader is sighted (for its UID) before it is Ready, not when it is terminating or elsewhere", () => {
+  assert.deepEqual(leaderSighting(leader({ ready: false }), "gpu-0"), { hash: HASH, election: "e1" });
+  assert.deepEqual(leaderSighting(leader(), "gpu-0"), { hash: HASH, election: "e1" });
+  assert.equal(leaderSighting(leader({ deleting: true }), "gpu-0"), undefined);
+  assert.equal(leaderSighting(leader({ node: "gpu-1" }), "gpu-0"), undefined);
+});
+
+void test("a Ready blip does not stop a copy in progress; a pod going away does", () => {
+  assert.equal(cancelsCapture("not-ready"), false);
+  for (const r of ["terminating", "no-capture-label", "other-node", "no-election-id"] as const)
+    assert.equal(cancelsCapture(r), true, r);
 });
 
 void test("skips say why", () => {

@@ -3,14 +3,15 @@
  * or consider it for capture. Whether it is already marked or captured is the caller's concern.
  */
 import type * as k8s from "@kubernetes/client-node";
-import { ANN_HASH, LABEL_CAPTURE, LABEL_HASH, shortHash } from "../core/contract.js";
+import { ANN_ELECTION_ID, ANN_HASH, LABEL_CAPTURE, LABEL_HASH, shortHash } from "../core/contract.js";
 import type { ReleaseReason } from "./marks.js";
 
-export type SkipReason = "no-capture-label" | "other-node" | "no-hash" | "terminating" | "not-ready";
+export type SkipReason =
+  "no-capture-label" | "other-node" | "no-hash" | "no-election-id" | "terminating" | "not-ready";
 
 export type PodDecision =
   | { action: "skip"; reason: SkipReason; detail?: string }
-  | { action: "consider"; hash: string; short: string };
+  | { action: "consider"; hash: string; short: string; election: string };
 
 export const isPodReady = (pod: k8s.V1Pod): boolean =>
   pod.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false;
@@ -31,6 +32,25 @@ export function timeToReadySeconds(pod: k8s.V1Pod): number | undefined {
   return Number.isFinite(s) && s >= 0 ? Math.round(s * 10) / 10 : undefined;
 }
 
+/**
+ * A pod that says it leads an election on this node, Ready or not: the first one seen is recorded
+ * as the election's leader (a copy of its stamps can only come later).
+ */
+export function leaderSighting(pod: k8s.V1Pod, node: string): { hash: string; election: string } | undefined {
+  const d = decidePod(pod, node);
+  if (d.action === "consider") return { hash: d.hash, election: d.election };
+  if (d.reason !== "not-ready") return undefined;
+  return {
+    hash: pod.metadata!.annotations![ANN_HASH]!,
+    election: pod.metadata!.annotations![ANN_ELECTION_ID]!,
+  };
+}
+
+/** Whether a mark's pipeline stops for this skip: a Ready blip does not end a copy in progress. */
+export function cancelsCapture(skip: SkipReason): boolean {
+  return skip !== "not-ready";
+}
+
 export function decidePod(pod: k8s.V1Pod, node: string): PodDecision {
   if (pod.metadata?.labels?.[LABEL_CAPTURE] !== "true") return { action: "skip", reason: "no-capture-label" };
   if (pod.spec?.nodeName !== node)
@@ -44,11 +64,14 @@ export function decidePod(pod: k8s.V1Pod, node: string): PodDecision {
   if (label && label !== shortHash(hash)) {
     return { action: "skip", reason: "no-hash", detail: `label ${label} does not match the stamped hash` };
   }
+  // Only an elected leader is ever captured (SPEC 1.4): the label alone proves nothing.
+  const election = pod.metadata?.annotations?.[ANN_ELECTION_ID];
+  if (!election) return { action: "skip", reason: "no-election-id" };
   if (pod.metadata?.deletionTimestamp) return { action: "skip", reason: "terminating" };
   if (pod.status?.phase !== "Running" || !isPodReady(pod)) {
     return { action: "skip", reason: "not-ready", detail: pod.status?.phase ?? "no phase" };
   }
-  return { action: "consider", hash, short: shortHash(hash) };
+  return { action: "consider", hash, short: shortHash(hash), election };
 }
 
 /** A skip that ends a warm-up in progress, and the reason its mark is released with. */
@@ -63,5 +86,7 @@ export function cancelReasonFor(skip: SkipReason): ReleaseReason {
     case "other-node":
     case "no-hash":
       return "warmup-cancelled";
+    case "no-election-id":
+      return "not-leader";
   }
 }

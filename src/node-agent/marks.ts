@@ -20,6 +20,9 @@ export type ReleaseReason =
   | "discarded"
   | "cache-ready"
   | "unsupported"
+  | "not-leader"
+  | "election-ended"
+  | "cache-deleted"
   | "stopped"
   | "error";
 

@@ -12,6 +12,7 @@ export interface NodeAgentMetrics {
   promoteSeconds: Histogram;
   claims: Counter<"result">;
   watchRestarts: Counter;
+  evictions: Counter;
 }
 
 export function createNodeAgentMetrics(): NodeAgentMetrics {
@@ -39,7 +40,7 @@ export function createNodeAgentMetrics(): NodeAgentMetrics {
     }),
     captures: new Counter({
       name: "warmstart_node_agent_captures_total",
-      help: "Captures by result (captured, already-captured, failed, discarded)",
+      help: "Captures by result (captured, already-captured, failed, cancelled, discarded)",
       labelNames: ["result"],
       registers: r,
     }),
@@ -70,6 +71,11 @@ export function createNodeAgentMetrics(): NodeAgentMetrics {
       name: "warmstart_node_agent_claims_total",
       help: "Claim ensures per namespace by result (created, exists, gone, retry, failed)",
       labelNames: ["result"],
+      registers: r,
+    }),
+    evictions: new Counter({
+      name: "warmstart_node_agent_store_evictions_total",
+      help: "Caches removed from the store to make room under its budget",
       registers: r,
     }),
     watchRestarts: new Counter({

@@ -3,6 +3,13 @@ import Table from "cli-table3";
 import type { KubeConfig } from "@kubernetes/client-node";
 import { SYSTEM_NAMESPACE, loadKubeConfig } from "../common/kube.js";
 import { runningLocalCluster } from "../common/local-defaults.js";
+import { setTimeout as sleep } from "node:timers/promises";
+import { CacheRecords } from "../common/cache-record.js";
+import { createLogger } from "../common/log.js";
+import { shortHash } from "../core/contract.js";
+import { promoteClients } from "../promote/claims.js";
+import { deleteCachePass, describeLeft, type DeleteReport } from "../promote/rollback.js";
+import { durationMs } from "../node-agent/config.js";
 import { defaultServerConfig, runServer, type ServerFlags } from "./run.js";
 import { fetchSnapshot, type Snapshot } from "./views.js";
 
@@ -31,13 +38,32 @@ function render(view: View, s: Snapshot): void {
         c.model,
         c.phase + (c.reason ? ` (${c.reason})` : ""),
         bytes(c.sizeBytes),
+        c.node || "-",
+        String(c.failedCaptures),
         String(c.restores),
         secs(c.leaderReadySeconds),
         secs(c.restoredReadySeconds),
         secs(c.savedSeconds),
+        bytes(c.savedBytes),
       ]),
-      ["HASH", "MODEL", "PHASE", "SIZE", "RESTORES", "LEADER READY", "RESTORED READY", "SAVED"],
+      [
+        "HASH",
+        "MODEL",
+        "PHASE",
+        "SIZE",
+        "NODE",
+        "FAILED",
+        "RESTORES",
+        "LEADER READY",
+        "RESTORED READY",
+        "SAVED",
+        "NOT DOWNLOADED",
+      ],
     );
+    for (const st of s.stores)
+      process.stdout.write(
+        `store ${st.node}: ${bytes(st.usedBytes)} used${st.budgetBytes ? ` of a ${bytes(st.budgetBytes)} budget` : " (no budget)"}, ${st.caches.length} cache(s)\n`,
+      );
   } else if (view === "elections") {
     print(
       s.elections.map((e) => [e.hash, e.leaderNamespace, e.acquired, e.deadline, String(e.followers)]),
@@ -105,6 +131,48 @@ export function registerServerCommands(program: Command): void {
       process.once("SIGINT", shutdown);
     });
 
+  const cache = program
+    .command("cache")
+    .description("act on one cache: delete it and everything it created, or let it be elected again");
+  cache
+    .command("delete")
+    .argument("<hash>", "the cache hash (full, or its first 16 hex characters)")
+    .description(
+      "delete a cache: its claims, PVs and snapshots in every namespace, the stored tree on every node (by their agents) and its record; retries what fails and reports what is left",
+    )
+    .option("--timeout <duration>", "how long to keep retrying before reporting what is left", "2m")
+    .addOption(
+      new Option("-o, --output <format>", "output format").choices(["table", "json"]).default("table"),
+    )
+    .action(async (hash: string, opts: { timeout: string; output: string }) => {
+      const short = parseHash(hash);
+      const timeoutMs = durationMs.parse(opts.timeout);
+      const report = await deleteCache(await operatorKubeConfig(), short, timeoutMs, opts.output === "json");
+      if (opts.output === "json")
+        process.stdout.write(`${JSON.stringify({ hash: short, ...report }, null, 2)}\n`);
+      if (!report.gone || report.left.length) process.exitCode = 1;
+    });
+  cache
+    .command("retry")
+    .argument("<hash>", "the cache hash (full, or its first 16 hex characters)")
+    .description("clear a cache's failed-capture count, so the next pod of its hash is elected again")
+    .action(async (hash: string) => {
+      const short = parseHash(hash);
+      const kc = await operatorKubeConfig();
+      const records = new CacheRecords(promoteClients(kc).custom);
+      let before = 0;
+      const r = await records.transition(short, (c) => {
+        before = Number(c.status?.failedCaptures ?? 0);
+        return before ? { failedCaptures: 0, lastFailedElection: null } : undefined;
+      });
+      if (!r) throw new Error(`no cache ${short}`);
+      process.stdout.write(
+        before
+          ? `cache ${short}: failed captures ${before} → 0; the next pod of its hash is elected again\n`
+          : `cache ${short}: no failed capture counted; nothing to clear (phase ${r.cache.status?.phase ?? "Electing"})\n`,
+      );
+    });
+
   for (const view of ["caches", "elections", "pods"] as const) {
     program
       .command(view)
@@ -122,5 +190,69 @@ export function registerServerCommands(program: Command): void {
           );
         else render(view, s);
       });
+  }
+}
+
+/** A full hash or its short form (the record's name): the first 16 hex characters. */
+function parseHash(hash: string): string {
+  const h = hash.trim().toLowerCase();
+  if (!/^[0-9a-f]{16}([0-9a-f]{48})?$/.test(h))
+    throw new Error(`not a cache hash: "${hash}" (64 hex characters, or the first 16 of them)`);
+  return shortHash(h);
+}
+
+/**
+ * Runs deletion passes until the record is gone, or the timeout passes: each pass retries its
+ * own failed calls, and anything a pass leaves is tried again by the next. Says what it removed
+ * and what is left, and why.
+ */
+async function deleteCache(
+  kc: KubeConfig,
+  short: string,
+  timeoutMs: number,
+  quiet: boolean,
+): Promise<DeleteReport> {
+  const clients = promoteClients(kc);
+  const log = createLogger("cache-delete", process.env.LOG_LEVEL ?? "warn");
+  const out = (line: string): void => {
+    if (!quiet) process.stdout.write(`${line}\n`);
+  };
+  const deadline = Date.now() + timeoutMs;
+  const removed = new Set<string>();
+  let wait = 500;
+  let lastLeft = "";
+  for (let pass = 1; ; pass++) {
+    let report: DeleteReport;
+    try {
+      report = await deleteCachePass(clients, short, { log });
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      out(`pass ${pass}: ${(err as Error).message}; retrying`);
+      await sleep(wait);
+      wait = Math.min(wait * 2, 5_000);
+      continue;
+    }
+    for (const i of report.items.filter((x) => x.state === "deleted")) {
+      const key = `${i.kind} ${i.namespace ? `${i.namespace}/` : ""}${i.name}`;
+      if (!removed.has(key)) out(`deleted ${key}`);
+      removed.add(key);
+    }
+    const left = describeLeft(report.left).join("\n");
+    if (report.gone && !report.left.length) {
+      out(
+        `cache ${short} deleted (${removed.size} object(s) removed; stored trees removed by their node agents)`,
+      );
+      return report;
+    }
+    if (left !== lastLeft) out(`left after pass ${pass}:\n${left.replace(/^/gm, "  ")}`);
+    lastLeft = left;
+    if (Date.now() > deadline) {
+      out(
+        `cache ${short}: not fully deleted after ${Math.round(timeoutMs / 1000)} s; run the command again to retry`,
+      );
+      return report;
+    }
+    await sleep(wait);
+    wait = Math.min(wait * 2, 5_000);
   }
 }

@@ -2,7 +2,7 @@ import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { makeApiClient } from "../common/kube.js";
 import { WorkQueue } from "../common/workqueue.js";
-import { LABEL_HASH, MODELCACHE } from "../core/contract.js";
+import { LABEL_HASH, LABEL_STORE, MODELCACHE } from "../core/contract.js";
 import { ResilientWatch } from "../common/watch.js";
 import { realClock } from "../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
@@ -14,6 +14,8 @@ export interface CachedObjects {
   caches: ModelCacheObject[];
   leases: k8s.V1Lease[];
   pods: k8s.V1Pod[];
+  /** The node agents' store Leases (use and budget of each node's store). */
+  stores: k8s.V1Lease[];
 }
 
 export interface ReleaseControllerOptions {
@@ -25,6 +27,8 @@ export interface ReleaseControllerOptions {
   leaderGraceMs?: number;
   recheckMs?: number;
   resyncMs?: number;
+  /** Tests: hooks into the reconcile (see ReleaseDeps). */
+  deps?: Partial<Pick<ReleaseDeps, "beforeEvict" | "onRestore">>;
 }
 
 /**
@@ -39,6 +43,7 @@ export class ReleaseController {
     pods: k8s.ObjectCache<k8s.V1Pod> & { latestResourceVersion(): string };
     leases: k8s.ObjectCache<k8s.V1Lease> & { latestResourceVersion(): string };
     caches: k8s.ObjectCache<k8s.KubernetesObject> & { latestResourceVersion(): string };
+    stores: k8s.ObjectCache<k8s.V1Lease> & { latestResourceVersion(): string };
   };
   private resync: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
@@ -59,6 +64,7 @@ export class ReleaseController {
       onRelease: (_h, n) => o.metrics.released.inc(n),
       onRetire: (_h, why) => o.metrics.retired.inc({ why: why.split(":")[0]! }),
       onEvict: (_h, n) => o.metrics.evicted.inc(n),
+      ...o.deps,
     };
     this.queue = new WorkQueue(
       async (short) => {
@@ -108,11 +114,28 @@ export class ReleaseController {
           plural: MODELCACHE.plural,
         }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
     );
+    const stores = k8s.makeInformer(
+      o.kc,
+      `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`,
+      () => coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_STORE }),
+      LABEL_STORE,
+    );
     this.informers = {
       pods: listWatch(pods, "pods"),
       leases: listWatch(leases, "leases"),
       caches: listWatch(caches, "modelcaches"),
+      stores: listWatch(stores, "store leases"),
     };
+    // The stores are only shown, never reconciled.
+    this.watches.push(
+      new ResilientWatch<k8s.KubernetesObject>({
+        name: "store leases",
+        clock: realClock,
+        log: o.log,
+        informer: stores,
+        onChange: () => undefined,
+      }),
+    );
     for (const [name, informer] of [
       ["pods", pods],
       ["leases", leases],
@@ -151,11 +174,13 @@ export class ReleaseController {
    */
   cached(): CachedObjects | undefined {
     const i = this.informers;
-    if ([i.pods, i.leases, i.caches].some((x) => x.latestResourceVersion() === "")) return undefined;
+    if ([i.pods, i.leases, i.caches, i.stores].some((x) => x.latestResourceVersion() === ""))
+      return undefined;
     return {
       pods: [...i.pods.list()],
       leases: [...i.leases.list()],
       caches: [...i.caches.list()] as ModelCacheObject[],
+      stores: [...i.stores.list()],
     };
   }
 

@@ -2,10 +2,31 @@ import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { apiError, apiErrorInfo, isConflict, isNotFound } from "../common/kube.js";
 import { postPodEvent } from "../common/events.js";
-import { ANN_ELECTION_ID, ANN_TREE, LABEL_GATED, LABEL_HASH, SCHEDULING_GATE } from "../core/contract.js";
+import {
+  ANN_DEADLINE,
+  ANN_ELECTION_ID,
+  ANN_HASH,
+  ANN_RESTORE_FROM,
+  ANN_RESTORE_RECORDED,
+  ANN_ROLE,
+  ANN_TREE,
+  FINALIZER_CLEANUP,
+  LABEL_GATED,
+  LABEL_HASH,
+  MODELCACHE,
+  SCHEDULING_GATE,
+  shortHash,
+} from "../core/contract.js";
 import { sourceOf, treeSubPath } from "../promote/source.js";
-import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
-import { ANN_DEADLINE } from "../core/contract.js";
+import { deleteCachePass } from "../promote/rollback.js";
+import {
+  getModelCache,
+  recordedLeader,
+  statusOf,
+  type ModelCacheObject,
+  type RestoreRecord,
+} from "../common/modelcache.js";
+import { CacheRecords } from "../common/cache-record.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
@@ -24,6 +45,9 @@ export interface ReleaseDeps {
   onRelease?: (short: string, pods: number) => void;
   onRetire?: (short: string, why: string) => void;
   onEvict?: (short: string, pods: number) => void;
+  onRestore?: (short: string, restores: RestoreRecord[]) => void;
+  /** Tests: runs just before each follower's eviction (to replace the pod at that moment). */
+  beforeEvict?: (pod: k8s.V1Pod) => void | Promise<void>;
 }
 
 export interface ReconcileResult {
@@ -51,9 +75,28 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   const pods = (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
   const followers = pods.filter(isGated);
   const lease = await readLease(d, short);
-  const cache = await getModelCache(d.custom, short);
+  let cache = await getModelCache(d.custom, short);
   const phase = cache?.status?.phase;
   const log = d.log.child({ hash: short, followers: followers.length, lease: lease?.metadata?.uid, phase });
+
+  if (cache?.metadata.deletionTimestamp) {
+    // `kubectl delete modelcache` or `warmstart cache delete`: roll the cache back.
+    const report = await deleteCachePass({ core: d.core, custom: d.custom }, short, {
+      startDeletion: false,
+      log,
+    });
+    if (report.gone) return {};
+    log.info(
+      { left: report.left.map((l) => `${l.kind} ${l.namespace ?? ""}/${l.name}: ${l.why}`) },
+      "cache deletion: waiting",
+    );
+    return { requeueAfterMs: d.recheckMs };
+  }
+  if (cache && !(cache.metadata.finalizers ?? []).includes(FINALIZER_CLEANUP)) {
+    cache = (await addCleanupFinalizer(d, cache)) ?? cache;
+  }
+
+  await recordRestores(d, short, pods, log);
 
   if (phase === "Ready") {
     // A follower released before its claim is bound is tried once by the scheduler, parked as
@@ -75,14 +118,17 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   }
 
   if (lease) {
-    const why = electionFailure(d, lease, cache, pods);
-    if (!why) {
+    const holder = lease.spec?.holderIdentity;
+    if (cache && holder) await recordLeader(d, short, cache, holder, pods, log);
+    const failure = electionFailure(d, lease, cache, pods);
+    if (!failure) {
       const deadline = toMs(lease.metadata?.annotations?.[ANN_DEADLINE]);
       const untilDeadline = deadline ? Math.max(deadline - d.now(), 0) + 50 : d.recheckMs;
       return { requeueAfterMs: Math.min(d.recheckMs, untilDeadline) };
     }
+    const why = failure.message;
     log.warn({ why }, "election failed: retiring its Lease and re-electing");
-    if (cache) await markFailed(d, short, cache, why);
+    if (cache && holder) await markFailed(d, short, holder, failure);
     const retired = await retireLease(d, lease, why);
     d.onRetire?.(short, why);
     // Only the followers listed before the Lease was retired: replacements admitted since then
@@ -103,31 +149,221 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   return {};
 }
 
+/** Why an election ended, as the record will say it (reason) and the log (message). */
+interface ElectionEnd {
+  reason: "LeaderGone" | "DeadlinePassed" | "CaptureEnded";
+  message: string;
+}
+
 function electionFailure(
   d: ReleaseDeps,
   lease: k8s.V1Lease,
   cache: ModelCacheObject | undefined,
   pods: k8s.V1Pod[],
-): string | undefined {
+): ElectionEnd | undefined {
   const holder = lease.spec?.holderIdentity;
   // Only a failure recorded for this election counts: a Failed left by the previous election
   // (before the new leader's record is written) must not end the new one.
-  if (cache?.status?.phase === "Failed" && cache.spec.electionId === holder) {
-    return `capture failed: ${cache.status.reason ?? ""} ${cache.status.message ?? ""}`.trim();
+  if (cache?.status?.phase === "Failed" && cache.spec.electionId === holder && statusOf(cache, holder)) {
+    return {
+      reason: "CaptureEnded",
+      message: `capture failed: ${cache.status.reason ?? ""} ${cache.status.message ?? ""}`.trim(),
+    };
   }
   const deadline = toMs(lease.metadata?.annotations?.[ANN_DEADLINE]);
-  if (deadline !== undefined && d.now() > deadline) return "election past its deadline";
+  if (deadline !== undefined && d.now() > deadline)
+    return { reason: "DeadlinePassed", message: "election past its deadline" };
   // Once promoting, the capture no longer needs its leader pod.
-  if (cache?.status?.phase === "Promoting") return undefined;
-  const leader = pods.find((p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder);
+  if (cache?.status?.phase === "Promoting" && statusOf(cache, holder)) return undefined;
+  // The leader is the pod recorded by UID when there is one: a copy of its stamps is not it.
+  const uid = cache && cache.spec.electionId === holder ? recordedLeader(cache) : undefined;
+  const leader = uid
+    ? pods.find((p) => p.metadata?.uid === uid)
+    : pods.find((p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder);
   if (!leader) {
     const acquired = toMs(lease.spec?.acquireTime) ?? toMs(lease.metadata?.creationTimestamp);
-    if (acquired !== undefined && d.now() - acquired > d.leaderGraceMs) return "leader pod gone";
+    if (uid || (acquired !== undefined && d.now() - acquired > d.leaderGraceMs))
+      return { reason: "LeaderGone", message: "leader pod gone" };
     return undefined;
   }
   if (isTerminated(leader))
-    return `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} terminated`;
+    return {
+      reason: "LeaderGone",
+      message: `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} terminated`,
+    };
   return undefined;
+}
+
+/**
+ * The election's leader by UID, recorded when exactly one live pod wears its id: admission
+ * stamps one pod, and a copy of its stamps can only appear after it (SPEC 1.4).
+ */
+async function recordLeader(
+  d: ReleaseDeps,
+  short: string,
+  cache: ModelCacheObject,
+  holder: string,
+  pods: k8s.V1Pod[],
+  log: Logger,
+): Promise<void> {
+  if (cache.spec.electionId !== holder || recordedLeader(cache) || cache.status?.phase === "Ready") return;
+  const wearing = pods.filter(
+    (p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder && !isTerminated(p),
+  );
+  if (wearing.length !== 1) {
+    if (wearing.length > 1)
+      log.warn(
+        { pods: wearing.map((p) => `${p.metadata?.namespace}/${p.metadata?.name}`) },
+        "several pods wear the election's id and none is recorded: leaving it to the first the node agents see",
+      );
+    return;
+  }
+  const claim = await new CacheRecords(d.custom).claimLeader(short, holder, wearing[0]!.metadata!.uid!);
+  if (!claim.ok) log.info({ why: claim.why }, "leader not recorded");
+}
+
+async function addCleanupFinalizer(
+  d: ReleaseDeps,
+  cache: ModelCacheObject,
+): Promise<ModelCacheObject | undefined> {
+  try {
+    return (await d.custom.patchClusterCustomObject(
+      {
+        group: MODELCACHE.group,
+        version: MODELCACHE.version,
+        plural: MODELCACHE.plural,
+        name: cache.metadata.name!,
+        body: {
+          metadata: {
+            resourceVersion: cache.metadata.resourceVersion,
+            finalizers: [...(cache.metadata.finalizers ?? []), FINALIZER_CLEANUP],
+          },
+        },
+      },
+      mergePatch,
+    )) as ModelCacheObject;
+  } catch (err) {
+    // Changed meanwhile: the next pass (the change woke it) adds it.
+    if (isConflict(err) || isNotFound(err)) return undefined;
+    throw apiError(`adding the cleanup finalizer to ModelCache ${cache.metadata.name}`, err);
+  }
+}
+
+/** Seconds from `from` to the pod's Ready, or undefined when either is unknown. */
+function secondsToReady(p: k8s.V1Pod, from: Date | string | undefined): number | undefined {
+  const ready = p.status?.conditions?.find((c) => c.type === "Ready" && c.status === "True");
+  const end = toMs(ready?.lastTransitionTime);
+  const start = toMs(from);
+  if (end === undefined || start === undefined) return undefined;
+  return Math.max(0, Math.round((end - start) / 100) / 10);
+}
+
+/**
+ * A restore's time to Ready: a follower's from its release (it was scheduled then; its gated
+ * wait is the leader's time, not its own), any other restore's from its admission.
+ */
+export function restoreReadySeconds(p: k8s.V1Pod): number | undefined {
+  const role = p.metadata?.annotations?.[ANN_ROLE];
+  if (role === "follower") {
+    const scheduled = p.status?.conditions?.find((c) => c.type === "PodScheduled" && c.status === "True");
+    return secondsToReady(p, scheduled?.lastTransitionTime);
+  }
+  return secondsToReady(p, p.metadata?.creationTimestamp);
+}
+
+const RECENT_RESTORES = 20;
+
+/**
+ * Counts the benefit of each restore that turned Ready on its cache's record (SPEC 1.8), so the
+ * numbers outlive the pods: bytes it did not download, its time to Ready, the seconds it saved
+ * against the leader's. A pod is counted once: the record keeps the last few UIDs and the pod
+ * gets an annotation once counted.
+ */
+async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], log: Logger): Promise<void> {
+  const bySource = new Map<string, k8s.V1Pod[]>();
+  for (const p of pods) {
+    const role = p.metadata?.annotations?.[ANN_ROLE];
+    if (role !== "restore" && role !== "follower") continue;
+    if (p.metadata?.annotations?.[ANN_RESTORE_RECORDED] || isGated(p) || isTerminated(p)) continue;
+    if (restoreReadySeconds(p) === undefined) continue;
+    const from = p.metadata?.annotations?.[ANN_RESTORE_FROM] ?? p.metadata?.annotations?.[ANN_HASH] ?? short;
+    const source = shortHash(from);
+    bySource.set(source, [...(bySource.get(source) ?? []), p]);
+  }
+  const records = new CacheRecords(d.custom);
+  for (const [source, restored] of bySource) {
+    const counted: RestoreRecord[] = [];
+    const r = await records.transition(source, (c) => {
+      counted.length = 0;
+      const s = c.status ?? {};
+      if (s.phase !== "Ready" || c.metadata.deletionTimestamp) return undefined;
+      const recent = s.recentRestores ?? [];
+      const known = new Set(recent.map((x) => x.uid));
+      for (const p of restored) {
+        if (known.has(p.metadata!.uid!)) continue;
+        counted.push({
+          namespace: p.metadata!.namespace!,
+          name: p.metadata!.name!,
+          uid: p.metadata!.uid!,
+          role: p.metadata!.annotations![ANN_ROLE]!,
+          readySeconds: restoreReadySeconds(p)!,
+          at: new Date(
+            toMs(p.status?.conditions?.find((x) => x.type === "Ready")?.lastTransitionTime) ?? d.now(),
+          ).toISOString(),
+        });
+      }
+      if (!counted.length) return undefined;
+      const leader = typeof s.leaderReadySeconds === "number" ? s.leaderReadySeconds : undefined;
+      const bytes = Number(s.modelBytes ?? s.sizeBytes ?? 0);
+      const round = (x: number): number => Math.round(x * 10) / 10;
+      return {
+        restores: (s.restores ?? 0) + counted.length,
+        savedBytes: (s.savedBytes ?? 0) + bytes * counted.length,
+        savedSeconds: round(
+          (s.savedSeconds ?? 0) +
+            (leader === undefined
+              ? 0
+              : counted.reduce((n, x) => n + Math.max(0, leader - x.readySeconds), 0)),
+        ),
+        restoredReadySecondsTotal: round(
+          (s.restoredReadySecondsTotal ?? 0) + counted.reduce((n, x) => n + x.readySeconds, 0),
+        ),
+        lastRestoredAt: counted
+          .map((x) => x.at)
+          .sort()
+          .at(-1)!,
+        recentRestores: [...recent, ...counted].slice(-RECENT_RESTORES),
+      };
+    });
+    if (r?.written && counted.length) {
+      log.info(
+        { cache: source, restores: counted.map((x) => `${x.namespace}/${x.name} ${x.readySeconds}s`) },
+        "restores counted",
+      );
+      d.onRestore?.(source, counted);
+    }
+    // Counted now or before (a pass that died after the record was written): never again.
+    const onRecord = new Set([
+      ...(r?.cache.status?.recentRestores ?? []).map((x) => x.uid),
+      ...counted.map((x) => x.uid),
+    ]);
+    for (const p of restored) {
+      if (!onRecord.has(p.metadata!.uid!)) continue;
+      await d.core
+        .patchNamespacedPod(
+          {
+            name: p.metadata!.name!,
+            namespace: p.metadata!.namespace!,
+            body: { metadata: { annotations: { [ANN_RESTORE_RECORDED]: "true" } } },
+          },
+          mergePatch,
+        )
+        .catch((err: unknown) => {
+          if (!isNotFound(err))
+            log.warn({ err: (err as Error).message }, "could not mark a restore as counted");
+        });
+    }
+  }
 }
 
 async function claimPhase(d: ReleaseDeps, namespace: string, short: string): Promise<string | undefined> {
@@ -237,12 +473,28 @@ async function evictFollowers(
       }).catch(() => undefined);
       continue;
     }
+    await d.beforeEvict?.(pod);
     try {
-      await d.core.createNamespacedPodEviction({ name, namespace, body: { metadata: { name, namespace } } });
+      // This pod, not one its controller made under the same name since it was listed.
+      await d.core.createNamespacedPodEviction({
+        name,
+        namespace,
+        body: {
+          metadata: { name, namespace },
+          deleteOptions: { preconditions: { uid: pod.metadata!.uid! } },
+        },
+      });
       evicted++;
     } catch (err) {
       // Gone, or its namespace is being deleted (which removes it anyway).
       if (isNotFound(err) || /being terminated/.test(apiErrorInfo(err).message)) continue;
+      if (isConflict(err) || /precondition/i.test(apiErrorInfo(err).message)) {
+        d.log.info(
+          { pod: `${namespace}/${name}` },
+          "not evicted: replaced since it was listed (the next election's)",
+        );
+        continue;
+      }
       throw apiError(`evicting follower ${namespace}/${name}`, err);
     }
   }
@@ -250,40 +502,17 @@ async function evictFollowers(
 }
 
 /**
- * Record the failed election: Failed (unless the capture already said why) and one more failed
- * attempt, so admission stops electing after a few (a capture that always fails must not evict
- * and re-elect forever).
+ * Record how the election ended, on its own record only (the record names this election, so a
+ * newer one is never touched) and only over what this pass read (a Ready written meanwhile is
+ * never overwritten). Nothing is counted here: only the node agent counts a failed capture, once
+ * per election, so a retried retirement, a leader deleted or a deadline never counts (SPEC 1.7).
  */
-async function markFailed(
-  d: ReleaseDeps,
-  short: string,
-  cache: ModelCacheObject,
-  why: string,
-): Promise<void> {
-  const failures = (typeof cache.status?.failures === "number" ? cache.status.failures : 0) + 1;
-  const status =
-    cache.status?.phase === "Failed"
-      ? { failures }
-      : {
-          phase: "Failed",
-          reason: "ElectionFailed",
-          message: why,
-          failures,
-          lastTransitionTime: new Date(d.now()).toISOString(),
-        };
-  try {
-    await d.custom.patchClusterCustomObjectStatus(
-      {
-        group: "warmstart.dev",
-        version: "v1alpha1",
-        plural: "modelcaches",
-        name: short,
-        // Only over the record this pass read: a Ready written meanwhile must never become Failed.
-        body: { metadata: { resourceVersion: cache.metadata.resourceVersion }, status },
-      },
-      mergePatch,
-    );
-  } catch (err) {
-    if (!isNotFound(err)) throw apiError(`marking ModelCache ${short} Failed`, err);
-  }
+async function markFailed(d: ReleaseDeps, short: string, holder: string, end: ElectionEnd): Promise<void> {
+  const records = new CacheRecords(d.custom);
+  await records.forElection(short, holder, (c) => {
+    const s = c.status ?? {};
+    if (s.phase === "Ready") return undefined;
+    if (s.phase === "Failed" && statusOf(c, holder)) return undefined;
+    return { phase: "Failed", reason: end.reason, message: end.message };
+  });
 }

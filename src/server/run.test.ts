@@ -23,6 +23,7 @@ const HOLDER = "warmstart-leader-7f3a9c-pod-uid-0001";
 
 const SNAPSHOT: Snapshot = {
   caches: [],
+  stores: [],
   elections: [
     {
       hash: "0123456789abcdef",

@@ -177,7 +177,7 @@ export async function runServer(
     log,
     snapshot: () => {
       const c = controller.cached();
-      return c && buildSnapshot(c.caches, c.leases, c.pods);
+      return c && buildSnapshot(c.caches, c.leases, c.pods, c.stores);
     },
   });
   const listening = await listen(http, { host: cfg.host, port: cfg.port, role: "server" });

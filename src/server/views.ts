@@ -1,5 +1,12 @@
 import * as k8s from "@kubernetes/client-node";
-import { ANN_ROLE, LABEL_HASH, MODELCACHE } from "../core/contract.js";
+import {
+  ANN_ROLE,
+  ANN_STORE_BUDGET,
+  ANN_STORE_USED,
+  LABEL_HASH,
+  LABEL_STORE,
+  MODELCACHE,
+} from "../core/contract.js";
 import { type ModelCacheObject } from "../common/modelcache.js";
 import { ANN_DEADLINE } from "../core/contract.js";
 import { redactUrlCredentials } from "../core/env.js";
@@ -19,7 +26,22 @@ export interface CacheRow {
   restoredReadySeconds: number | null;
   savedSeconds: number;
   savedBytes: number;
+  /** Failed captures counted against the cache (admission goes cold past a limit; `warmstart cache retry` clears it). */
+  failedCaptures: number;
+  /** The node whose store holds the promoted tree. */
+  node: string;
+  lastRestoredAt: string;
   age: string;
+}
+
+/** One node's cache store, as its agent publishes it. */
+export interface StoreRow {
+  node: string;
+  usedBytes: number;
+  /** 0: no budget. */
+  budgetBytes: number;
+  caches: string[];
+  updated: string;
 }
 
 export interface ElectionRow {
@@ -44,6 +66,7 @@ export interface PodRow {
 
 export interface Snapshot {
   caches: CacheRow[];
+  stores: StoreRow[];
   elections: ElectionRow[];
   pods: PodRow[];
   totals: { savedSeconds: number; savedBytes: number; restores: number; caches: number };
@@ -56,6 +79,13 @@ export function podRow(p: k8s.V1Pod): PodRow {
     ? new Date(p.metadata.creationTimestamp).getTime()
     : undefined;
   const readyCond = p.status?.conditions?.find((c) => c.type === "Ready");
+  // A follower's time runs from its release (when it was scheduled): its gated wait is the
+  // leader's download, not its own start.
+  const scheduled = p.status?.conditions?.find((c) => c.type === "PodScheduled" && c.status === "True");
+  const from =
+    p.metadata?.annotations?.[ANN_ROLE] === "follower" && scheduled?.lastTransitionTime
+      ? new Date(scheduled.lastTransitionTime).getTime()
+      : created;
   const ready = readyCond?.status === "True";
   const readyAt =
     ready && readyCond?.lastTransitionTime ? new Date(readyCond.lastTransitionTime).getTime() : undefined;
@@ -66,8 +96,7 @@ export function podRow(p: k8s.V1Pod): PodRow {
     role: p.metadata?.annotations?.[ANN_ROLE] ?? "",
     phase: p.status?.phase ?? "",
     ready,
-    readySeconds:
-      created !== undefined && readyAt !== undefined ? Math.max(0, (readyAt - created) / 1000) : null,
+    readySeconds: from !== undefined && readyAt !== undefined ? Math.max(0, (readyAt - from) / 1000) : null,
     node: p.spec?.nodeName ?? "",
   };
 }
@@ -79,42 +108,42 @@ export function buildSnapshot(
   caches: ModelCacheObject[],
   leases: k8s.V1Lease[],
   pods: k8s.V1Pod[],
+  storeLeases: k8s.V1Lease[] = [],
 ): Snapshot {
   const podRows = pods.map(podRow);
+  // The benefit of each cache is what its record counted as its restores turned Ready, so it
+  // outlives the pods (SPEC 1.8); live pods only fill in a leader time the record lacks.
   const cacheRows = caches.map((c): CacheRow => {
     const short = c.metadata.name ?? "";
-    const mine = podRows.filter((p) => p.hash === short);
-    const restored = mine
-      .filter((p) => p.role === "restore" || p.role === "follower")
-      .filter((p) => p.readySeconds !== null);
+    const s = c.status ?? {};
+    const num = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
     const leaderReady =
-      typeof c.status?.leaderReadySeconds === "number"
-        ? c.status.leaderReadySeconds
-        : mean(
-            mine.filter((p) => p.role === "leader" && p.readySeconds !== null).map((p) => p.readySeconds!),
-          );
-    const restoredReady = mean(restored.map((p) => p.readySeconds!));
-    const ready = c.status?.phase === "Ready";
-    const sizeBytes = Number(c.status?.sizeBytes ?? 0);
-    const modelBytes = Number(c.status?.modelBytes ?? sizeBytes);
+      num(s.leaderReadySeconds) ??
+      mean(
+        podRows
+          .filter((p) => p.hash === short && p.role === "leader" && p.readySeconds !== null)
+          .map((p) => p.readySeconds!),
+      );
+    const restores = num(s.restores) ?? 0;
+    const total = num(s.restoredReadySecondsTotal);
     return {
       hash: short,
       // Records are written redacted; a record from before that must not show a credential either.
       model: redactUrlCredentials(c.spec.model ?? ""),
-      phase: c.status?.phase ?? "Electing",
-      reason: c.status?.reason ?? "",
-      backend: c.status?.backend ?? "",
-      sizeBytes,
-      files: Number(c.status?.files ?? 0),
-      namespaces: c.status?.namespaces ?? [],
+      phase: s.phase ?? "Electing",
+      reason: s.reason ?? "",
+      backend: s.backend ?? "",
+      sizeBytes: Number(s.sizeBytes ?? 0),
+      files: Number(s.files ?? 0),
+      namespaces: s.namespaces ?? [],
       leaderReadySeconds: leaderReady,
-      restores: ready ? restored.length : 0,
-      restoredReadySeconds: restoredReady,
-      savedSeconds:
-        ready && leaderReady !== null && restoredReady !== null
-          ? Math.max(0, leaderReady - restoredReady) * restored.length
-          : 0,
-      savedBytes: ready ? modelBytes * restored.length : 0,
+      restores,
+      restoredReadySeconds: restores && total !== null ? Math.round((total / restores) * 10) / 10 : null,
+      savedSeconds: num(s.savedSeconds) ?? 0,
+      savedBytes: num(s.savedBytes) ?? 0,
+      failedCaptures: num(s.failedCaptures) ?? 0,
+      node: s.node ?? "",
+      lastRestoredAt: s.lastRestoredAt ?? "",
       age: iso(c.metadata.creationTimestamp),
     };
   });
@@ -130,8 +159,19 @@ export function buildSnapshot(
         .length,
     };
   });
+  const stores = storeLeases
+    .filter((l) => l.metadata?.labels?.[LABEL_STORE])
+    .map((l): StoreRow => ({
+      node: l.metadata?.annotations?.["warmstart.dev/node"] ?? l.spec?.holderIdentity ?? "",
+      usedBytes: Number(l.metadata?.annotations?.[ANN_STORE_USED] ?? 0),
+      budgetBytes: Number(l.metadata?.annotations?.[ANN_STORE_BUDGET] ?? 0),
+      caches: (l.metadata?.annotations?.["warmstart.dev/store-caches"] ?? "").split(",").filter(Boolean),
+      updated: iso(l.spec?.renewTime),
+    }))
+    .sort((a, b) => (a.node < b.node ? -1 : 1));
   return {
     caches: cacheRows,
+    stores,
     elections,
     pods: podRows,
     totals: {
@@ -158,7 +198,7 @@ export async function fetchSnapshot(kc: k8s.KubeConfig, systemNamespace: string)
   const core = kc.makeApiClient(k8s.CoreV1Api);
   const coordination = kc.makeApiClient(k8s.CoordinationV1Api);
   const custom = kc.makeApiClient(k8s.CustomObjectsApi);
-  const [caches, leases, pods] = await Promise.all([
+  const [caches, leases, pods, stores] = await Promise.all([
     custom.listClusterCustomObject({
       group: MODELCACHE.group,
       version: MODELCACHE.version,
@@ -166,6 +206,7 @@ export async function fetchSnapshot(kc: k8s.KubeConfig, systemNamespace: string)
     }) as Promise<{ items: ModelCacheObject[] }>,
     coordination.listNamespacedLease({ namespace: systemNamespace, labelSelector: LABEL_HASH }),
     core.listPodForAllNamespaces({ labelSelector: LABEL_HASH }),
+    coordination.listNamespacedLease({ namespace: systemNamespace, labelSelector: LABEL_STORE }),
   ]);
-  return buildSnapshot(caches.items, leases.items, pods.items);
+  return buildSnapshot(caches.items, leases.items, pods.items, stores.items);
 }

@@ -1,0 +1,351 @@
+/**
+ * Rolling a cache back (SPEC 1.7): everything its promotes created in cluster scope and in every
+ * namespace (claims `rox-<short>`, their PVs, per-namespace VolumeSnapshots and
+ * VolumeSnapshotContents, the store snapshot) is found by its `warmstart.dev/hash` label and
+ * deleted. Each delete is retried with bounded backoff; what still exists afterwards is reported
+ * with why (a claim a running pod still mounts stays until that pod goes), never hidden.
+ *
+ * The stored trees are the node agents' part: each agent that wrote one put its own finalizer on
+ * the record and removes the tree, then its finalizer, once the record is being deleted. The
+ * record itself goes when the last finalizer does.
+ */
+import * as k8s from "@kubernetes/client-node";
+import { apiError, apiErrorInfo, isConflict, isNotFound } from "../common/kube.js";
+import type { Logger } from "../common/log.js";
+import { getModelCache, storeFinalizer, type ModelCacheObject } from "../common/modelcache.js";
+import {
+  FINALIZER_CLEANUP,
+  FINALIZER_STORE_PREFIX,
+  LABEL_HASH,
+  MODELCACHE,
+  shortHash,
+} from "../core/contract.js";
+import type { PromoteClients } from "./claims.js";
+import { SNAPSHOT_GROUP, SNAPSHOT_VERSION } from "./objects.js";
+import { retry, type RetryOptions } from "./promote.js";
+
+const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
+const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+
+export type CleanupKind =
+  "PersistentVolumeClaim" | "PersistentVolume" | "VolumeSnapshot" | "VolumeSnapshotContent";
+
+export interface CleanupItem {
+  kind: CleanupKind | "ModelCache" | "StoredTree";
+  name: string;
+  namespace?: string;
+  /** deleted: by this pass; left: still there (see `why`). */
+  state: "deleted" | "left";
+  why?: string;
+}
+
+export interface CleanupReport {
+  items: CleanupItem[];
+  left: CleanupItem[];
+}
+
+export interface CleanupOptions {
+  retry?: Partial<Pick<RetryOptions, "attempts" | "initialMs" | "maxMs">>;
+  log?: Logger;
+}
+
+const DEFAULT_RETRY = { attempts: 4, initialMs: 200, maxMs: 2_000 } as const;
+
+interface Found {
+  kind: CleanupKind;
+  name: string;
+  namespace?: string;
+  deleting: boolean;
+  finalizers: string[];
+}
+
+const describe = (i: { kind: string; name: string; namespace?: string }): string =>
+  `${i.kind} ${i.namespace ? `${i.namespace}/` : ""}${i.name}`;
+
+/** Lists what the cache's promotes created; a snapshot kind the cluster does not serve holds nothing. */
+async function listCreated(c: PromoteClients, short: string): Promise<Found[]> {
+  const labelSelector = `${LABEL_HASH}=${short}`;
+  const meta = (kind: CleanupKind, m: k8s.V1ObjectMeta | undefined): Found => ({
+    kind,
+    name: m?.name ?? "",
+    ...(m?.namespace ? { namespace: m.namespace } : {}),
+    deleting: Boolean(m?.deletionTimestamp),
+    finalizers: m?.finalizers ?? [],
+  });
+  const out: Found[] = [];
+  try {
+    const claims = await c.core.listPersistentVolumeClaimForAllNamespaces({ labelSelector });
+    out.push(...claims.items.map((x) => meta("PersistentVolumeClaim", x.metadata)));
+    const pvs = await c.core.listPersistentVolume({ labelSelector });
+    out.push(...pvs.items.map((x) => meta("PersistentVolume", x.metadata)));
+  } catch (err) {
+    throw apiError(`listing the volumes of cache ${short}`, err);
+  }
+  for (const [kind, plural] of [
+    ["VolumeSnapshot", "volumesnapshots"],
+    ["VolumeSnapshotContent", "volumesnapshotcontents"],
+  ] as const) {
+    try {
+      const list = (await c.custom.listClusterCustomObject({
+        group: SNAPSHOT_GROUP,
+        version: SNAPSHOT_VERSION,
+        plural,
+        labelSelector,
+      })) as { items: k8s.KubernetesObject[] };
+      out.push(...list.items.map((x) => meta(kind, x.metadata)));
+    } catch (err) {
+      if (isNotFound(err)) continue;
+      throw apiError(`listing the ${plural} of cache ${short}`, err);
+    }
+  }
+  return out;
+}
+
+async function deleteOne(c: PromoteClients, f: Found): Promise<void> {
+  const snap = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION };
+  try {
+    switch (f.kind) {
+      case "PersistentVolumeClaim":
+        await c.core.deleteNamespacedPersistentVolumeClaim({ name: f.name, namespace: f.namespace! });
+        return;
+      case "PersistentVolume":
+        await c.core.deletePersistentVolume({ name: f.name });
+        return;
+      case "VolumeSnapshot":
+        await c.custom.deleteNamespacedCustomObject({
+          ...snap,
+          plural: "volumesnapshots",
+          namespace: f.namespace!,
+          name: f.name,
+        });
+        return;
+      case "VolumeSnapshotContent":
+        await c.custom.deleteClusterCustomObject({ ...snap, plural: "volumesnapshotcontents", name: f.name });
+        return;
+    }
+  } catch (err) {
+    if (isNotFound(err)) return;
+    throw apiError(`deleting ${describe(f)}`, err);
+  }
+}
+
+/** Why an object that was deleted is still there: who holds it. */
+async function holdReason(c: PromoteClients, f: Found): Promise<string> {
+  if (f.kind === "PersistentVolumeClaim" && f.finalizers.includes("kubernetes.io/pvc-protection")) {
+    const pods = await c.core
+      .listNamespacedPod({ namespace: f.namespace! })
+      .then((l) =>
+        l.items
+          .filter((p) => (p.spec?.volumes ?? []).some((v) => v.persistentVolumeClaim?.claimName === f.name))
+          .map((p) => p.metadata?.name ?? "?"),
+      )
+      .catch(() => [] as string[]);
+    return pods.length ? `in use by pod(s) ${pods.join(", ")}` : "held by kubernetes.io/pvc-protection";
+  }
+  return f.finalizers.length ? `being deleted, held by ${f.finalizers.join(", ")}` : "still present";
+}
+
+/**
+ * Deletes everything the cache's promotes created, each delete retried, then looks again and
+ * reports what is still there and why. Idempotent: anyone may run it again (the release
+ * controller for `kubectl delete modelcache`, the operator's `warmstart cache delete`).
+ */
+export async function removeCacheObjects(
+  c: PromoteClients,
+  short: string,
+  o: CleanupOptions = {},
+): Promise<CleanupReport> {
+  const opts = { ...DEFAULT_RETRY, ...o.retry };
+  const items: CleanupItem[] = [];
+  const errors = new Map<string, string>();
+  const found = await retry(() => listCreated(c, short), opts);
+  // Claims first: a PV or snapshot goes after whatever was made from it.
+  const order: CleanupKind[] = [
+    "PersistentVolumeClaim",
+    "PersistentVolume",
+    "VolumeSnapshot",
+    "VolumeSnapshotContent",
+  ];
+  for (const kind of order) {
+    for (const f of found.filter((x) => x.kind === kind && !x.deleting)) {
+      try {
+        await retry(() => deleteOne(c, f), {
+          ...opts,
+          onRetry: (attempt, err, delayMs) =>
+            o.log?.warn(
+              { object: describe(f), attempt, retryInMs: delayMs, err: (err as Error).message },
+              "delete failed; retrying",
+            ),
+        });
+        items.push({
+          kind: f.kind,
+          name: f.name,
+          ...(f.namespace ? { namespace: f.namespace } : {}),
+          state: "deleted",
+        });
+      } catch (err) {
+        errors.set(describe(f), (err as Error).message);
+      }
+    }
+  }
+  const still = await retry(() => listCreated(c, short), opts);
+  const left: CleanupItem[] = [];
+  for (const f of still) {
+    const why =
+      errors.get(describe(f)) ?? (f.deleting ? await holdReason(c, f) : "created after the first look");
+    left.push({
+      kind: f.kind,
+      name: f.name,
+      ...(f.namespace ? { namespace: f.namespace } : {}),
+      state: "left",
+      why,
+    });
+  }
+  // Deleted here but gone from the second look: done. Deleted and still there: reported as left.
+  const leftKeys = new Set(left.map(describe));
+  return { items: items.filter((i) => !leftKeys.has(describe(i))).concat(left), left };
+}
+
+/** A record's store finalizers whose node no longer exists: no agent is left to honour them. */
+async function orphanedStoreFinalizers(core: k8s.CoreV1Api, cache: ModelCacheObject): Promise<string[]> {
+  const mine = (cache.metadata.finalizers ?? []).filter((f) => f.startsWith(FINALIZER_STORE_PREFIX));
+  if (!mine.length) return [];
+  const nodes = await core.listNode().catch((err: unknown) => {
+    throw apiError("listing nodes", err);
+  });
+  const live = new Set(nodes.items.map((n) => storeFinalizer(n.metadata?.name ?? "")));
+  return mine.filter((f) => !live.has(f));
+}
+
+async function setFinalizers(
+  c: PromoteClients,
+  name: string,
+  edit: (f: string[]) => string[],
+): Promise<ModelCacheObject | undefined> {
+  for (let attempt = 0; attempt < 8; attempt++) {
+    const cache = await getModelCache(c.custom, name);
+    if (!cache) return undefined;
+    const now = cache.metadata.finalizers ?? [];
+    const next = edit(now);
+    if (next.length === now.length && next.every((f, i) => f === now[i])) return cache;
+    try {
+      return (await c.custom.patchClusterCustomObject(
+        {
+          ...ref,
+          name,
+          body: { metadata: { resourceVersion: cache.metadata.resourceVersion, finalizers: next } },
+        },
+        merge,
+      )) as ModelCacheObject;
+    } catch (err) {
+      if (isConflict(err)) continue;
+      if (isNotFound(err)) return undefined;
+      throw apiError(`updating the finalizers of ModelCache ${name}`, err);
+    }
+  }
+  throw new Error(`ModelCache ${name}: finalizers kept changing under 8 attempts`);
+}
+
+export interface DeleteReport extends CleanupReport {
+  /** The record is gone (every finalizer honoured). */
+  gone: boolean;
+  /** Nodes whose agents have not removed their stored tree yet. */
+  nodesPending: string[];
+}
+
+/**
+ * One pass of a cache's deletion, safe to repeat: the record stops being usable (Failed,
+ * reason Deleting, so admission no longer restores from it) and is deleted, then the cluster
+ * objects are removed; once none is left, the cleanup finalizer goes, as do store finalizers of
+ * nodes that no longer exist. The stored trees are removed by their agents.
+ */
+export async function deleteCachePass(
+  c: PromoteClients,
+  hashOrShort: string,
+  o: CleanupOptions & { startDeletion?: boolean } = {},
+): Promise<DeleteReport> {
+  const name = shortHash(hashOrShort);
+  let cache = await getModelCache(c.custom, name);
+  if (cache && !cache.metadata.deletionTimestamp && o.startDeletion !== false) {
+    await markDeleting(c, name);
+    try {
+      await retry(() => c.custom.deleteClusterCustomObject({ ...ref, name }), {
+        ...DEFAULT_RETRY,
+        ...o.retry,
+        retryable: (err) => !isNotFound(err),
+      });
+    } catch (err) {
+      if (!isNotFound(err)) throw apiError(`deleting ModelCache ${name}`, err);
+    }
+    cache = await getModelCache(c.custom, name);
+  }
+  const report = await removeCacheObjects(c, name, o);
+  if (cache?.metadata.deletionTimestamp) {
+    const orphans = await orphanedStoreFinalizers(c.core, cache);
+    if (orphans.length)
+      o.log?.info({ hash: name, finalizers: orphans }, "dropping the finalizers of nodes that are gone");
+    const clean = report.left.length === 0;
+    cache = await setFinalizers(c, name, (f) =>
+      f.filter((x) => !orphans.includes(x) && !(clean && x === FINALIZER_CLEANUP)),
+    );
+  }
+  const nodesPending = (cache?.metadata.finalizers ?? [])
+    .filter((f) => f.startsWith(FINALIZER_STORE_PREFIX))
+    .map((f) => f.slice(FINALIZER_STORE_PREFIX.length));
+  const left = [...report.left];
+  if (cache) {
+    for (const node of nodesPending)
+      left.push({
+        kind: "StoredTree",
+        name,
+        namespace: undefined,
+        state: "left",
+        why: `on node ${node}: its agent has not removed it yet`,
+      });
+    left.push({
+      kind: "ModelCache",
+      name,
+      state: "left",
+      why: `waiting for ${(cache.metadata.finalizers ?? []).join(", ") || "the API server"}`,
+    });
+  }
+  return { items: report.items, left, gone: !cache, nodesPending };
+}
+
+/** Failed, reason Deleting: admission stops restoring from the cache before its objects go. */
+async function markDeleting(c: PromoteClients, name: string): Promise<void> {
+  for (let attempt = 0; attempt < 8; attempt++) {
+    const cache = await getModelCache(c.custom, name);
+    if (!cache || cache.status?.reason === "Deleting") return;
+    try {
+      await c.custom.patchClusterCustomObjectStatus(
+        {
+          ...ref,
+          name,
+          body: {
+            metadata: { resourceVersion: cache.metadata.resourceVersion },
+            status: {
+              phase: "Failed",
+              reason: "Deleting",
+              message: "the cache is being deleted",
+              lastTransitionTime: new Date().toISOString(),
+            },
+          },
+        },
+        merge,
+      );
+      return;
+    } catch (err) {
+      if (isConflict(err)) continue;
+      if (isNotFound(err)) return;
+      throw apiError(`marking ModelCache ${name} Deleting`, err);
+    }
+  }
+}
+
+/** One line per thing left, for operators. */
+export function describeLeft(left: CleanupItem[]): string[] {
+  return left.map((i) => `${describe(i)}: ${i.why ?? "still there"}`);
+}
+
+export { apiErrorInfo };
