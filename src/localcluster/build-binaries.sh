@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local cluster (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kwok) from the published Go modules at pinned versions into
+# kube-scheduler, kubelet, kwok) and helm (the chart's tests install with it) from the published Go modules at pinned versions into
 # $WARMSTART_BIN_DIR. Each tool gets its own wrapper module so their dependency
 # graphs never mix. Idempotent: a binary already built is skipped.
 set -euo pipefail
 
-: "${K8S_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${WARMSTART_BIN_DIR:?}"
+: "${K8S_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${WARMSTART_BIN_DIR:?}"
 out="$WARMSTART_BIN_DIR"
 work="$out.build"
 mkdir -p "$out" "$work"
@@ -91,10 +91,31 @@ build_kwok() {
   chmod -R u+w "$out/kwok-stages"
 }
 
+build_helm() {
+  # Rebuilt when the pinned version changes (the folder name only carries the cluster's versions).
+  if [ -x "$out/helm" ] && [ "$("$out/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; then
+    step "helm $HELM_VERSION: cached"; return
+  fi
+  step "helm $HELM_VERSION: compiling"
+  # The variables helm's Makefile sets: its version, and the Kubernetes version of its client
+  # modules (what `helm template` renders for when no cluster is asked; the default is 1.20).
+  local gm kv
+  gm=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+  [ -n "$gm" ] || { echo "error: could not download helm.sh/helm/v3@$HELM_VERSION" >&2; exit 3; }
+  kv=$(awk '$1 == "k8s.io/client-go" { sub(/^v0\./, "", $2); split($2, v, "."); print v[1] }' "$gm")
+  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld="$ld -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kv"
+  done
+  GOBIN="$work/helm-bin" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv "$work/helm-bin/helm" "$out/helm"
+}
+
 case "${1:-all}" in
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   kwok) build_kwok ;;
-  all) build_etcd; build_kwok; build_kubernetes ;;
+  helm) build_helm ;;
+  all) build_etcd; build_kwok; build_kubernetes; build_helm ;;
 esac
 step "done: $out"

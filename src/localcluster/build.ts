@@ -32,6 +32,7 @@ export async function ensureBinaries(progress: (line: string) => void): Promise<
         K8S_VERSION: VERSIONS.kubernetes,
         ETCD_VERSION: VERSIONS.etcd,
         KWOK_VERSION: VERSIONS.kwok,
+        HELM_VERSION: VERSIONS.helm,
         WARMSTART_BIN_DIR: dir,
       },
       stdio: ["ignore", "pipe", "pipe"],

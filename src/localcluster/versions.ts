@@ -7,6 +7,7 @@ export const VERSIONS = {
   kubernetes: "v1.35.4",
   etcd: "v3.6.16",
   kwok: "v0.8.0",
+  helm: "v3.22.0",
 } as const;
 
 /** The package root (works from src/ via tsc output in dist/src/). */
@@ -40,5 +41,6 @@ export const BINARIES = [
   "kube-controller-manager",
   "kube-scheduler",
   "kubelet",
+  "helm",
 ] as const;
 export type Binary = (typeof BINARIES)[number];
