@@ -240,6 +240,29 @@ void describe("explain: comparing two", () => {
     assert.equal(other.equal, false);
     assert.deepEqual(other.differences[0], { input: "model", a: "other", b: "Qwen/Qwen3-0.6B" });
   });
+
+  void test("a record of another sharing scope, and a container that touches the cache, are named", () => {
+    const subject = subjectFromText(podYaml(), "p.yaml");
+    if (subject.kind !== "pod") throw new Error("a pod");
+    const scoped = cacheHash(subject.pod, classifyPod(subject.pod), { scope: "namespace:team-a" });
+    const record = JSON.stringify({
+      apiVersion: "warmstart.dev/v1alpha1",
+      kind: "ModelCache",
+      spec: { hash: scoped.hash, inputs: sealInputs(scoped.inputs) },
+    });
+    const c = pair(podYaml(), record);
+    assert.equal(c.equal, false);
+    assert.deepEqual(c.differences, [{ input: "scope", a: "cluster", b: "namespace:team-a" }]);
+
+    const withInit = (image: string): string =>
+      podYaml().replace(
+        "  containers:",
+        `  initContainers:\n    - {name: fetch, image: ${image}, env: [{name: HF_HOME, value: /c}]}\n  containers:`,
+      );
+    const d = pair(withInit("fetch:1"), withInit("fetch:2"));
+    assert.equal(d.equal, false);
+    assert.deepEqual(d.differences, [{ input: "containers[0].image", a: "fetch:1", b: "fetch:2" }]);
+  });
 });
 
 void describe("explain: per-run heuristics", () => {

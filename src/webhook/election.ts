@@ -131,6 +131,9 @@ export async function recordElection(
             reason: "LeaderElected",
             message: "",
             lastTransitionTime: new Date().toISOString(),
+            // This status speaks for the new election; no leader of it has been seen yet.
+            electionId: opts.electionId,
+            leaderUid: null,
           },
         },
       },
@@ -169,7 +172,8 @@ export async function recordElection(
               resourceVersion: reset.metadata.resourceVersion,
               ...(annotations ? { annotations } : {}),
             },
-            spec,
+            // A merge patch keeps what it does not name: the previous leader's fields go explicitly.
+            spec: { ...spec, leader: { name: null, uid: null, node: null, ...spec.leader } },
           },
         },
         merge,

@@ -845,14 +845,33 @@ test("resetting a failed record for a new election never overwrites a Ready writ
   assert.equal(now.status?.phase, "Ready", "the Ready stands");
   assert.equal(now.spec.electionId, "old", "the record was not taken over by the new election");
 
-  // Without a write in between, a Failed record is reset for the new election, its count kept.
-  await custom.patchClusterCustomObjectStatus(
-    { ...ref, name: short, body: { status: { phase: "Failed", reason: "CaptureFailed" } } },
+  // Without a write in between, a Failed record is reset for the new election, its count kept,
+  // and nothing of the previous election's leader left on it.
+  await custom.patchClusterCustomObject(
+    {
+      ...ref,
+      name: short,
+      body: { spec: { leader: { namespace: "team-a", name: "old-pod", uid: "old-uid" } } },
+    },
     merge,
   );
-  assert.equal(await recordElection(custom, { hash, electionId: "newer", namespace: "team-a" }), undefined);
+  await custom.patchClusterCustomObjectStatus(
+    {
+      ...ref,
+      name: short,
+      body: { status: { phase: "Failed", reason: "CaptureFailed", electionId: "old", leaderUid: "old-uid" } },
+    },
+    merge,
+  );
+  assert.equal(await recordElection(custom, { hash, electionId: "newer", namespace: "team-b" }), undefined);
   const reset = (await getModelCache(custom, short)) as ModelCacheObject;
-  assert.deepEqual([reset.status?.phase, reset.spec.electionId], ["Electing", "newer"]);
+  assert.deepEqual(
+    [reset.status?.phase, reset.spec.electionId, reset.status?.electionId],
+    ["Electing", "newer", "newer"],
+  );
+  assert.deepEqual(reset.spec.leader, { namespace: "team-b" });
+  assert.equal(reset.status?.leaderUid, undefined);
+  assert.equal(reset.status?.failedCaptures, 1, "the count of failed captures is kept");
 });
 
 test("the cache-env ConfigMap decorates new leaders; a bad one is refused and the built-in template kept", async (t) => {
