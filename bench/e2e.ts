@@ -1,0 +1,402 @@
+/**
+ * `npm run bench:e2e [-- --replicas 2,4,8,16] [--out DIR]`: N replicas of one model in real
+ * containers on the local cluster's real node, fetching from the local model hub (one throttled
+ * link shared by all), with Warmstart's election off (the namespace opts out: every replica
+ * downloads) and on, side by side in one run. It reports bytes the hub served, time to first and
+ * to all Ready, each restore's read time against the disk's own read bandwidth measured in the
+ * same run, and the CPU and memory of each Warmstart role; a table on stdout, JSON and a PNG plot
+ * in the output folder.
+ */
+import { execFile } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdir, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { cpus, loadavg } from "node:os";
+import { join } from "node:path";
+import { parseArgs, promisify } from "node:util";
+import * as k8s from "@kubernetes/client-node";
+import { Resvg } from "@resvg/resvg-js";
+import Table from "cli-table3";
+import * as vega from "vega";
+import { compile } from "vega-lite";
+import { getModelCache } from "../src/common/modelcache.js";
+import { ANN_ROLE, INIT_PREWARM, SKIP } from "../src/core/contract.js";
+import { up, type ClusterState } from "../src/localcluster/cluster.js";
+import { containerLogDir, engineDeployment, parseEngineReport } from "../src/localcluster/engine-chart.js";
+import { setNodeGpus } from "../src/localcluster/nodes.js";
+import { processStartTime } from "../src/localcluster/processes.js";
+
+const run = promisify(execFile);
+const MiB = 2 ** 20;
+const TIMEOUT_MS = 30 * 60_000;
+
+const { values } = parseArgs({
+  options: {
+    replicas: { type: "string", default: "2,4,8,16" },
+    out: { type: "string", default: ".bench/e2e" },
+    "compile-seconds": { type: "string", default: "2" },
+  },
+});
+const counts = values.replicas
+  .split(",")
+  .map((x) => Number(x.trim()))
+  .filter((n) => Number.isInteger(n) && n > 0);
+if (counts.length === 0) throw new Error(`--replicas: expected a list like 2,4,8, got "${values.replicas}"`);
+
+type Mode = "off" | "on";
+
+interface RoleUsage {
+  cpuSeconds: number;
+  peakRssMiB: number;
+}
+
+interface RunResult {
+  replicas: number;
+  election: Mode;
+  modelBytes: number;
+  hubBytes: number;
+  firstReadySeconds: number;
+  allReadySeconds: number;
+  leaderFetchSeconds?: number;
+  /** Per restored replica: from its release (scheduled) to Ready. */
+  restoreSeconds: number[];
+  /** Per restored replica: the prewarm init container's read of the whole tree. */
+  prewarmSeconds: number[];
+  treeBytes?: number;
+  roles: Record<string, RoleUsage>;
+}
+
+const log = (line: string): void => void process.stderr.write(`[bench:e2e] ${line}\n`);
+
+const state = await up({
+  nodes: 2,
+  gpusPerNode: 4,
+  realNodes: 1,
+  hubModelMiB: 256,
+  hubMiBs: 64,
+  csi: false,
+  bare: false,
+  progress: log,
+});
+const node = state.nodes.find((n) => n.real);
+if (!node?.podLogsDir || !state.images || !state.roles.modelHub)
+  throw new Error(
+    "bench:e2e needs a local cluster with a real node (bin/warmstart cluster down, then run again)",
+  );
+const kc = new k8s.KubeConfig();
+kc.loadFromFile(state.kubeconfig);
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const apps = kc.makeApiClient(k8s.AppsV1Api);
+const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const hub = state.roles.modelHub;
+const store = join(node.kubeletRoot, "..", "store");
+
+const loadBefore = loadavg();
+const diskMBs = await diskReadMBs(store);
+log(`disk read bandwidth under ${store}: ${diskMBs.toFixed(0)} MB/s (O_DIRECT)`);
+
+const results: RunResult[] = [];
+const started = Date.now();
+for (const n of counts) {
+  await setNodeGpus(core, node.name, Math.max(n, 4));
+  for (const mode of ["off", "on"] as const) {
+    log(`${n} replicas, election ${mode}`);
+    results.push(await runOnce(n, mode));
+  }
+}
+await setNodeGpus(core, node.name, 4);
+const loadAfter = loadavg();
+
+await mkdir(values.out, { recursive: true });
+const machine = {
+  cpus: cpus().length,
+  loadBefore: loadBefore.map((x) => Number(x.toFixed(2))),
+  loadAfter: loadAfter.map((x) => Number(x.toFixed(2))),
+  diskReadMBs: Number(diskMBs.toFixed(0)),
+  hubMiBs: 64,
+  minutes: Number(((Date.now() - started) / 60_000).toFixed(1)),
+};
+await writeFile(join(values.out, "e2e.json"), JSON.stringify({ machine, results }, null, 2));
+await writeFile(join(values.out, "e2e.png"), await plot(results));
+printTable(results);
+process.stdout.write(
+  `\nmachine: ${machine.cpus} CPUs, load ${machine.loadBefore.join(" ")} before, ${machine.loadAfter.join(" ")} after; ` +
+    `disk ${machine.diskReadMBs} MB/s; hub ${machine.hubMiBs} MiB/s shared; ${machine.minutes} min\n` +
+    `written: ${join(values.out, "e2e.json")}, ${join(values.out, "e2e.png")}\n`,
+);
+process.exit(0);
+
+async function runOnce(n: number, mode: Mode): Promise<RunResult> {
+  const tag = randomBytes(3).toString("hex");
+  const ns = `bench-${mode}-${n}-${tag}`;
+  const model = `synthetic/bench-${n}-${mode}-${tag}`;
+  await core.createNamespace({
+    body: { metadata: { name: ns, labels: mode === "off" ? { [SKIP]: "true" } : {} } },
+  });
+  await until("the default ServiceAccount", () =>
+    core.readNamespacedServiceAccount({ name: "default", namespace: ns }),
+  );
+  const files = (await (await fetch(`${hub}/api/models/${model}/tree/main`)).json()) as { size: number }[];
+  const modelBytes = files.reduce((a, f) => a + f.size, 0);
+  const sampler = sampleRoles(state, ["webhook", "server", `node-agent-${node!.name}`]);
+
+  const t0 = Date.now();
+  await apps.createNamespacedDeployment({
+    namespace: ns,
+    body: engineDeployment({
+      replicas: n,
+      model,
+      node: node!.name,
+      hub,
+      image: state.images!.engine,
+      compileSeconds: Number(values["compile-seconds"]),
+    }),
+  });
+  // Observed times (ms), polled: condition timestamps only have whole seconds.
+  const seen = new Map<string, { pod: k8s.V1Pod; scheduled?: number; ready?: number }>();
+  const deadline = Date.now() + TIMEOUT_MS;
+  for (;;) {
+    const now = Date.now();
+    for (const p of (await core.listNamespacedPod({ namespace: ns })).items) {
+      if (p.metadata?.deletionTimestamp) continue;
+      const e = seen.get(p.metadata!.name!) ?? { pod: p };
+      e.pod = p;
+      if (p.spec?.nodeName && e.scheduled === undefined) e.scheduled = now;
+      if (
+        p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") &&
+        e.ready === undefined
+      )
+        e.ready = now;
+      seen.set(p.metadata!.name!, e);
+    }
+    const ready = [...seen.values()].filter((e) => e.ready !== undefined);
+    if (ready.length >= n) break;
+    if (now > deadline)
+      throw new Error(`${ns}: only ${ready.length} of ${n} Ready after ${TIMEOUT_MS / 60_000} min`);
+    await sleep(200);
+  }
+  const roles = await sampler.stop();
+  const hubStats = (await (await fetch(`${hub}/_stats`)).json()) as {
+    repos: Record<string, { bytes: number }>;
+  };
+  const entries = [...seen.values()].filter((e) => e.ready !== undefined);
+  const readyAt = entries.map((e) => e.ready! - t0).sort((a, b) => a - b);
+
+  const leader = entries.find((e) => e.pod.metadata?.annotations?.[ANN_ROLE] === "leader");
+  const restored = entries.filter((e) =>
+    ["follower", "restore"].includes(e.pod.metadata?.annotations?.[ANN_ROLE] ?? ""),
+  );
+  const result: RunResult = {
+    replicas: n,
+    election: mode,
+    modelBytes,
+    hubBytes: hubStats.repos[model]?.bytes ?? 0,
+    firstReadySeconds: readyAt[0]! / 1000,
+    allReadySeconds: readyAt[readyAt.length - 1]! / 1000,
+    restoreSeconds: restored.map((e) => (e.ready! - e.scheduled!) / 1000),
+    prewarmSeconds: [],
+    roles,
+  };
+  if (leader) {
+    const report = await engineReportOf(leader.pod);
+    result.leaderFetchSeconds = report?.fetchSeconds;
+    const short = leader.pod.metadata?.labels?.["warmstart.dev/hash"];
+    const cache = short ? await getModelCache(custom, short) : undefined;
+    result.treeBytes = (cache?.status as { sizeBytes?: number } | undefined)?.sizeBytes;
+  }
+  for (const e of restored) {
+    const secs = await prewarmSeconds(e.pod);
+    if (secs !== undefined) result.prewarmSeconds.push(secs);
+  }
+  await core.deleteNamespace({ name: ns, gracePeriodSeconds: 0 });
+  await until(
+    `${ns}'s pods gone`,
+    async () => (await core.listNamespacedPod({ namespace: ns })).items.length === 0 || undefined,
+    300_000,
+  );
+  return result;
+}
+
+async function engineReportOf(pod: k8s.V1Pod): Promise<ReturnType<typeof parseEngineReport>> {
+  return parseEngineReport(await logOf(pod, "engine"));
+}
+
+async function prewarmSeconds(pod: k8s.V1Pod): Promise<number | undefined> {
+  const m = / in ([\d.]+) s /.exec(await logOf(pod, INIT_PREWARM));
+  return m ? Number(m[1]) : undefined;
+}
+
+async function logOf(pod: k8s.V1Pod, container: string): Promise<string> {
+  const dir = containerLogDir(node!.podLogsDir!, pod, container);
+  const files = (await readdir(dir).catch(() => [] as string[])).filter((f) => f.endsWith(".log"));
+  return (await Promise.all(files.map((f) => readFile(join(dir, f), "utf8")))).join("");
+}
+
+/** CPU seconds used and peak RSS of some of the cluster's processes while a run lasts. */
+function sampleRoles(st: ClusterState, names: string[]): { stop(): Promise<Record<string, RoleUsage>> } {
+  const procs = st.processes.filter((p) => names.includes(p.name));
+  const start = new Map<string, number>();
+  const peak = new Map<string, number>();
+  const sample = async (): Promise<void> => {
+    for (const p of procs) {
+      const rss = await rssMiB(p.pid);
+      if (rss !== undefined) peak.set(p.name, Math.max(peak.get(p.name) ?? 0, rss));
+    }
+  };
+  const ready = Promise.all(procs.map(async (p) => start.set(p.name, (await cpuSeconds(p.pid)) ?? 0)));
+  const timer = setInterval(() => void sample(), 500);
+  return {
+    async stop() {
+      clearInterval(timer);
+      await ready;
+      await sample();
+      const out: Record<string, RoleUsage> = {};
+      for (const p of procs) {
+        if (!(await processStartTime(p.pid))) continue;
+        out[p.name] = {
+          cpuSeconds: Number((((await cpuSeconds(p.pid)) ?? 0) - (start.get(p.name) ?? 0)).toFixed(2)),
+          peakRssMiB: Number((peak.get(p.name) ?? 0).toFixed(0)),
+        };
+      }
+      return out;
+    },
+  };
+}
+
+async function cpuSeconds(pid: number): Promise<number | undefined> {
+  const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => "");
+  if (!stat) return undefined;
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, in clock ticks (USER_HZ = 100)
+}
+
+async function rssMiB(pid: number): Promise<number | undefined> {
+  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+  const m = /^VmRSS:\s+(\d+) kB/m.exec(status);
+  return m ? Number(m[1]) / 1024 : undefined;
+}
+
+/** Read bandwidth of the disk under `dir`, bypassing the page cache (what a cold restore reads at). */
+async function diskReadMBs(dir: string): Promise<number> {
+  await mkdir(dir, { recursive: true });
+  const file = join(dir, `.bench-read-${randomBytes(3).toString("hex")}`);
+  try {
+    await run("dd", ["if=/dev/urandom", `of=${file}`, "bs=4M", "count=128", "conv=fsync"]);
+    const { stderr } = await run("dd", [`if=${file}`, "of=/dev/null", "bs=4M", "iflag=direct"]);
+    const m = /([\d.]+) s, /.exec(stderr);
+    return m ? (128 * 4 * MiB) / 1e6 / Number(m[1]) : NaN;
+  } finally {
+    await rm(file, { force: true });
+  }
+}
+
+function mean(xs: number[]): number | undefined {
+  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : undefined;
+}
+
+function fmt(x: number | undefined, d = 1): string {
+  return x === undefined || Number.isNaN(x) ? "-" : x.toFixed(d);
+}
+
+function storageLimitSeconds(r: RunResult): number | undefined {
+  return r.treeBytes ? r.treeBytes / 1e6 / diskMBs : undefined;
+}
+
+function printTable(rs: RunResult[]): void {
+  const t = new Table({
+    head: [
+      "N",
+      "election",
+      "hub MiB",
+      "first Ready s",
+      "all Ready s",
+      "restore s (mean)",
+      "prewarm s / limit s",
+      "webhook CPU s / MiB",
+      "server CPU s / MiB",
+      "node agent CPU s / MiB",
+    ],
+    style: { head: [], border: [] },
+  });
+  for (const r of rs) {
+    const role = (prefix: string): string => {
+      const e = Object.entries(r.roles).find(([k]) => k.startsWith(prefix))?.[1];
+      return e ? `${e.cpuSeconds.toFixed(1)} / ${e.peakRssMiB}` : "-";
+    };
+    const limit = storageLimitSeconds(r);
+    t.push([
+      r.replicas,
+      r.election,
+      fmt(r.hubBytes / MiB, 0),
+      fmt(r.firstReadySeconds),
+      fmt(r.allReadySeconds),
+      fmt(mean(r.restoreSeconds)),
+      r.election === "on" ? `${fmt(mean(r.prewarmSeconds), 2)} / ${fmt(limit, 2)}` : "-",
+      role("webhook"),
+      role("server"),
+      role("node-agent"),
+    ]);
+  }
+  process.stdout.write(`${t.toString()}\n\ngoals (election on):\n`);
+  for (const r of rs.filter((x) => x.election === "on")) {
+    const oneModel = r.hubBytes <= r.modelBytes;
+    const budget = (r.leaderFetchSeconds ?? 0) + Math.max(...r.restoreSeconds, 0);
+    const leaderReady = r.firstReadySeconds;
+    const limit = storageLimitSeconds(r);
+    const prewarm = mean(r.prewarmSeconds);
+    process.stdout.write(
+      `  N=${r.replicas}: hub bytes ${oneModel ? "=" : ">"} one model (${fmt(r.hubBytes / MiB, 0)} of ${fmt(r.modelBytes / MiB, 0)} MiB); ` +
+        `all Ready ${fmt(r.allReadySeconds)} s vs leader Ready + one restore ${fmt(leaderReady + Math.max(...r.restoreSeconds, 0))} s ` +
+        `(download ${fmt(r.leaderFetchSeconds)} s + restore ${fmt(Math.max(...r.restoreSeconds, 0))} s = ${fmt(budget)} s); ` +
+        `restore read ${prewarm && limit ? `${(prewarm / limit).toFixed(2)}x` : "-"} the storage limit\n`,
+    );
+  }
+}
+
+async function plot(rs: RunResult[]): Promise<Buffer> {
+  const rows = rs.flatMap((r) => [
+    { N: r.replicas, election: r.election, metric: "hub MiB served", value: r.hubBytes / MiB },
+    { N: r.replicas, election: r.election, metric: "all Ready (s)", value: r.allReadySeconds },
+    { N: r.replicas, election: r.election, metric: "first Ready (s)", value: r.firstReadySeconds },
+  ]);
+  const spec = compile({
+    $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+    title: "N replicas of one model: Warmstart's election off vs on",
+    data: { values: rows },
+    facet: { column: { field: "metric", type: "nominal", title: null } },
+    spec: {
+      width: 260,
+      height: 220,
+      mark: { type: "line", point: true },
+      encoding: {
+        x: {
+          field: "N",
+          type: "quantitative",
+          title: "replicas",
+          scale: { type: "log", base: 2 },
+          axis: { values: [...new Set(rs.map((r) => r.replicas))] },
+        },
+        y: { field: "value", type: "quantitative", title: null },
+        color: { field: "election", type: "nominal" },
+      },
+    },
+    resolve: { scale: { y: "independent" } },
+    config: { background: "white" },
+  }).spec;
+  const view = new vega.View(vega.parse(spec), { renderer: "none" });
+  const svg = await view.toSVG();
+  return new Resvg(svg, { fitTo: { mode: "zoom", value: 2 } }).render().asPng();
+}
+
+async function until<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check().catch(() => undefined);
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`bench:e2e: timed out waiting for ${what}`);
+    await sleep(250);
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
