@@ -223,6 +223,8 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         "--service-cluster-ip-range=10.0.0.0/24",
         "--authorization-mode=RBAC",
         "--allow-privileged=true",
+        // No kube-proxy: a webhook behind a Service (the chart's) is called at its endpoints.
+        "--enable-aggregator-routing=true",
         "--enable-priority-and-fairness=false",
         "--profiling=false",
         "--event-ttl=2h",
