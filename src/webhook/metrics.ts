@@ -31,7 +31,7 @@ export function createWebhookMetrics(): WebhookMetrics {
     }),
     failOpen: new Counter({
       name: "warmstart_webhook_fail_open_total",
-      help: "Pods admitted unchanged because something went wrong",
+      help: "Pods admitted without a decision (their stamps still removed) because something went wrong",
       labelNames: ["cause"],
       registers: [registry],
     }),
