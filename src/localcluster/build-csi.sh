@@ -35,7 +35,7 @@ build_wrapped() {
   gomod=$(modfield "$module@$version" GoMod)
   [ -n "$gomod" ] || { echo "error: could not download $module@$version" >&2; exit 3; }
   # `replace A => B V` lines (single or in a block) are copied; `A => ./path` points at A@version.
-  sed -n 's/^replace[[:space:]]*//; /=>/p' "$gomod" | grep -v '^(' | while read -r from _ to ver; do
+  sed -n 's/^replace[[:space:]]*//; /=>/p' "$gomod" | { grep -v '^(' || true; } | while read -r from _ to ver; do
     if [[ "$to" == ./* ]]; then go mod edit -replace="$from=$from@$version"
     else go mod edit -replace="$from=$to@$ver"; fi
   done
