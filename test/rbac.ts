@@ -254,18 +254,37 @@ export class ApiCallDeriver {
     }
     const scopes: RawScope[] = path.namespaced ? this.namespaceScopes(arg, site) : ["cluster"];
     const verb = verbOf(op.method, path.named);
+    // A server-side apply of an object that does not exist yet creates it: the API server asks
+    // for `create` too.
+    const verbs = verb === "patch" && this.isApply(n.arguments[1]) ? [verb, "create"] : [verb];
     const names = path.named ? this.objectNames(arg) : undefined;
     const calls: (Omit<ApiCall, "scope"> & { scope: RawScope })[] = [];
     for (const group of groups)
       for (let resource of resources) {
         if (path.subresource) resource = `${resource}/${path.subresource}`;
         for (const scope of scopes) {
-          calls.push({ group, resource, verb, scope, sites: [site], ...(names ? { names } : {}) });
+          for (const v of verbs)
+            calls.push({
+              group,
+              resource,
+              verb: v,
+              scope,
+              sites: [site],
+              ...(names && v !== "create" ? { names } : {}),
+            });
           if (informer && verb === "list")
             calls.push({ group, resource, verb: "watch", scope, sites: [site] });
         }
       }
     return calls;
+  }
+
+  /** Whether a call's options (its second argument, or the const that holds them) ask for server-side apply. */
+  private isApply(options: ts.Expression | undefined): boolean {
+    if (!options) return false;
+    const e = skipOuter(options);
+    const init = ts.isIdentifier(e) ? this.constInitializer(e) : undefined;
+    return /PatchStrategy\.ServerSideApply\b/.test((init ?? e).getText());
   }
 
   private literalProperty(arg: ts.Expression | undefined, name: string, site: string): string[] {

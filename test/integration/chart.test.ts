@@ -20,7 +20,7 @@ const EVERYTHING = {
   "clusterAgent.clusterId": "c1",
   "controlPlane.enabled": true,
   "snapshots.enabled": true,
-  "uninstall.deleteCaches": true,
+  "uninstall.deleteData": true,
   "webhook.clientAuth.caBundle": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
   "webhook.clientAuth.names": ["kube-apiserver-webhook-client"],
   "clusterAgent.controlPlaneCaBundle": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",

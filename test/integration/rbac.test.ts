@@ -73,7 +73,8 @@ function problems(objects: k8s.KubernetesObject[], snapshots: boolean): string[]
     for (const p of compareRbac(expected(role, snapshots), mine, { system: SYSTEM, workloads: WORKLOADS }))
       out.push(`${role}: ${p}`);
   }
-  const known = new Set([...ROLES.map((r) => accountOf(r.role)), accountOf("uninstall")]);
+  const hooks = ["uninstall-caches", "uninstall-agent"].map(accountOf);
+  const known = new Set([...ROLES.map((r) => accountOf(r.role)), ...hooks]);
   for (const g of all) if (!known.has(g.account)) out.push(`a grant to an unknown account ${g.account}`);
   return out;
 }
@@ -109,7 +110,7 @@ void test("the chart grants each role exactly what its code uses (snapshot right
 });
 
 void test("no wildcard anywhere, no Secret readable cluster-wide, Secrets only by name where read", async () => {
-  const objects = await renderChart({ ...VALUES, "snapshots.enabled": true, "uninstall.deleteCaches": true });
+  const objects = await renderChart({ ...VALUES, "snapshots.enabled": true, "uninstall.deleteData": true });
   for (const o of objects.filter((x) => x.kind === "Role" || x.kind === "ClusterRole")) {
     for (const r of (o as k8s.V1Role).rules ?? []) {
       for (const v of [...(r.apiGroups ?? []), ...(r.resources ?? []), ...r.verbs])
@@ -124,11 +125,24 @@ void test("no wildcard anywhere, no Secret readable cluster-wide, Secrets only b
   );
   for (const g of all.filter((x) => x.resource === "secrets" && x.verb !== "create"))
     assert.ok(g.names?.length, `${g.account} ${g.verb}s Secrets by name only`);
-  // The uninstall hook deletes cache records and nothing else.
-  const hook = all.filter((g) => g.account === accountOf("uninstall"));
-  assert.deepEqual(hook.map((g) => `${g.where} ${g.group} ${g.resource} ${g.verb}`).sort(), [
+  // The uninstall hooks delete the data and nothing else: cache records, then the agent's.
+  const hook = (role: string): string[] =>
+    all
+      .filter((g) => g.account === accountOf(role))
+      .map(
+        (g) =>
+          `${g.where} ${g.group || "core"} ${g.resource} ${g.verb}${g.names ? ` ${g.names.join(",")}` : ""}`,
+      )
+      .sort();
+  assert.deepEqual(hook("uninstall-caches"), [
     "cluster warmstart.dev modelcaches delete",
     "cluster warmstart.dev modelcaches list",
+  ]);
+  assert.deepEqual(hook("uninstall-agent"), [
+    `${SYSTEM} core configmaps delete`,
+    `${SYSTEM} core configmaps list`,
+    `${SYSTEM} core pods list`,
+    `${SYSTEM} core secrets delete warmstart-cluster-agent-credentials`,
   ]);
 });
 
