@@ -140,7 +140,8 @@ export class FolderDriver {
         }),
       );
       await mkdir(this.o.registrationDir, { recursive: true });
-      await this.bind(registration, join(this.o.registrationDir, `${this.name}-reg.sock`));
+      // A short name: a unix socket path is at most 107 bytes, and kubelet roots can be deep.
+      await this.bind(registration, join(this.o.registrationDir, "wsfolders-reg.sock"));
     }
   }
 
