@@ -23,7 +23,7 @@ import {
 } from "../../src/core/contract.js";
 import { readState, startClusterProcessAgain, stopClusterProcess } from "../../src/localcluster/cluster.js";
 import { CSI_DRIVER_NAME, FolderDriver } from "../../src/localcluster/csi/driver.js";
-import { csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../src/localcluster/csi/stack.js";
+import { BLOCK_CLASS, csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../src/localcluster/csi/stack.js";
 import { freePort } from "../../src/localcluster/processes.js";
 import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
@@ -342,3 +342,34 @@ function runToEnd(
     child.on("close", (status) => resolve({ status, stdout, stderr }));
   });
 }
+
+test("a class the driver cannot share read-only (block): Unsupported, and the pods of that hash start cold", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node || !(await csiReady(t))) return;
+  const { custom } = await kube();
+  await storeOnVolume(t, node, await storeVolume(t, BLOCK_CLASS, "ReadWriteOnce"));
+  const ns = await tempNamespace(t, "csi-block");
+  const model = `synthetic/${uniqueName("block")}`;
+  await createEngines(t, node, ns, { replicas: 2, model });
+  const short = await waitFor("a leader", async () => {
+    const pods = await listPods(ns, "app=engine");
+    return pods.find((p) => p.metadata?.annotations?.[ANN_ROLE] === "leader")?.metadata?.labels?.[LABEL_HASH];
+  });
+  const cache = await waitFor(
+    "the cache Unsupported",
+    async () => {
+      const c = await getModelCache(custom, short);
+      return c?.status?.phase === "Failed" ? c : undefined;
+    },
+    READY_MS,
+  );
+  assert.equal(cache.status?.reason, "Unsupported");
+  // No pod waits on a cache that cannot be: every replica ends Ready, the later ones cold.
+  const pods = await readyPods(ns, 2);
+  const later = pods.filter((p) => p.metadata?.annotations?.[ANN_ROLE] !== "leader");
+  assert.ok(later.length >= 1);
+  for (const p of later) {
+    assert.equal(p.metadata?.annotations?.[ANN_ROLE], "cold", `${p.metadata?.name} starts cold`);
+    assert.match(p.metadata?.annotations?.["warmstart.dev/reason"] ?? "", /share|Unsupported|clone/i);
+  }
+});
