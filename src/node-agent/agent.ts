@@ -919,7 +919,7 @@ export class NodeAgent {
       const freeable = candidates.reduce((n, c) => n + c.bytes, 0);
       if (used - freeable + needed > budget) {
         throw new StoreFullError(
-          `the store budget is ${formatBytes(budget)}: ${formatBytes(used)} held, ${mounted.size} cache(s) in use, ${formatBytes(needed)} needed and only ${formatBytes(freeable)} unused`,
+          `the store budget is ${formatBytes(budget)}: ${formatBytes(used)} held, ${trees.filter((x) => mounted.has(x.short)).length} cache(s) in use, ${formatBytes(needed)} needed and only ${formatBytes(freeable)} unused`,
         );
       }
       for (const c of candidates) {

@@ -8,7 +8,7 @@
 import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -17,6 +17,7 @@ import {
   gpuContainer,
   isPodReady,
   kube,
+  listPods,
   localCluster,
   tempNamespace,
   uniqueName,
@@ -25,7 +26,9 @@ import {
 import { FaultProxy } from "../fault-proxy.js";
 import {
   ANN_CACHE_SOURCE,
+  ANN_ELECTION_ID,
   ANN_HASH,
+  LABEL_CAPTURE,
   ANN_REASON,
   ANN_ROLE,
   CACHE_VOLUME,
@@ -39,11 +42,14 @@ import {
 import { SYSTEM_NAMESPACE, isNotFound } from "../../src/common/kube.js";
 import { createLogger } from "../../src/common/log.js";
 import { readManifest } from "../../src/datapath/manifest.js";
+import { capture } from "../../src/datapath/capture.js";
+import { recordElection, tryAcquire } from "../../src/webhook/election.js";
 import { ensureSimulatedNode } from "../../src/localcluster/nodes.js";
-import { NodeAgent } from "../../src/node-agent/agent.js";
+import { NodeAgent, type NodeAgentHooks } from "../../src/node-agent/agent.js";
 import { loadNodeAgentConfig } from "../../src/node-agent/config.js";
 import { emptyDirPath } from "../../src/node-agent/store.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";
+import { fetchSnapshot } from "../../src/server/views.js";
 
 const MANUAL_READY = "sim.warmstart.dev/manual-ready";
 const READY = "sim.warmstart.dev/ready";
@@ -142,6 +148,13 @@ function cleanupCache(
       .deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE })
       .catch(ignoreNotFound);
     await custom.deleteClusterCustomObject({ ...mcRef, name: short }).catch(ignoreNotFound);
+    // The finalizers are honoured by the agents and the server; a test's agent may be gone first.
+    await custom
+      .patchClusterCustomObject(
+        { ...mcRef, name: short, body: { metadata: { finalizers: null } } },
+        mergePatch,
+      )
+      .catch(ignoreNotFound);
     const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
     for (const pv of pvs.items)
       await core.deletePersistentVolume({ name: pv.metadata!.name! }).catch(ignoreNotFound);
@@ -364,6 +377,7 @@ async function startAgent(
   where: { node: string; kubeletRoot: string; store: string },
   overrides: Record<string, unknown> = {},
   proxy?: FaultProxy,
+  hooks?: NodeAgentHooks,
 ): Promise<TestAgent> {
   const { kc } = await kube();
   const p = proxy ?? (await FaultProxy.start(kc));
@@ -384,6 +398,7 @@ async function startAgent(
     cfg,
     kc: p.kubeConfig(),
     log: createLogger(`node-agent-${where.node}`, process.env.LOG_LEVEL ?? "warn"),
+    ...(hooks ? { hooks } : {}),
   });
   await agent.start();
   t.after(async () => {
@@ -416,7 +431,8 @@ async function readyLeader(
 
 const metric = async (agent: NodeAgent, name: string, labels: string): Promise<number> => {
   const text = await agent.metrics.registry.metrics();
-  const line = text.split("\n").find((l) => l.startsWith(`${name}{${labels}}`));
+  const prefix = labels ? `${name}{${labels}} ` : `${name} `;
+  const line = text.split("\n").find((l) => l.startsWith(prefix));
   return line ? Number(line.split(" ").pop()) : 0;
 };
 
@@ -622,4 +638,421 @@ void test("storage that clones per pod is reported Unsupported, and later pods o
   const later = await createPod(other, workerPod("later", model));
   assert.equal(later.metadata?.annotations?.[ANN_ROLE], "cold");
   assert.match(later.metadata?.annotations?.[ANN_REASON] ?? "", /unsupported/i);
+});
+
+// ---------------------------------------------------------------------------------------------
+// The life of one election's record: only its own election writes on it, only its leader is
+// captured, and a capture stops when its leader goes.
+
+/** What admission does when an election is retired and the next pod is admitted: a new Lease and a reset record. */
+async function nextElection(hash: string, namespace: string): Promise<string> {
+  const { coordination, custom } = await kube();
+  await coordination
+    .deleteNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE })
+    .catch(ignoreNotFound);
+  const election = `e2-${randomBytes(4).toString("hex")}`;
+  const won = await tryAcquire(coordination, {
+    namespace: SYSTEM_NAMESPACE,
+    hash,
+    electionId: election,
+    deadlineSeconds: 3600,
+    podNamespace: namespace,
+  });
+  assert.equal(won.role, "leader");
+  assert.equal(await recordElection(custom, { hash, electionId: election, namespace }), undefined);
+  return election;
+}
+
+const electionOf = (p: k8s.V1Pod): string => p.metadata!.annotations![ANN_ELECTION_ID]!;
+
+void test("a leader deleted mid-copy stops the copy (nothing committed, mark released), and its election's late Failed never lands on the next election", async (t) => {
+  const where = await testNode(t);
+  let release!: () => void;
+  const held = new Promise<void>((r) => (release = r));
+  let copying!: () => void;
+  const started = new Promise<void>((r) => (copying = r));
+  const opened: string[] = [];
+  const ta = await startAgent(t, where, { captureParallel: 1 }, undefined, {
+    capture: {
+      beforeOpen: async (rel) => {
+        opened.push(rel);
+        copying();
+        await held;
+      },
+    },
+  });
+  const { core } = await kube();
+  const ns = await tempNamespace(t, "cancel");
+  const { pod, tree } = await readyLeader(ta, ns, "leader", `org/cancel-${ns}`);
+  const hash = pod.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  const uid = pod.metadata!.uid!;
+  cleanupCache(t, short, [ta.store]);
+  await started;
+  assert.equal((await getCache(short))?.status?.phase, "Capturing");
+
+  // Mid-copy, the election is retired and the next one recorded; then the leader goes.
+  const next = await nextElection(hash, ns);
+  await core.deleteNamespacedPod({ namespace: ns, name: "leader", gracePeriodSeconds: 0 });
+  await waitFor("the capture told to stop", () => ta.agent.marks.get(uid)?.controller.signal.aborted);
+  release();
+  await ta.agent.idle();
+
+  assert.ok(
+    ["pod-deleted", "terminating"].includes(ta.agent.marks.lastRelease(uid)!),
+    ta.agent.marks.lastRelease(uid),
+  );
+  assert.ok(
+    opened.length < tree.files,
+    `the copy stopped early (${opened.length} of ${tree.files} files opened)`,
+  );
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="cancelled"'), 1);
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 0);
+  await assert.rejects(stat(join(ta.store, short)), /ENOENT/, "nothing committed");
+  assert.deepEqual(
+    (await readdir(ta.store)).filter((n) => n.startsWith(short)),
+    [],
+    "no staging tree left behind",
+  );
+  const cache = (await getCache(short))!;
+  assert.equal(cache.spec.electionId, next);
+  assert.equal(
+    cache.status?.phase,
+    "Electing",
+    `the next election is untouched: ${JSON.stringify(cache.status)}`,
+  );
+  assert.notEqual(cache.status?.electionId, electionOf(pod));
+  assert.equal(cache.status?.failedCaptures ?? 0, 0);
+  assert.ok(
+    !(cache.metadata.finalizers ?? []).some((f) => f.startsWith("warmstart.dev/store-")),
+    "a node that stored nothing holds no finalizer",
+  );
+});
+
+void test("a promote that fails after its election was replaced leaves the next election alone", async (t) => {
+  const where = await testNode(t);
+  let next: string | undefined;
+  let hash = "";
+  let ns = "";
+  const ta = await startAgent(t, where, { claimAttempts: 2 }, undefined, {
+    // Just before the late Failed is written, admission records the next election.
+    beforeStatus: async (_short, phase) => {
+      if (phase === "Failed" && !next) next = await nextElection(hash, ns);
+    },
+  });
+  ns = await tempNamespace(t, "late-a");
+  const nsB = await tempNamespace(t, "late-b");
+  const model = `org/late-${ns}`;
+  ta.proxy.inject({
+    method: "POST",
+    path: new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`),
+    status: [500],
+  });
+  const created = await createPod(ns, workerPod("leader", model, { manualReady: true, node: ta.node }));
+  hash = created.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  await createPod(nsB, workerPod("follower", model));
+  const pod = await bound(ns, "leader");
+  await writeCacheTree(emptyDirPath(ta.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME));
+  await makeReady(ns, "leader");
+  await waitFor("the promote to fail", () => next, 30_000);
+  await ta.agent.idle();
+  const cache = (await getCache(short))!;
+  assert.equal(cache.spec.electionId, next);
+  assert.equal(
+    cache.status?.phase,
+    "Electing",
+    `the late Failed was refused: ${JSON.stringify(cache.status)}`,
+  );
+  assert.equal(cache.status?.failedCaptures ?? 0, 0);
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_promotes_total", 'result="failed"'), 1);
+});
+
+/** A committed tree of `hash` in the store, as a capture left it. */
+async function committedTree(store: string, hash: string): Promise<void> {
+  const src = await mkdtemp(join(tmpdir(), "ws-src-"));
+  await writeCacheTree(src);
+  await capture({ src, dest: join(store, shortHash(hash)), hash, progress: false, durable: false });
+  await rm(src, { recursive: true, force: true });
+}
+
+/** A record as admission and an agent left it: spec for one election, status written for another. */
+async function recordAs(
+  hash: string,
+  spec: { electionId: string },
+  status: Record<string, unknown>,
+): Promise<void> {
+  const { custom } = await kube();
+  const name = shortHash(hash);
+  await custom.createClusterCustomObject({
+    ...mcRef,
+    body: {
+      apiVersion: `${MODELCACHE.group}/${MODELCACHE.version}`,
+      kind: MODELCACHE.kind,
+      metadata: { name, labels: { [LABEL_HASH]: name } },
+      spec: { hash, ...spec },
+    },
+  });
+  await custom.patchClusterCustomObjectStatus({ ...mcRef, name, body: { status } }, mergePatch);
+}
+
+for (const [what, status] of [
+  ["a freshly reset Electing record (its node kept from before)", { phase: "Electing", electionId: "e1" }],
+  ["a Promoting status left by the previous election", { phase: "Promoting", electionId: "e1" }],
+] as const) {
+  void test(`a resync never resumes an old election's promote onto ${what}`, async (t) => {
+    const where = await testNode(t);
+    const ta = await startAgent(t, where);
+    const hash = randomBytes(32).toString("hex");
+    const short = shortHash(hash);
+    cleanupCache(t, short, [ta.store]);
+    await committedTree(ta.store, hash);
+    await recordAs(hash, { electionId: "e2" }, { ...status, node: ta.node, reason: "x" });
+    await ta.agent.resync();
+    await ta.agent.idle();
+    const cache = (await getCache(short))!;
+    assert.equal(cache.status?.phase, status.phase, `left as it was: ${JSON.stringify(cache.status)}`);
+    assert.equal(cache.metadata.annotations?.[ANN_CACHE_SOURCE], undefined, "nothing published");
+    const { core } = await kube();
+    assert.equal(
+      (await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` })).items.length,
+      0,
+    );
+  });
+}
+
+void test("a resync resumes the unfinished promote of the record's own election (agent restart)", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where);
+  const hash = randomBytes(32).toString("hex");
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  await committedTree(ta.store, hash);
+  await recordAs(hash, { electionId: "e1" }, { phase: "Promoting", electionId: "e1", node: ta.node });
+  await ta.agent.resync();
+  await ta.agent.idle();
+  const cache = await watchCache(short, (c) => c.status?.phase === "Ready", 10_000);
+  assert.equal(cache.cache.status?.electionId, "e1");
+  assert.ok(cache.cache.metadata.annotations?.[ANN_CACHE_SOURCE]);
+});
+
+void test("only the elected leader is captured: pods forging the capture label, a hash or the holder's election id are ignored", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where);
+  const { core } = await kube();
+  const ns = await tempNamespace(t, "forge");
+  const model = `org/forge-${ns}`;
+  const created = await createPod(ns, workerPod("leader", model, { manualReady: true, node: ta.node }));
+  assert.equal(created.metadata?.annotations?.[ANN_ROLE], "leader");
+  const hash = created.metadata.annotations[ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  const leader = await bound(ns, "leader");
+  const tree = await writeCacheTree(emptyDirPath(ta.kubeletRoot, leader.metadata!.uid!, CACHE_VOLUME));
+  // Seen (bound, not Ready yet) and recorded by UID, before anyone can copy its stamps.
+  await waitFor(
+    "the leader recorded by UID",
+    async () => (await getCache(short))?.status?.leaderUid === leader.metadata!.uid,
+  );
+
+  // The attackers: pods the webhook never saw (kube-system stands for a pod admitted while the
+  // webhook was unreachable), one wearing a copy of the leader's stamps, one the label and a hash
+  // but no election id. Each has a cache of its own to publish.
+  const forge = async (name: string, election?: string): Promise<k8s.V1Pod> => {
+    const body: k8s.V1Pod = {
+      metadata: {
+        name,
+        labels: { [LABEL_CAPTURE]: "true", [LABEL_HASH]: short },
+        annotations: {
+          [ANN_HASH]: hash,
+          [ANN_ROLE]: "leader",
+          ...(election ? { [ANN_ELECTION_ID]: election } : {}),
+        },
+      },
+      spec: {
+        containers: [gpuContainer("vllm", ["--model", model])],
+        nodeSelector: { "kubernetes.io/hostname": ta.node },
+      },
+    };
+    const p = await core.createNamespacedPod({ namespace: "kube-system", body });
+    t.after(() =>
+      core
+        .deleteNamespacedPod({ namespace: "kube-system", name, gracePeriodSeconds: 0 })
+        .then(() => undefined, ignoreNotFound),
+    );
+    assert.equal(p.metadata?.labels?.[LABEL_CAPTURE], "true", "the forged stamps reached the API server");
+    const running = await bound("kube-system", name);
+    const root = emptyDirPath(ta.kubeletRoot, running.metadata!.uid!, CACHE_VOLUME);
+    await mkdir(join(root, "model"), { recursive: true });
+    await writeFile(join(root, "model", "poison.safetensors"), "not the model");
+    return running;
+  };
+  const copy = await forge(uniqueName("copy"), electionOf(leader));
+  const bare = await forge(uniqueName("bare"));
+  await waitFor(
+    "the agent ignored both",
+    async () =>
+      ta.agent.marks.lastRelease(copy.metadata!.uid!) === "not-leader" &&
+      (await metric(ta.agent, "warmstart_node_agent_decisions_total", 'decision="skipped-no-election-id"')) >
+        0,
+  );
+  assert.equal(
+    ta.agent.marks.get(bare.metadata!.uid!),
+    undefined,
+    "the pod without an election id was never marked",
+  );
+  await assert.rejects(stat(join(ta.store, short)), /ENOENT/, "nothing of theirs captured");
+
+  // The real leader turns Ready: its tree, and only its tree, is published.
+  await makeReady(ns, "leader");
+  const { cache } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Ready" || c.status?.phase === "Failed",
+  );
+  assert.equal(cache.status?.phase, "Ready", JSON.stringify(cache.status));
+  assert.equal(cache.status?.leaderUid, leader.metadata!.uid);
+  const manifest = await readManifest(join(ta.store, short));
+  assert.equal(manifest.fileCount, tree.files);
+  assert.ok(!manifest.files.some((f) => f.path.includes("poison")), "no byte of the forgers' trees");
+});
+
+void test("a capture that fails counts once, and the next election captures", async (t) => {
+  const st = (await localCluster())!;
+  assert.ok(st.roles.server, "the release controller of the local cluster re-elects");
+  const where = await testNode(t);
+  const ta = await startAgent(t, where);
+  const { apps } = await kube();
+  const ns = await tempNamespace(t, "refail");
+  const model = `org/refail-${ns}`;
+  await apps.createNamespacedDeployment({
+    namespace: ns,
+    body: {
+      metadata: { name: "worker" },
+      spec: {
+        replicas: 2,
+        selector: { matchLabels: { app: "worker" } },
+        template: {
+          metadata: { labels: { app: "worker" }, annotations: { [MANUAL_READY]: "true" } },
+          spec: {
+            containers: [gpuContainer("vllm", ["--model", model])],
+            nodeSelector: { "kubernetes.io/hostname": ta.node },
+          },
+        },
+      },
+    },
+  });
+  const first = await waitFor("the first leader bound", async () => {
+    const p = (await listPods(ns, "app=worker")).find(
+      (x) => x.metadata?.annotations?.[ANN_ROLE] === "leader",
+    );
+    return p?.status?.phase === "Running" ? p : undefined;
+  });
+  const hash = first.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  // Its engine never wrote a cache: there is nothing to capture, and the capture fails.
+  await makeReady(ns, first.metadata!.name!);
+  const failed = await watchCache(short, (c) => c.status?.phase === "Failed");
+  assert.equal(failed.cache.status?.reason, "CaptureFailed");
+  assert.equal(failed.cache.status?.failedCaptures, 1);
+
+  // The release controller retires the election and evicts the follower; its replacement leads.
+  const second = await waitFor(
+    "a new leader",
+    async () => {
+      const p = (await listPods(ns, "app=worker")).find(
+        (x) =>
+          x.metadata?.annotations?.[ANN_ROLE] === "leader" &&
+          electionOf(x) !== electionOf(first) &&
+          x.status?.phase === "Running",
+      );
+      return p;
+    },
+    60_000,
+  );
+  const tree = await writeCacheTree(emptyDirPath(ta.kubeletRoot, second.metadata!.uid!, CACHE_VOLUME));
+  await makeReady(ns, second.metadata!.name!);
+  const { cache } = await watchCache(short, (c) => c.status?.phase === "Ready");
+  assert.equal(cache.status?.electionId, electionOf(second));
+  assert.equal(cache.status?.failedCaptures, 1, "the failure is counted once; the success does not clear it");
+  assert.equal(cache.status?.lastFailedElection, electionOf(first));
+  assert.equal((await readManifest(join(ta.store, short))).fileCount, tree.files);
+});
+
+void test("store budget: a capture that needs room removes the least recently restored cache no pod mounts; a cache in use stays", async (t) => {
+  const where = await testNode(t);
+  // Room for two trees (about 2.2 MB each), not three.
+  const ta = await startAgent(t, where, { storeBudget: "5Mi" });
+  const { core, custom } = await kube();
+  const ns = await tempNamespace(t, "budget");
+  const caches: Record<string, string> = {};
+  for (const name of ["a", "b"]) {
+    const { pod } = await readyLeader(ta, ns, `leader-${name}`, `org/budget-${name}-${ns}`);
+    caches[name] = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+    cleanupCache(t, caches[name], [ta.store]);
+    await watchCache(caches[name], (c) => c.status?.phase === "Ready");
+  }
+  const [a, b] = [caches.a!, caches.b!];
+  // a was restored longest ago, but a pod mounts it; b was restored just now and nobody mounts it.
+  const restored = async (short: string, at: Date): Promise<void> => {
+    await custom.patchClusterCustomObjectStatus(
+      { ...mcRef, name: short, body: { status: { lastRestoredAt: at.toISOString() } } },
+      mergePatch,
+    );
+  };
+  await restored(a, new Date(Date.now() - 3_600_000));
+  await restored(b, new Date());
+  const user = await createPod(ns, workerPod("uses-a", `org/budget-a-${ns}`, { node: ta.node }));
+  assert.equal(user.metadata?.annotations?.[ANN_ROLE], "restore");
+  assert.ok(user.spec?.volumes?.some((v) => v.persistentVolumeClaim?.claimName === claimName(a)));
+  await bound(ns, "uses-a");
+
+  const { pod } = await readyLeader(ta, ns, "leader-c", `org/budget-c-${ns}`);
+  const c = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, c, [ta.store]);
+  await watchCache(c, (x) => x.status?.phase === "Ready");
+  await ta.agent.idle();
+
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_store_evictions_total", ""), 1);
+  // b went, with everything it had created.
+  await waitFor("b's record gone", async () => (await getCache(b)) === undefined);
+  await assert.rejects(stat(join(ta.store, b)), /ENOENT/);
+  assert.equal(await claimIn(ns, b), undefined);
+  assert.equal((await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${b}` })).items.length, 0);
+  // a, in use, stayed though it was the least recently restored.
+  assert.equal((await getCache(a))?.status?.phase, "Ready");
+  assert.ok((await stat(join(ta.store, a))).isDirectory());
+  assert.ok(await claimIn(ns, a));
+  // The store's use is published for `warmstart caches`.
+  const { kc } = await kube();
+  const row = await waitFor("the store row", async () =>
+    (await fetchSnapshot(kc, SYSTEM_NAMESPACE)).stores.find(
+      (s) => s.node === ta.node && s.caches.length === 2,
+    ),
+  );
+  assert.equal(row.budgetBytes, 5 * 2 ** 20);
+  assert.ok(row.usedBytes <= row.budgetBytes, `${row.usedBytes} within the budget`);
+  assert.deepEqual([...row.caches].sort(), [a, c].sort());
+});
+
+void test("store budget: a capture that cannot have room fails, counted, and nothing in use is removed", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { storeBudget: "1Mi" });
+  const ns = await tempNamespace(t, "full");
+  const { pod } = await readyLeader(ta, ns, "leader", `org/full-${ns}`);
+  const short = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, short, [ta.store]);
+  const { cache } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Failed" || c.status?.phase === "Ready",
+  );
+  assert.equal(cache.status?.phase, "Failed");
+  assert.equal(cache.status?.reason, "CaptureFailed");
+  assert.match(
+    cache.status?.message ?? "",
+    /store budget is 1\.0 MB: 0 B held, 0 cache\(s\) in use, 2\.2 MB needed/,
+  );
+  assert.equal(cache.status?.failedCaptures, 1);
+  await assert.rejects(stat(join(ta.store, short)), /ENOENT/);
 });

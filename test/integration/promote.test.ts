@@ -221,20 +221,24 @@ void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim cou
   t.after(() => storage.deleteStorageClass({ name: className }).then(() => undefined, ignoreNotFound));
   const short = newShort();
   cleanup(t, short);
-  // Opted-out namespaces: the webhook never sees their pods, so a stamp set by hand stays.
-  const nsA = await tempNamespace(t, "wf-a", { [SKIP]: "true" });
-  const nsB = await tempNamespace(t, "wf-b", { [SKIP]: "true" });
+  const nsA = await tempNamespace(t, "wf-a");
+  const nsB = await tempNamespace(t, "wf-b");
   const nsIdle = await tempNamespace(t, "wf-idle");
-  // Pods stamped with the hash (labelled by hand) mark the namespaces that need the claim.
+  // Pods stamped with the hash mark the namespaces that need the claim. The webhook removes a
+  // stamp an author sets, so the test stamps them afterwards, as Warmstart would.
   for (const ns of [nsA, nsB]) {
-    const p = await core.createNamespacedPod({
+    await core.createNamespacedPod({
       namespace: ns,
       body: {
-        metadata: { name: "stamped", labels: { [LABEL_HASH]: short } },
+        metadata: { name: "stamped", annotations: { [SKIP]: "true" } },
         spec: { containers: [{ name: "c", image: "busybox" }], schedulingGates: [{ name: "test/hold" }] },
       },
     });
-    assert.equal(p.metadata?.labels?.[LABEL_HASH], short, "the stamp this test relies on was kept");
+    const p = await core.patchNamespacedPod(
+      { namespace: ns, name: "stamped", body: { metadata: { labels: { [LABEL_HASH]: short } } } },
+      mergePatch,
+    );
+    assert.equal(p.metadata?.labels?.[LABEL_HASH], short);
   }
   const r = await ensureClaimsForStampedPods({
     clients: promoteClients(kc),

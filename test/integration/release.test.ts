@@ -7,19 +7,33 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as k8s from "@kubernetes/client-node";
 import { pino } from "pino";
-import { kube, listPods, tempNamespace, waitFor, createWorkers } from "../harness.js";
+import { setTimeout as sleep } from "node:timers/promises";
+import { kube, listPods, tempNamespace, waitFor, createWorkers, gpuContainer } from "../harness.js";
+import { FaultProxy } from "../fault-proxy.js";
+import { pauseRole } from "../roles.js";
 import {
+  ANN_CACHE_SOURCE,
+  ANN_DEADLINE,
   ANN_ELECTION_ID,
   ANN_HASH,
+  ANN_RESTORE_RECORDED,
   ANN_ROLE,
+  ANN_TREE,
   LABEL_GATED,
+  LABEL_HASH,
   MODELCACHE,
   SCHEDULING_GATE,
   leaseName,
   shortHash,
 } from "../../src/core/contract.js";
-import { SYSTEM_NAMESPACE, isNotFound } from "../../src/common/kube.js";
-import { retireLease } from "../../src/server/release.js";
+import { SYSTEM_NAMESPACE, isNotFound, makeApiClient } from "../../src/common/kube.js";
+import { CacheRecords } from "../../src/common/cache-record.js";
+import { reconcileHash, retireLease, type ReleaseDeps } from "../../src/server/release.js";
+import { ReleaseController } from "../../src/server/controller.js";
+import { createServerMetrics } from "../../src/server/metrics.js";
+import { fetchSnapshot } from "../../src/server/views.js";
+import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
+import { CacheSourceSchema, encodeSource } from "../../src/promote/source.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";
 
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
@@ -140,39 +154,6 @@ test("a leader that goes away ends its election: Lease retired, followers evicte
   );
 });
 
-test("an election past its deadline is retired and re-run", async (t) => {
-  const ns = await tempNamespace(t, "deadline");
-  const { hash } = await deployWorkers(ns, 2, `org/deadline-${ns}`);
-  const short = shortHash(hash);
-  await cleanup(t, short);
-  const { coordination } = await kube();
-  const lease = await coordination.readNamespacedLease({
-    name: leaseName(hash),
-    namespace: SYSTEM_NAMESPACE,
-  });
-  await coordination.patchNamespacedLease(
-    {
-      name: leaseName(hash),
-      namespace: SYSTEM_NAMESPACE,
-      body: {
-        metadata: { annotations: { "warmstart.dev/deadline": new Date(Date.now() - 1000).toISOString() } },
-      },
-    },
-    merge,
-  );
-  await waitFor(
-    "a new Lease",
-    async () => {
-      const now = await coordination.readNamespacedLease({
-        name: leaseName(hash),
-        namespace: SYSTEM_NAMESPACE,
-      });
-      return now.metadata?.uid !== lease.metadata?.uid;
-    },
-    60_000,
-  );
-});
-
 test("an orphaned follower (no Lease) is released when its cache is Ready", async (t) => {
   const ns = await tempNamespace(t, "orphan");
   const { hash } = await deployWorkers(ns, 2, `org/orphan-${ns}`);
@@ -251,4 +232,423 @@ test("the dashboard and the operators' API show caches, elections and pods", asy
       .sort(),
     ["follower", "leader"],
   );
+});
+
+// ---------------------------------------------------------------------------------------------
+// Races, run by an in-process reconcile while the cluster's own server is held still, so the
+// interleaving each test injects (a fault, a hook) is the only one that happens.
+
+const silent = pino({ level: "silent" });
+
+function deps(kc: k8s.KubeConfig, extra: Partial<ReleaseDeps> = {}): ReleaseDeps {
+  return {
+    core: makeApiClient(kc, k8s.CoreV1Api),
+    coordination: makeApiClient(kc, k8s.CoordinationV1Api),
+    custom: makeApiClient(kc, k8s.CustomObjectsApi),
+    systemNamespace: SYSTEM_NAMESPACE,
+    log: process.env.LOG_LEVEL ? pino({ level: process.env.LOG_LEVEL }) : silent,
+    now: Date.now,
+    leaderGraceMs: 30_000,
+    recheckMs: 500,
+    ...extra,
+  };
+}
+
+/** What the node agent writes when a capture fails (counted once for its election). */
+async function captureFailed(short: string, election: string): Promise<void> {
+  const { custom } = await kube();
+  const r = await new CacheRecords(custom).fail(short, election, "CaptureFailed", "no space left on device");
+  assert.ok(r?.written, "the capture failure was recorded");
+}
+
+async function getCache(short: string): Promise<ModelCacheObject> {
+  const { custom } = await kube();
+  return (await custom.getClusterCustomObject({ ...ref, name: short })) as ModelCacheObject;
+}
+
+async function leaseOf(hash: string): Promise<k8s.V1Lease | undefined> {
+  const { coordination } = await kube();
+  return coordination
+    .readNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE })
+    .catch((err: unknown) => {
+      if (isNotFound(err)) return undefined;
+      throw err;
+    });
+}
+
+async function podEvents(ns: string, name: string): Promise<k8s.CoreV1Event[]> {
+  const { core } = await kube();
+  return (await core.listNamespacedEvent({ namespace: ns, fieldSelector: `involvedObject.name=${name}` }))
+    .items;
+}
+
+test("a retirement retried after API errors counts the election's failed capture once", async (t) => {
+  await pauseRole(t, "server");
+  const { kc } = await kube();
+  const proxy = await FaultProxy.start(kc);
+  t.after(() => proxy.close());
+  const ns = await tempNamespace(t, "retry-retire");
+  const { hash, pods } = await deployWorkers(ns, 3, `org/retry-retire-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const election = pods.find((p) => role(p) === "leader")!.metadata!.annotations![ANN_ELECTION_ID]!;
+  await captureFailed(short, election);
+  const fault = proxy.inject({
+    method: "DELETE",
+    path: new RegExp(`/leases/${leaseName(hash)}$`),
+    times: 2,
+    status: [500, 503],
+  });
+  const d = deps(proxy.kubeConfig());
+  await assert.rejects(reconcileHash(short, d), /retiring Lease/);
+  await assert.rejects(reconcileHash(short, d), /retiring Lease/);
+  const between = await getCache(short);
+  assert.equal(between.status?.phase, "Failed");
+  assert.equal(between.status?.reason, "CaptureFailed", "the capture's own word stands");
+  assert.equal(between.status?.failedCaptures, 1);
+  await reconcileHash(short, d);
+  assert.equal(fault.hits, 2);
+  assert.notEqual((await leaseOf(hash))?.spec?.holderIdentity, election, "retired");
+  // The evicted followers' replacements may have started the next election: the count stays.
+  const cache = await getCache(short);
+  assert.equal(cache.status?.failedCaptures, 1, "three passes over one failed election count it once");
+  assert.equal(cache.status?.lastFailedElection, election);
+});
+
+test("an election past its deadline: Failed (DeadlinePassed, not counted), Lease retired, followers evicted, a replacement leads the next", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, coordination } = await kube();
+  const ns = await tempNamespace(t, "deadline2");
+  const { hash, pods } = await deployWorkers(ns, 3, `org/deadline2-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const lease = (await leaseOf(hash))!;
+  await coordination.patchNamespacedLease(
+    {
+      name: leaseName(hash),
+      namespace: SYSTEM_NAMESPACE,
+      body: { metadata: { annotations: { [ANN_DEADLINE]: new Date(Date.now() - 1000).toISOString() } } },
+    },
+    merge,
+  );
+  // What the record says as the followers are evicted (their replacements start the next election).
+  let failed: ModelCacheObject | undefined;
+  await reconcileHash(
+    short,
+    deps(kc, {
+      beforeEvict: async () => {
+        failed ??= await getCache(short);
+      },
+    }),
+  );
+  assert.equal(failed?.status?.phase, "Failed");
+  assert.equal(failed.status?.reason, "DeadlinePassed");
+  assert.equal(failed.status?.failedCaptures ?? 0, 0, "a deadline is not a failed capture");
+  assert.equal(failed.status?.electionId, lease.spec?.holderIdentity, "written for the election that ended");
+  assert.notEqual((await leaseOf(hash))?.metadata?.uid, lease.metadata?.uid, "the Lease is retired");
+  const followers = pods.filter((p) => role(p) === "follower").map((p) => p.metadata!.uid!);
+  await waitFor("the followers evicted and replaced, one of them leading a new election", async () => {
+    const now = (await listPods(ns, "app=worker")).filter((p) => !p.metadata?.deletionTimestamp);
+    const next = await leaseOf(hash);
+    if (!next || next.metadata?.uid === lease.metadata?.uid) return undefined;
+    if (now.some((p) => followers.includes(p.metadata!.uid!))) return undefined;
+    const leader = now.find((p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === next.spec?.holderIdentity);
+    return leader && !followers.includes(leader.metadata!.uid!) ? leader : undefined;
+  });
+});
+
+test("controller replacement during eviction: a pod recreated under the same name is never evicted (UID precondition)", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, apps, core } = await kube();
+  const ns = await tempNamespace(t, "sts");
+  const model = `org/sts-${ns}`;
+  // A StatefulSet names its pods worker-0, worker-1: a replacement comes back under the same name.
+  await apps.createNamespacedStatefulSet({
+    namespace: ns,
+    body: {
+      metadata: { name: "worker" },
+      spec: {
+        replicas: 2,
+        podManagementPolicy: "Parallel",
+        serviceName: "worker",
+        selector: { matchLabels: { app: "worker" } },
+        template: {
+          metadata: { labels: { app: "worker" }, annotations: { "sim.warmstart.dev/manual-ready": "true" } },
+          spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+        },
+      },
+    },
+  });
+  const pods = await waitFor("2 pods", async () => {
+    const items = await listPods(ns, "app=worker");
+    return items.length === 2 ? items : undefined;
+  });
+  const hash = pods[0]!.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const leader = pods.find((p) => role(p) === "leader")!;
+  const follower = pods.find((p) => role(p) === "follower")!;
+  await captureFailed(short, leader.metadata!.annotations![ANN_ELECTION_ID]!);
+
+  let replacement: k8s.V1Pod | undefined;
+  await reconcileHash(
+    short,
+    deps(kc, {
+      // The pod goes away and its controller recreates it, between the list and the eviction.
+      beforeEvict: async (p) => {
+        await core.deleteNamespacedPod({ namespace: ns, name: p.metadata!.name!, gracePeriodSeconds: 0 });
+        replacement = await waitFor("the StatefulSet's replacement", async () => {
+          const x = await core.readNamespacedPod({ namespace: ns, name: p.metadata!.name! });
+          return x.metadata?.uid !== p.metadata?.uid && !x.metadata?.deletionTimestamp ? x : undefined;
+        });
+      },
+    }),
+  );
+  assert.ok(replacement, "the hook ran");
+  const after = await core.readNamespacedPod({ namespace: ns, name: follower.metadata!.name! });
+  assert.equal(after.metadata?.uid, replacement.metadata?.uid, "the replacement is still there");
+  assert.equal(after.metadata?.deletionTimestamp, undefined, "and was not evicted");
+  // It was admitted after the retirement: it leads the next election, which the eviction would have killed.
+  assert.equal(role(after), "leader");
+  assert.equal((await leaseOf(hash))?.spec?.holderIdentity, after.metadata?.annotations?.[ANN_ELECTION_ID]);
+});
+
+test("a follower without a controller is left gated with a Warning when its election fails", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, core } = await kube();
+  const ns = await tempNamespace(t, "stranded");
+  const model = `org/stranded-${ns}`;
+  const make = async (name: string): Promise<k8s.V1Pod> =>
+    core.createNamespacedPod({
+      namespace: ns,
+      body: {
+        metadata: { name, annotations: { "sim.warmstart.dev/manual-ready": "true" } },
+        spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+      },
+    });
+  const leader = await make("leader");
+  const follower = await make("follower");
+  assert.equal(role(leader), "leader");
+  assert.equal(role(follower), "follower");
+  const hash = leader.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  await captureFailed(short, leader.metadata!.annotations![ANN_ELECTION_ID]!);
+  await reconcileHash(short, deps(kc));
+  assert.equal(await leaseOf(hash), undefined, "the election is retired");
+  const still = await core.readNamespacedPod({ namespace: ns, name: "follower" });
+  assert.equal(still.metadata?.uid, follower.metadata?.uid);
+  assert.ok(gated(still), "left gated: nothing would recreate it");
+  const ev = await waitFor("the WarmstartStranded warning", async () =>
+    (await podEvents(ns, "follower")).find((e) => e.reason === "WarmstartStranded"),
+  );
+  assert.equal(ev.type, "Warning");
+  assert.match(ev.message ?? "", /no controller.*delete and recreate it/);
+});
+
+for (const state of ["Failed", "missing"] as const) {
+  test(`an orphaned follower (no Lease) whose cache is ${state} is evicted and re-elected`, async (t) => {
+    await pauseRole(t, "server");
+    const { kc, coordination, custom } = await kube();
+    const ns = await tempNamespace(t, `orphan-${state.toLowerCase()}`);
+    const { hash, pods } = await deployWorkers(ns, 2, `org/orphan-${state}-${ns}`);
+    const short = shortHash(hash);
+    await cleanup(t, short);
+    const follower = pods.find((p) => role(p) === "follower")!;
+    await coordination.deleteNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
+    if (state === "Failed") await setCachePhase(short, "Failed", "PromoteFailed");
+    else await custom.deleteClusterCustomObject({ ...ref, name: short });
+    await reconcileHash(short, deps(kc));
+    await waitFor("the orphan evicted and replaced", async () => {
+      const now = await listPods(ns, "app=worker");
+      return !now.some((p) => p.metadata?.uid === follower.metadata?.uid);
+    });
+    await waitFor("a new election", async () => (await leaseOf(hash)) !== undefined);
+  });
+}
+
+test("an orphan whose capture is in progress waits", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, coordination } = await kube();
+  const ns = await tempNamespace(t, "orphan-wait");
+  const { hash, pods } = await deployWorkers(ns, 2, `org/orphan-wait-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  await setCachePhase(short, "Capturing");
+  await coordination.deleteNamespacedLease({ name: leaseName(hash), namespace: SYSTEM_NAMESPACE });
+  const r = await reconcileHash(short, deps(kc));
+  assert.ok(r.requeueAfterMs, "looked at again later");
+  const follower = pods.find((p) => role(p) === "follower")!;
+  const now = await listPods(ns, "app=worker");
+  assert.ok(
+    now.some((p) => p.metadata?.uid === follower.metadata?.uid && gated(p)),
+    "still waiting, gated",
+  );
+});
+
+test("a server restarted in the middle of an election picks it up from the cluster: released on Ready", async (t) => {
+  await pauseRole(t, "server");
+  const { kc } = await kube();
+  const ns = await tempNamespace(t, "restart");
+  const { hash } = await deployWorkers(ns, 3, `org/restart-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const start = (): ReleaseController => {
+    const c = new ReleaseController({
+      kc,
+      systemNamespace: SYSTEM_NAMESPACE,
+      log: silent,
+      metrics: createServerMetrics(),
+      recheckMs: 500,
+      resyncMs: 2_000,
+    });
+    c.start();
+    return c;
+  };
+  const first = start();
+  await waitFor("the first server sees the election", () =>
+    first.cached()?.leases.some((l) => l.metadata?.name === leaseName(hash)),
+  );
+  await first.stop();
+  // While no server runs, the cache turns Ready.
+  await setCachePhase(short, "Ready");
+  await sleep(300);
+  assert.equal((await listPods(ns, `${LABEL_GATED}=true`)).length, 2, "nobody released them meanwhile");
+  const second = start();
+  t.after(() => second.stop());
+  await waitFor("the followers released by the restarted server", async () =>
+    (await listPods(ns, "app=worker")).every((p) => !gated(p)),
+  );
+  await waitFor("the Lease retired", async () => (await leaseOf(hash)) === undefined);
+});
+
+test("a released follower gets the tree's folder of a shared-volume source (warmstart.dev/tree)", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, custom } = await kube();
+  const ns = await tempNamespace(t, "tree");
+  const { hash } = await deployWorkers(ns, 2, `org/tree-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const source = CacheSourceSchema.parse({
+    backend: "shared-volume",
+    provisioner: "nfs.csi.k8s.io",
+    sizeBytes: 5_000,
+    driver: "nfs.csi.k8s.io",
+    volumeHandle: "nas#/exports",
+    subPath: `store/${short}`,
+  });
+  await custom.patchClusterCustomObject(
+    {
+      ...ref,
+      name: short,
+      body: { metadata: { annotations: { [ANN_CACHE_SOURCE]: encodeSource(source) } } },
+    },
+    merge,
+  );
+  await setCachePhase(short, "Ready");
+  await reconcileHash(short, deps(kc, { now: () => Date.now() + 60_000 }));
+  const follower = (await listPods(ns, "app=worker")).find((p) => role(p) === "follower")!;
+  assert.ok(!gated(follower), "released");
+  assert.equal(follower.metadata?.annotations?.[ANN_TREE], `store/${short}`);
+});
+
+test("each restore's benefit is counted on the record when it turns Ready, once, and outlives the pod", async (t) => {
+  const { kc, core, custom } = await kube();
+  const ns = await tempNamespace(t, "benefit");
+  const { hash, pods } = await deployWorkers(ns, 3, `org/benefit-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  // A claim the released followers can mount (a host-path volume on gpu-0; simulated pods need no data).
+  const source = CacheSourceSchema.parse({
+    backend: "host-path",
+    provisioner: "warmstart.dev/host-path",
+    sizeBytes: 4096,
+    node: "gpu-0",
+    path: `/var/lib/warmstart/store/${short}`,
+  });
+  assert.equal(await ensureClaim(promoteClients(kc), short, source, ns), "created");
+  t.after(async () => {
+    for (const pv of (await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` })).items)
+      await core.deletePersistentVolume({ name: pv.metadata!.name! }).catch(() => undefined);
+  });
+  await custom.patchClusterCustomObjectStatus(
+    {
+      ...ref,
+      name: short,
+      body: {
+        status: {
+          phase: "Ready",
+          reason: "Promoted",
+          leaderReadySeconds: 600,
+          modelBytes: 1_000_000,
+          sizeBytes: 1_200_000,
+        },
+      },
+    },
+    merge,
+  );
+  const followers = pods.filter((p) => role(p) === "follower");
+  await waitFor(
+    "the followers released and running",
+    async () =>
+      (await listPods(ns, "app=worker")).filter(
+        (p) => role(p) === "follower" && p.status?.phase === "Running",
+      ).length === 2,
+    60_000,
+  );
+  const [a, b] = followers as [k8s.V1Pod, k8s.V1Pod];
+  await core.patchNamespacedPod(
+    {
+      namespace: ns,
+      name: a.metadata!.name!,
+      body: { metadata: { annotations: { "sim.warmstart.dev/ready": "true" } } },
+    },
+    merge,
+  );
+  const one = await waitFor("the first restore counted", async () => {
+    const c = await getCache(short);
+    return c.status?.restores === 1 ? c : undefined;
+  });
+  const s1 = one.status!;
+  assert.equal(s1.savedBytes, 1_000_000, "the model bytes it did not download");
+  const ready = await core.readNamespacedPod({ namespace: ns, name: a.metadata!.name! });
+  const cond = (type: string): number =>
+    new Date(
+      ready.status!.conditions!.find((c) => c.type === type && c.status === "True")!.lastTransitionTime!,
+    ).getTime();
+  const expected = (cond("Ready") - cond("PodScheduled")) / 1000;
+  assert.equal(s1.recentRestores?.[0]?.uid, a.metadata!.uid);
+  assert.equal(s1.recentRestores?.[0]?.role, "follower");
+  assert.ok(
+    Math.abs(s1.recentRestores[0].readySeconds - expected) < 0.11,
+    "timed from its release, not its admission",
+  );
+  assert.equal(s1.savedSeconds, Math.round((600 - s1.recentRestores[0].readySeconds) * 10) / 10);
+  assert.ok(s1.lastRestoredAt);
+  await waitFor(
+    "the pod marked as counted",
+    async () =>
+      (await core.readNamespacedPod({ namespace: ns, name: a.metadata!.name! })).metadata?.annotations?.[
+        ANN_RESTORE_RECORDED
+      ],
+  );
+
+  await core.patchNamespacedPod(
+    {
+      namespace: ns,
+      name: b.metadata!.name!,
+      body: { metadata: { annotations: { "sim.warmstart.dev/ready": "true" } } },
+    },
+    merge,
+  );
+  await waitFor("the second restore counted", async () => (await getCache(short)).status?.restores === 2);
+  // The pods go; what they saved stays on the record, and the views read it from there.
+  const { apps } = await kube();
+  await apps.deleteNamespacedDeployment({ namespace: ns, name: "worker" });
+  await waitFor("the pods gone", async () => (await listPods(ns, "app=worker")).length === 0, 60_000);
+  const view = (await fetchSnapshot(kc, SYSTEM_NAMESPACE)).caches.find((c) => c.hash === short)!;
+  assert.equal(view.restores, 2);
+  assert.equal(view.savedBytes, 2_000_000);
+  assert.ok(view.savedSeconds > 0 && view.restoredReadySeconds !== null);
+  assert.equal((await getCache(short)).status?.restores, 2, "never counted twice");
 });
