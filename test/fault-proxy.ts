@@ -21,6 +21,14 @@ export interface FaultRule {
   status?: number[];
   /** Wait this long before answering (or forwarding, for a delay-only rule). */
   delayMs?: number;
+  /** Matches the query string too (e.g. /watch=true/). */
+  query?: RegExp;
+  /** Acts on this share of the matching requests only (chaos); the rest go through. */
+  probability?: number;
+  /** Runs (and is awaited) when the rule acts, before the request is answered or forwarded: kill a process there. */
+  onMatch?: (method: string, path: string) => void | Promise<void>;
+  /** Forwards the request but cuts the response this long after it started (a dropped watch). */
+  dropAfterMs?: number;
 }
 
 export interface RuleHandle {
@@ -86,6 +94,15 @@ export class FaultProxy {
     return proxy;
   }
 
+  /** The proxy's kubeconfig as a file, for a process started with KUBECONFIG. */
+  async kubeconfigFile(dir: string): Promise<string> {
+    const { writeFile } = await import("node:fs/promises");
+    const { join } = await import("node:path");
+    const file = join(dir, "fault-proxy.kubeconfig");
+    await writeFile(file, this.kubeConfig().exportConfig());
+    return file;
+  }
+
   /** A kubeconfig whose only cluster is this proxy. */
   kubeConfig(): k8s.KubeConfig {
     const kc = new k8s.KubeConfig();
@@ -141,15 +158,19 @@ async function serve(
   authHeaders: Record<string, string>,
 ): Promise<void> {
   const method = (req.method ?? "GET").toUpperCase();
-  const path = new URL(req.url ?? "/", "http://proxy").pathname;
+  const url = new URL(req.url ?? "/", "http://proxy");
+  const path = url.pathname;
   const rule = rules.find(
     (r) =>
       (r.times === undefined || r.hits < r.times) &&
       (!r.method || r.method.toUpperCase() === method) &&
-      r.path.test(path),
+      r.path.test(path) &&
+      (!r.query || r.query.test(url.search)) &&
+      (r.probability === undefined || Math.random() < r.probability),
   );
   if (rule) {
     const index = rule.hits++;
+    if (rule.onMatch) await rule.onMatch(method, path);
     if (rule.delayMs) await sleep(rule.delayMs);
     const codes = rule.status ?? [];
     if (codes.length) {
@@ -191,6 +212,13 @@ async function serve(
         requests.push({ method, path, status: upRes.statusCode ?? 0, injected: false });
         res.writeHead(upRes.statusCode ?? 502, upRes.headers);
         upRes.pipe(res);
+        if (rule?.dropAfterMs !== undefined) {
+          const cut = setTimeout(() => {
+            upRes.destroy();
+            res.destroy();
+          }, rule.dropAfterMs);
+          res.once("close", () => clearTimeout(cut));
+        }
         upRes.on("end", resolve);
         upRes.on("error", reject);
       },
