@@ -191,7 +191,7 @@ export class NodeAgent {
           c.metadata?.deletionTimestamp &&
           c.metadata.finalizers?.includes(this.finalizer)
         )
-          void this.removeTree(c.metadata.name!, "the cache is being deleted");
+          void this.removeTree(c.metadata.name!, "the cache is being deleted", { unlessMounted: true });
       },
     });
   }
@@ -997,10 +997,16 @@ export class NodeAgent {
    * Removes this node's tree of a cache and then its finalizer on the record: a capture of it in
    * progress here is stopped first. One removal per cache at a time.
    */
-  removeTree(short: string, why: string): Promise<void> {
+  removeTree(short: string, why: string, o: { unlessMounted?: boolean } = {}): Promise<void> {
     const running = this.removing.get(short);
     if (running) return running;
     const p = (async (): Promise<void> => {
+      // A deleted cache's files stay while a running pod still reads them; its claim going (the
+      // rollback waits for that) changes the record, which brings this back.
+      if (o.unlessMounted && (await this.mountedCaches()).has(short)) {
+        this.log.info({ hash: short, why }, "stored tree kept for now: a pod still mounts the cache");
+        return;
+      }
       for (const m of this.marks.marks())
         if (shortHash(m.hash) === short) this.marks.cancel(m, "cache-deleted");
       // Only this cache's own work: a pipeline making room for another cache may be what called.
@@ -1093,8 +1099,9 @@ export class NodeAgent {
       if (!manifest.hash || this.marks.busyWith(manifest.hash) || this.promoting.has(short)) continue;
       const cache: ModelCacheObject | undefined = await this.records.get(short);
       if (!cache || cache.metadata.deletionTimestamp) {
-        if (cache || !(await this.mountedCaches()).has(short))
-          await this.removeTree(short, cache ? "the cache is being deleted" : "the cache has no record");
+        await this.removeTree(short, cache ? "the cache is being deleted" : "the cache has no record", {
+          unlessMounted: true,
+        });
         continue;
       }
       const status = cache.status;
