@@ -80,32 +80,42 @@ export async function takeOverRole(
       if (port) await waitFor(`${name} healthy`, () => healthy(port, https), 30_000);
     },
   };
+  takenOver.add(name);
   t.after(async () => {
     await handle.kill("SIGTERM");
     await startClusterProcessAgain(name);
+    if (port) await waitFor(`${name} back`, () => healthy(port, https), 30_000);
+    takenOver.delete(name);
   });
   await handle.start();
   return handle;
 }
 
+/** Roles a test runs in place of the cluster's own process (that process is stopped meanwhile). */
+const takenOver = new Set<string>();
+
 async function healthy(port: string, https: boolean): Promise<boolean> {
   if (!https) return (await fetch(`http://127.0.0.1:${port}/healthz`)).ok;
   return new Promise((resolve) => {
     // Our own child on loopback: its serving certificate is checked by the API server, not here.
-    const req = request(`https://127.0.0.1:${port}/healthz`, { rejectUnauthorized: false, timeout: 2000 }, (res) => {
-      res.resume();
-      resolve(res.statusCode === 200);
-    });
+    const req = request(
+      `https://127.0.0.1:${port}/healthz`,
+      { rejectUnauthorized: false, timeout: 2000 },
+      (res) => {
+        res.resume();
+        resolve(res.statusCode === 200);
+      },
+    );
     req.on("error", () => resolve(false));
     req.on("timeout", () => req.destroy());
     req.end();
   });
 }
 
-/** Every process of the local cluster is alive (no role crashed or is crash-looping). */
+/** The local cluster's processes that are not running (none: no role crashed), roles a test took over aside. */
 export async function clusterProcessesAlive(): Promise<string[]> {
   const st = await readState();
   const dead: string[] = [];
-  for (const p of st?.processes ?? []) if (!(await isAlive(p))) dead.push(p.name);
+  for (const p of st?.processes ?? []) if (!takenOver.has(p.name) && !(await isAlive(p))) dead.push(p.name);
   return dead;
 }

@@ -12,6 +12,7 @@ import { recordElection, releaseLease, tryAcquire } from "./election.js";
 import { getModelCache } from "../common/modelcache.js";
 import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
 import { registerWebhook, webhookConfiguration } from "./registration.js";
+import { retry } from "../promote/promote.js";
 import { promotion } from "../promote/webhook.js";
 import { CacheEnvConfig, namespaceLabels } from "./lookups.js";
 
@@ -118,20 +119,36 @@ export async function runWebhook(
   });
   log.info({ url: server.url, election: cfg.electionEnabled }, "webhook serving");
 
+  // Registration is retried in the background: a blip of the API server at start must not end
+  // the process (until it is registered, the API server admits pods unchanged anyway).
+  const stopRegistering = new AbortController();
   if (cfg.registerUrl) {
     const admission = kc.makeApiClient(k8s.AdmissionregistrationV1Api);
-    await registerWebhook(
-      admission,
-      webhookConfiguration({
-        name: cfg.configurationName,
-        url: cfg.registerUrl,
-        caBundle,
-        timeoutSeconds: cfg.timeoutSeconds,
-      }),
-    );
-    log.info(
-      { name: cfg.configurationName, url: cfg.registerUrl },
-      "registered MutatingWebhookConfiguration",
+    const config = webhookConfiguration({
+      name: cfg.configurationName,
+      url: cfg.registerUrl,
+      caBundle,
+      timeoutSeconds: cfg.timeoutSeconds,
+    });
+    void retry(() => registerWebhook(admission, config), {
+      attempts: Number.POSITIVE_INFINITY,
+      initialMs: 250,
+      maxMs: 30_000,
+      signal: stopRegistering.signal,
+      onRetry: (attempt, err, delayMs) =>
+        log.warn(
+          { err: (err as Error).message, attempt, delayMs },
+          "registering the webhook failed; retrying",
+        ),
+    }).then(
+      () =>
+        log.info(
+          { name: cfg.configurationName, url: cfg.registerUrl },
+          "registered MutatingWebhookConfiguration",
+        ),
+      (err: unknown) => {
+        if (!stopRegistering.signal.aborted) log.error({ err }, "registering the webhook failed");
+      },
     );
   }
 
@@ -139,6 +156,7 @@ export async function runWebhook(
     ...server,
     caBundle,
     stop: async () => {
+      stopRegistering.abort();
       await server.close();
       await events.stop();
     },

@@ -18,15 +18,23 @@ import { ANN_ROLE, LABEL_HASH, MANIFEST_FILE, SCHEDULING_GATE } from "../../src/
 import { readState, startClusterProcessAgain, stopClusterProcess } from "../../src/localcluster/cluster.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
-import { containerLog, createEngines, hubStats, modelBytes, realNodeOrSkip, type RealNode } from "../realnode.js";
-import { clusterProcessesAlive, takeOverRole } from "../roles.js";
+import {
+  containerLog,
+  createEngines,
+  hubStats,
+  modelBytes,
+  realNodeOrSkip,
+  type RealNode,
+} from "../realnode.js";
+import { clusterProcessesAlive, takeOverRole, type RoleHandle } from "../roles.js";
 
 const run = promisify(execFile);
 const READY_MS = 300_000;
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
-const gated = (p: k8s.V1Pod): boolean => (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
+const gated = (p: k8s.V1Pod): boolean =>
+  (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
 
 async function allReady(ns: string, n: number, timeoutMs = READY_MS): Promise<k8s.V1Pod[]> {
   return waitFor(
@@ -40,20 +48,32 @@ async function allReady(ns: string, n: number, timeoutMs = READY_MS): Promise<k8
 }
 
 async function leaderOf(ns: string): Promise<k8s.V1Pod> {
-  return waitFor("a leader", async () => (await listPods(ns, "app=engine")).find((p) => role(p) === "leader"));
+  return waitFor("a leader", async () =>
+    (await listPods(ns, "app=engine")).find((p) => role(p) === "leader"),
+  );
 }
 
 /** The expected end every scenario shares. */
-async function assertSettled(t: TestContext, ns: string, n: number): Promise<k8s.V1Pod[]> {
+async function assertSettled(
+  t: TestContext,
+  ns: string,
+  n: number,
+  roles: RoleHandle[] = [],
+): Promise<k8s.V1Pod[]> {
   const { custom } = await kube();
   const pods = await allReady(ns, n);
-  assert.deepEqual(pods.filter(gated).map((p) => p.metadata?.name), [], "no pod left gated");
+  assert.deepEqual(
+    pods.filter(gated).map((p) => p.metadata?.name),
+    [],
+    "no pod left gated",
+  );
   for (const short of new Set(pods.map((p) => p.metadata?.labels?.[LABEL_HASH]).filter(Boolean))) {
     const cache = await getModelCache(custom, short!);
     if (cache?.status?.phase === "Ready") await assertTreeComplete(short!);
     t.diagnostic(`cache ${short}: ${cache?.status?.phase ?? "none"} ${cache?.status?.reason ?? ""}`);
   }
   assert.deepEqual(await clusterProcessesAlive(), [], "every role of the cluster is running");
+  for (const r of roles) assert.ok(r.pid(), `${r.name} (taken over by the test) is running`);
   return pods;
 }
 
@@ -89,7 +109,10 @@ test("the webhook dies during an election: pods admitted meanwhile start cold, a
   const { apps } = await kube();
   const webhook = await takeOverRole(t, "webhook");
   await createEngines(t, s.node, s.ns, { replicas: 2, model: s.model });
-  await leaderOf(s.ns);
+  await waitFor("a leader and a follower admitted", async () => {
+    const roles = (await listPods(s.ns, "app=engine")).map(role).sort();
+    return roles.join() === "follower,leader";
+  });
   await webhook.kill();
   // failurePolicy Ignore: with the webhook gone the API server admits the new replica unchanged.
   await apps.patchNamespacedDeploymentScale(
@@ -100,11 +123,14 @@ test("the webhook dies during an election: pods admitted meanwhile start cold, a
     (await listPods(s.ns, "app=engine")).find((p) => role(p) === undefined),
   );
   await webhook.start();
-  const pods = await assertSettled(t, s.ns, 3);
+  const pods = await assertSettled(t, s.ns, 3, [webhook]);
   assert.ok(pods.some((p) => p.metadata?.name === unchanged.metadata?.name && role(p) === undefined));
   assert.equal(pods.filter((p) => role(p) === "follower").length, 1, "the follower still restored");
   const size = await modelBytes(s.node, s.model);
-  assert.ok((await hubStats(s.node)).repos[s.model]!.bytes <= 2 * size, "the leader and the cold replica only");
+  assert.ok(
+    (await hubStats(s.node)).repos[s.model]!.bytes <= 2 * size,
+    "the leader and the cold replica only",
+  );
 });
 
 test("the node agent dies mid-capture: the staging is never taken for a capture, the restarted agent captures", async (t) => {
@@ -125,11 +151,15 @@ test("the node agent dies mid-capture: the staging is never taken for a capture,
   assert.ok(!entries.includes(short), "nothing committed by a killed capture");
   t.diagnostic(`killed mid-copy (${staging})`);
   await agent.start();
-  await assertSettled(t, s.ns, 3);
+  await assertSettled(t, s.ns, 3, [agent]);
   const { custom } = await kube();
   assert.equal((await getModelCache(custom, short))?.status?.phase, "Ready");
   assert.ok(!(await readdir(store)).includes(staging), "the killed capture's staging is cleaned up");
-  assert.equal((await hubStats(s.node)).repos[s.model]!.bytes, await modelBytes(s.node, s.model), "one download");
+  assert.equal(
+    (await hubStats(s.node)).repos[s.model]!.bytes,
+    await modelBytes(s.node, s.model),
+    "one download",
+  );
 });
 
 test("the node agent dies mid-promote: the restarted agent finishes the promote", async (t) => {
@@ -152,7 +182,7 @@ test("the node agent dies mid-promote: the restarted agent finishes the promote"
   assert.equal(agent.pid(), undefined, "the agent was killed mid-promote");
   assert.notEqual((await getModelCache(custom, short))?.status?.phase, "Ready");
   await agent.start();
-  await assertSettled(t, s.ns, 3);
+  await assertSettled(t, s.ns, 3, [agent]);
   assert.equal((await getModelCache(custom, short))?.status?.phase, "Ready");
 });
 
@@ -176,7 +206,7 @@ test("the server dies between retiring a leader's Lease and evicting its followe
   await waitFor("the first eviction", () => rule.hits > 0, READY_MS);
   assert.equal(server.pid(), undefined, "the server was killed between the retirement and the eviction");
   await server.start();
-  await assertSettled(t, s.ns, 3);
+  await assertSettled(t, s.ns, 3, [server]);
 });
 
 test("the API server fails and stalls (429, 500, latency, dropped watches) under every role: the story still ends", async (t) => {
@@ -189,9 +219,11 @@ test("the API server fails and stalls (429, 500, latency, dropped watches) under
   proxy.inject({ path: /./, probability: 0.15, status: [500] });
   proxy.inject({ path: /./, probability: 0.1, status: [429] });
   proxy.inject({ path: /./, probability: 0.2, delayMs: 300 });
-  for (const r of ["webhook", "server", `node-agent-${s.node.name}`]) await takeOverRole(t, r, { kubeconfig: file });
+  const roles: RoleHandle[] = [];
+  for (const r of ["webhook", "server", `node-agent-${s.node.name}`])
+    roles.push(await takeOverRole(t, r, { kubeconfig: file }));
   await createEngines(t, s.node, s.ns, { replicas: 3, model: s.model });
-  await assertSettled(t, s.ns, 3);
+  await assertSettled(t, s.ns, 3, roles);
   const injected = proxy.requests.filter((r) => r.injected).length;
   t.diagnostic(`${injected} of ${proxy.requests.length} API calls failed on purpose`);
   assert.ok(injected > 0);
@@ -207,7 +239,7 @@ test("the store's disk is full: the capture fails cleanly, nothing half-made is 
     await run("umount", ["-l", dir]).catch(() => undefined);
     await rm(dir, { recursive: true, force: true });
   });
-  await takeOverRole(t, `node-agent-${s.node.name}`, { extraArgs: [`--store=${dir}`] });
+  const agent = await takeOverRole(t, `node-agent-${s.node.name}`, { extraArgs: [`--store=${dir}`] });
   await createEngines(t, s.node, s.ns, { replicas: 2, model: s.model });
   const short = (await leaderOf(s.ns)).metadata!.labels![LABEL_HASH]!;
   const failed = await waitFor(
@@ -225,7 +257,7 @@ test("the store's disk is full: the capture fails cleanly, nothing half-made is 
     [],
     "no tree and no staging left on the full disk",
   );
-  await assertSettled(t, s.ns, 2);
+  await assertSettled(t, s.ns, 2, [agent]);
 });
 
 test("a stored manifest corrupted after the capture: restores refuse the tree, the replicas already running stay up", async (t) => {
@@ -237,7 +269,10 @@ test("a stored manifest corrupted after the capture: restores refuse the tree, t
   const short = pods[0]!.metadata!.labels![LABEL_HASH]!;
   const manifest = join(s.node.kubeletRoot, "..", "store", short, MANIFEST_FILE);
   const original = await readFile(manifest);
-  await writeFile(manifest, original.toString().replace(/"size":\s*(\d+)/, (_m, n: string) => `"size":${Number(n) + 1}`));
+  await writeFile(
+    manifest,
+    original.toString().replace(/"size":\s*(\d+)/, (_m, n: string) => `"size":${Number(n) + 1}`),
+  );
   t.after(() => writeFile(manifest, original));
   await apps.patchNamespacedDeploymentScale(
     { name: "engine", namespace: s.ns, body: [{ op: "replace", path: "/spec/replicas", value: 3 }] },
@@ -257,7 +292,10 @@ test("a stored manifest corrupted after the capture: restores refuse the tree, t
   assert.match(log, /manifest|size/i, "seed says why");
   assert.equal(isPodReady(restore), false, "the engine never started on an unverified tree");
   for (const p of pods)
-    assert.ok(isPodReady(await core.readNamespacedPod({ name: p.metadata!.name!, namespace: s.ns })), "still up");
+    assert.ok(
+      isPodReady(await core.readNamespacedPod({ name: p.metadata!.name!, namespace: s.ns })),
+      "still up",
+    );
 });
 
 test("the real node's kubelet restarts: running replicas keep running, the node keeps its GPUs, new replicas start", async (t) => {
