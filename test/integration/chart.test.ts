@@ -146,6 +146,27 @@ void test("the chart's CRD is deploy/crds/modelcache.yaml, kept on uninstall unl
   assert.equal(removed.metadata?.annotations?.["helm.sh/resource-policy"], undefined);
 });
 
+void test("the stamps policy is deploy/policies/stamps.yaml, exempting only the release controller", async () => {
+  const text = await readFile(join(PACKAGE_ROOT, "deploy/policies/stamps.yaml"), "utf8");
+  const [source] = text.split("\n---\n").map((d) => parseYaml(d) as k8s.V1ValidatingAdmissionPolicy);
+  const objs = await renderChart({}, { namespace: "ws-ns" });
+  const policy = find<k8s.V1ValidatingAdmissionPolicy>(objs, "ValidatingAdmissionPolicy");
+  const { matchConditions, validations, ...rest } = policy.spec!;
+  const { matchConditions: _m, validations: sourceValidations, ...sourceRest } = source!.spec!;
+  assert.deepEqual(rest, sourceRest);
+  assert.deepEqual(validations!.slice(0, -1), sourceValidations, "the same rules, then the gate's");
+  assert.match(validations!.at(-1)!.expression, /warmstart\.dev\/cache-ready/);
+  assert.deepEqual(matchConditions, [
+    {
+      name: "not-warmstart",
+      expression: "request.userInfo.username != 'system:serviceaccount:ws-ns:warmstart-server'",
+    },
+  ]);
+  const binding = find<k8s.V1ValidatingAdmissionPolicyBinding>(objs, "ValidatingAdmissionPolicyBinding");
+  assert.equal(binding.spec?.policyName, policy.metadata?.name);
+  assert.deepEqual(binding.spec?.validationActions, ["Deny"]);
+});
+
 void test("every rendered object passes a server-side dry run against the real API server", async (t) => {
   const { kc } = await kube();
   const ns = await tempNamespace(t, "chart");

@@ -33,6 +33,7 @@ import {
   INIT_WAIT_READY,
   LABEL_HASH,
   MODELCACHE,
+  SCHEDULING_GATE,
 } from "../../src/core/contract.js";
 
 const RELEASE = "warmstart";
@@ -288,18 +289,58 @@ void test(
           core.patchNamespacedPod({ name, namespace: engines, body }, merge);
         await assert.rejects(
           forge({ metadata: { labels: { [LABEL_HASH]: "0000000000000000" } } }),
-          /labels are set by Warmstart only/,
+          /labels are written by Warmstart only/,
         );
         await assert.rejects(
           forge({ metadata: { annotations: { [ANN_ROLE]: null } } }),
-          /annotations .* are set by Warmstart only/,
+          /annotations .* are written by Warmstart only/,
         );
         await assert.rejects(
           forge({ metadata: { annotations: { "warmstart.dev/tree": "../.." } } }),
-          /set by Warmstart only/,
+          /written by Warmstart only/,
         );
         // The user's own annotations stay the user's.
         await forge({ metadata: { annotations: { "warmstart.dev/skip": "true" } } });
+        // Only the release controller lifts the cache-ready gate: a follower waiting on a leader
+        // that is still compiling keeps it against anyone else. (A gate a pod's author writes is
+        // removed at admission, like the stamps.)
+        const slow = engineDeployment({
+          name: "slow",
+          replicas: 2,
+          model: `synthetic/${uniqueName("slow")}`,
+          node: node.name,
+          hub: node.hub,
+          image: st.images.engine,
+          compileSeconds: 600,
+        });
+        await apps.createNamespacedDeployment({ namespace: engines, body: slow });
+        const gated = await waitFor("a gated follower", async () =>
+          (await core.listNamespacedPod({ namespace: engines, labelSelector: "app=slow" })).items.find((p) =>
+            p.spec?.schedulingGates?.some((g) => g.name === SCHEDULING_GATE),
+          ),
+        );
+        await assert.rejects(
+          core.patchNamespacedPod(
+            {
+              name: gated.metadata!.name!,
+              namespace: engines,
+              body: [
+                { op: "test", path: "/spec/schedulingGates/0/name", value: SCHEDULING_GATE },
+                { op: "remove", path: "/spec/schedulingGates/0" },
+              ],
+            },
+            k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch),
+          ),
+          /cache-ready scheduling gate is removed by Warmstart only/,
+        );
+        await apps.deleteNamespacedDeployment({ name: "slow", namespace: engines, gracePeriodSeconds: 0 });
+        await waitFor(
+          "the slow engines gone",
+          async () =>
+            (await core.listNamespacedPod({ namespace: engines, labelSelector: "app=slow" })).items.length ===
+            0,
+          60_000,
+        );
 
         if (!withClientAuth) {
           t.diagnostic("this cluster's API server presents no client certificate: direct posts not tried");

@@ -109,6 +109,20 @@ void test("the chart grants each role exactly what its code uses (snapshot right
   }
 });
 
+void test("the stamps policy exempts exactly the roles whose code updates pods", async () => {
+  const updaters = ROLES.filter((r) =>
+    derive()
+      .get(r.role)!
+      .some((c) => c.group === "" && c.resource === "pods" && (c.verb === "patch" || c.verb === "update")),
+  ).map((r) => `system:serviceaccount:${SYSTEM}:${accountOf(r.role)}`);
+  assert.deepEqual(updaters, [`system:serviceaccount:${SYSTEM}:warmstart-server`]);
+  const policy: k8s.V1ValidatingAdmissionPolicy | undefined = (await renderChart(VALUES)).find(
+    (o) => o.kind === "ValidatingAdmissionPolicy",
+  );
+  const exempt = policy?.spec?.matchConditions?.map((m) => /username != '([^']+)'/.exec(m.expression)?.[1]);
+  assert.deepEqual(exempt, updaters);
+});
+
 void test("no wildcard anywhere, no Secret readable cluster-wide, Secrets only by name where read", async () => {
   const objects = await renderChart({ ...VALUES, "snapshots.enabled": true, "uninstall.deleteData": true });
   for (const o of objects.filter((x) => x.kind === "Role" || x.kind === "ClusterRole")) {
