@@ -33,6 +33,7 @@ export const DASHBOARD_HTML = `<!doctype html>
 </div>
 <h2>Time to ready: leader (cold) vs restored, per cache</h2><svg id="chart" width="100%" height="40"></svg>
 <h2>Caches</h2><table id="caches"></table>
+<h2>Node stores</h2><table id="stores"></table>
 <h2>Elections in progress</h2><table id="elections"></table>
 <h2>Pods</h2><table id="pods"></table>
 <script>
@@ -82,7 +83,10 @@ async function refresh() {
     table(document.getElementById("caches"), [["hash", (c) => esc(c.hash)], ["model", (c) => esc(c.model)],
       ["phase", (c) => '<span class="phase-' + esc(c.phase) + '">' + esc(c.phase) + "</span>" + (c.reason ? ' <span class="muted">' + esc(c.reason) + "</span>" : "")],
       ["size", (c) => fmtBytes(c.sizeBytes)], ["restores", (c) => c.restores], ["leader ready", (c) => fmtS(c.leaderReadySeconds)],
-      ["restored ready", (c) => fmtS(c.restoredReadySeconds)], ["saved", (c) => fmtS(c.savedSeconds)]], s.caches);
+      ["restored ready", (c) => fmtS(c.restoredReadySeconds)], ["saved", (c) => fmtS(c.savedSeconds)],
+      ["not downloaded", (c) => fmtBytes(c.savedBytes)], ["node", (c) => esc(c.node || "-")], ["failed captures", (c) => c.failedCaptures]], s.caches);
+    table(document.getElementById("stores"), [["node", (n) => esc(n.node)], ["used", (n) => fmtBytes(n.usedBytes)],
+      ["budget", (n) => n.budgetBytes ? fmtBytes(n.budgetBytes) : "none"], ["caches", (n) => n.caches.length]], s.stores || []);
     table(document.getElementById("elections"), [["hash", (e) => esc(e.hash)], ["leader namespace", (e) => esc(e.leaderNamespace)],
       ["acquired", (e) => esc(e.acquired)], ["deadline", (e) => esc(e.deadline)], ["waiting followers", (e) => e.followers]], s.elections);
     table(document.getElementById("pods"), [["namespace", (p) => esc(p.namespace)], ["pod", (p) => esc(p.name)], ["hash", (p) => esc(p.hash)],

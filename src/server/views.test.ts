@@ -1,0 +1,103 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import type * as k8s from "@kubernetes/client-node";
+import type { ModelCacheObject } from "../common/modelcache.js";
+import { buildSnapshot, podRow } from "./views.js";
+
+const SHORT = "0123456789abcdef";
+
+function cache(status: ModelCacheObject["status"]): ModelCacheObject {
+  return {
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: SHORT, creationTimestamp: new Date("2026-01-01T00:00:00Z") },
+    spec: { hash: SHORT.repeat(4), model: "org/m" },
+    status,
+  };
+}
+
+function pod(role: string, conditions: [string, string][], created = "2026-01-01T00:00:00Z"): k8s.V1Pod {
+  return {
+    metadata: {
+      name: role,
+      namespace: "ns",
+      creationTimestamp: new Date(created),
+      labels: { "warmstart.dev/hash": SHORT },
+      annotations: { "warmstart.dev/role": role },
+    },
+    spec: { containers: [], nodeName: "gpu-0" },
+    status: {
+      phase: "Running",
+      conditions: conditions.map(([type, at]) => ({
+        type,
+        status: "True",
+        lastTransitionTime: new Date(at),
+      })),
+    },
+  };
+}
+
+void test("a cache's benefit comes from its record, so it outlives the pods", () => {
+  const s = buildSnapshot(
+    [
+      cache({
+        phase: "Ready",
+        leaderReadySeconds: 600,
+        restores: 4,
+        restoredReadySecondsTotal: 100,
+        savedSeconds: 2300,
+        savedBytes: 4_000,
+        failedCaptures: 1,
+        node: "gpu-0",
+        lastRestoredAt: "2026-01-01T01:00:00Z",
+      }),
+    ],
+    [],
+    [], // every pod is gone
+  );
+  const row = s.caches[0]!;
+  assert.equal(row.restores, 4);
+  assert.equal(row.restoredReadySeconds, 25);
+  assert.equal(row.savedSeconds, 2300);
+  assert.equal(row.savedBytes, 4_000);
+  assert.equal(row.failedCaptures, 1);
+  assert.equal(row.node, "gpu-0");
+  assert.deepEqual(s.totals, { savedSeconds: 2300, savedBytes: 4_000, restores: 4, caches: 1 });
+});
+
+void test("a follower's time to Ready runs from its release (scheduled), a restore's from its admission", () => {
+  const follower = pod("follower", [
+    ["PodScheduled", "2026-01-01T00:10:00Z"],
+    ["Ready", "2026-01-01T00:10:30Z"],
+  ]);
+  assert.equal(podRow(follower).readySeconds, 30, "its gated wait is not its own start");
+  const restore = pod("restore", [
+    ["PodScheduled", "2026-01-01T00:00:01Z"],
+    ["Ready", "2026-01-01T00:00:20Z"],
+  ]);
+  assert.equal(podRow(restore).readySeconds, 20);
+});
+
+void test("node stores are shown from their agents' Leases", () => {
+  const lease = (node: string, used: string, budget: string): k8s.V1Lease => ({
+    metadata: {
+      name: `warmstart-store-${node}`,
+      labels: { "warmstart.dev/store": "true" },
+      annotations: {
+        "warmstart.dev/node": node,
+        "warmstart.dev/store-used": used,
+        "warmstart.dev/store-budget": budget,
+        "warmstart.dev/store-caches": "aaaaaaaaaaaaaaaa,bbbbbbbbbbbbbbbb",
+      },
+    },
+    spec: { holderIdentity: node },
+  });
+  const s = buildSnapshot([], [], [], [lease("gpu-1", "10", "0"), lease("gpu-0", "2048", "4096")]);
+  assert.deepEqual(
+    s.stores.map((x) => [x.node, x.usedBytes, x.budgetBytes, x.caches.length]),
+    [
+      ["gpu-0", 2048, 4096, 2],
+      ["gpu-1", 10, 0, 2],
+    ],
+  );
+});
