@@ -1,5 +1,5 @@
 import type { V1Container, V1Pod } from "@kubernetes/client-node";
-import { envSourceRef, expandKubeRefs, expandShellVars, literalEnv } from "./env.js";
+import { envSourceRef, expandKubeRefs, expandShellVars, listOf, literalEnv, textOf } from "./env.js";
 import { isScriptOption, looksLikeShell, splitShell } from "./shell.js";
 
 export const GPU_RESOURCE = "nvidia.com/gpu";
@@ -87,8 +87,8 @@ export function argvTokens(container: V1Container): ArgvToken[] {
       prev = t.op ? undefined : t.text;
     }
   };
-  for (const item of [...(container.command ?? []), ...(container.args ?? [])]) {
-    const text = String(item);
+  for (const item of [...listOf(container.command), ...listOf(container.args)]) {
+    const text = textOf(item);
     if (looksLikeShell(text)) split(text, 0);
     else out.push({ text, op: false, shell: false });
   }
@@ -150,7 +150,7 @@ export function containerModel(container: V1Container): ModelHit | undefined {
 
   for (const name of MODEL_ENV) {
     // The last definition of a name is the one the container sees.
-    const e = [...(container.env ?? [])].reverse().find((x) => x?.name === name);
+    const e = [...listOf(container.env)].reverse().find((x) => x?.name === name);
     if (!e) continue;
     if (e.valueFrom)
       return { model: `valueFrom(${envSourceRef(e.valueFrom)})`, reason: `model from env ${name}` };
@@ -158,7 +158,7 @@ export function containerModel(container: V1Container): ModelHit | undefined {
     if (v) return { model: v, reason: `model from env ${name}` };
   }
 
-  const nim = NIM_IMAGE.exec((container.image ?? "").trim());
+  const nim = NIM_IMAGE.exec(typeof container.image === "string" ? container.image.trim() : "");
   if (nim?.[1]) return { model: nim[1], reason: "model from NIM image" };
   return undefined;
 }
@@ -177,7 +177,7 @@ function positional(tokens: readonly ArgvToken[], start: number): ArgvToken | un
 
 /** Decides whether a pod is a model downloader (SPEC 1.1). Never throws on odd specs. */
 export function classifyPod(pod: V1Pod): Classification {
-  const containers = pod.spec?.containers;
+  const containers = (pod as V1Pod | null | undefined)?.spec?.containers;
   if (!Array.isArray(containers) || containers.length === 0)
     return { downloader: false, reason: REASON_NO_CONTAINERS };
   const idx = mainContainerIndex(pod);

@@ -18,6 +18,19 @@ const CREDENTIAL_SUFFIXES = [
   "_PRIVATE_KEY",
 ];
 
+/**
+ * A value as text, whatever JSON put there (a file or a direct post may hold any type where a string
+ * belongs): String() for primitives, and never an object's own `toString`, which JSON can set.
+ */
+export function textOf(v: unknown): string {
+  return typeof v === "object" && v !== null ? Object.prototype.toString.call(v) : String(v);
+}
+
+/** A list field as a list: anything else (a number, a string, an object where a list belongs) is empty. */
+export function listOf<T>(v: readonly T[] | undefined): readonly T[] {
+  return Array.isArray(v) ? (v as readonly T[]) : [];
+}
+
 /** Env names whose values are credentials: they count by name only and are never recorded. */
 export function isCredentialName(name: string): boolean {
   const n = name.toUpperCase();
@@ -52,13 +65,14 @@ export function redactUrlCredentials(value: string): string {
 
 /** A stable, secret-free description of where a `valueFrom` env takes its value. */
 export function envSourceRef(src: V1EnvVarSource): string {
-  if (src.secretKeyRef) return `secretKeyRef:${src.secretKeyRef.name ?? ""}/${src.secretKeyRef.key}`;
+  const t = textOf;
+  if (src.secretKeyRef) return `secretKeyRef:${t(src.secretKeyRef.name ?? "")}/${t(src.secretKeyRef.key)}`;
   if (src.configMapKeyRef)
-    return `configMapKeyRef:${src.configMapKeyRef.name ?? ""}/${src.configMapKeyRef.key}`;
-  if (src.fieldRef) return `fieldRef:${src.fieldRef.fieldPath}`;
+    return `configMapKeyRef:${t(src.configMapKeyRef.name ?? "")}/${t(src.configMapKeyRef.key)}`;
+  if (src.fieldRef) return `fieldRef:${t(src.fieldRef.fieldPath)}`;
   if (src.resourceFieldRef) {
     const r = src.resourceFieldRef;
-    return `resourceFieldRef:${r.containerName ?? ""}/${r.resource}/${String(r.divisor ?? "")}`;
+    return `resourceFieldRef:${t(r.containerName ?? "")}/${t(r.resource)}/${t(r.divisor ?? "")}`;
   }
   // Newer selectors (fileKeyRef, ...): describe them by their own stable JSON.
   const entry: [string, unknown] = Object.entries(src as Record<string, unknown>).find(
@@ -71,11 +85,11 @@ export function envSourceRef(src: V1EnvVarSource): string {
 /** `configMapRef:name` / `secretRef:name`, with the prefix when there is one. */
 export function envFromRef(src: V1EnvFromSource): string {
   const base = src.configMapRef
-    ? `configMapRef:${src.configMapRef.name ?? ""}`
+    ? `configMapRef:${textOf(src.configMapRef.name ?? "")}`
     : src.secretRef
-      ? `secretRef:${src.secretRef.name ?? ""}`
+      ? `secretRef:${textOf(src.secretRef.name ?? "")}`
       : `unknown:${stableJson(src)}`;
-  return src.prefix ? `${base} prefix=${src.prefix}` : base;
+  return src.prefix ? `${base} prefix=${textOf(src.prefix)}` : base;
 }
 
 /**
@@ -84,10 +98,10 @@ export function envFromRef(src: V1EnvFromSource): string {
  */
 export function literalEnv(container: V1Container): Map<string, string> {
   const env = new Map<string, string>();
-  for (const e of container.env ?? []) {
+  for (const e of listOf(container.env)) {
     if (typeof e?.name !== "string") continue;
     if (e.valueFrom) env.delete(e.name);
-    else env.set(e.name, expandKubeRefs(String(e.value ?? ""), env));
+    else env.set(e.name, expandKubeRefs(textOf(e.value ?? ""), env));
   }
   return env;
 }

@@ -10,6 +10,7 @@ import {
   isCredentialName,
   redactUrlCredentials,
   stableJson,
+  textOf,
 } from "./env.js";
 import { isScriptOption, joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
 
@@ -117,9 +118,10 @@ export function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
       continue;
     }
     const eq = t.text.indexOf("=");
-    // A list item with whitespace is a script or a "--flag value" pair; it is split and stripped itself.
-    const flag =
-      t.text.startsWith("-") && !/\s/.test(t.text) ? (eq === -1 ? t.text : t.text.slice(0, eq)) : "";
+    // A list item with whitespace before any `=` is a script or a "--flag value" pair; it is split and
+    // stripped itself. Whitespace after the `=` is the flag's value (`--kv-transfer-config={"a": 1}`).
+    const name = eq === -1 ? t.text : t.text.slice(0, eq);
+    const flag = t.text.startsWith("-") && !/\s/.test(name) ? name : "";
     const next = tokens[i + 1];
     const nextIsValue = (allowDash: boolean): boolean =>
       next !== undefined &&
@@ -172,8 +174,8 @@ export function stripRoleArgs(
   args: readonly string[],
 ): { command: string[]; args: string[] } {
   const items = [
-    ...command.map((text) => ({ text: String(text), op: false, args: false })),
-    ...args.map((text) => ({ text: String(text), op: false, args: true })),
+    ...command.map((text) => ({ text: textOf(text), op: false, args: false })),
+    ...args.map((text) => ({ text: textOf(text), op: false, args: true })),
   ];
   const kept = stripTokens(items)
     .map((t) => ({ ...t, wasEmpty: t.text === "", text: normalizeScript(t.text, 0) }))
@@ -202,14 +204,14 @@ export function containerInputs(c: V1Container): ContainerInputs {
     byName.delete(e.name); // the last definition wins
     if (isCredentialName(e.name)) byName.set(e.name, { name: e.name, credential: true });
     else if (e.valueFrom) byName.set(e.name, { name: e.name, from: envSourceRef(e.valueFrom) });
-    else byName.set(e.name, { name: e.name, value: redactUrlCredentials(String(e.value ?? "")) });
+    else byName.set(e.name, { name: e.name, value: redactUrlCredentials(textOf(e.value ?? "")) });
   }
   const { command, args } = stripRoleArgs(
     Array.isArray(c.command) ? c.command : [],
     Array.isArray(c.args) ? c.args : [],
   );
   return {
-    image: String(c.image ?? "").trim(),
+    image: textOf(c.image ?? "").trim(),
     command,
     args,
     env: [...byName.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)),
@@ -223,7 +225,7 @@ function cacheMounts(c: V1Container): string[] {
     .filter((m) => m?.name === CACHE_VOLUME)
     .map(
       (m) =>
-        `${String(m.mountPath)}${m.subPath ? `:${m.subPath}` : ""}${m.subPathExpr ? `:$(${m.subPathExpr})` : ""}`,
+        `${textOf(m.mountPath)}${m.subPath ? `:${textOf(m.subPath)}` : ""}${m.subPathExpr ? `:$(${textOf(m.subPathExpr)})` : ""}`,
     );
 }
 

@@ -1,0 +1,883 @@
+/**
+ * Fuzzing of the admission core with fast-check: the classifier, the shell splitter, the hash and
+ * its role-flag stripper, and the patch builder. Pods come in two shapes: API-shaped (what the API
+ * server sends: the right types, hostile strings) and hostile JSON (any type anywhere, keys such as
+ * `toString` and `__proto__`), which only the never-throw properties take.
+ *
+ * Every property runs with a fixed seed and a bounded number of cases, so the suite stays a few
+ * seconds long. WARMSTART_FUZZ_RUNS=N runs N cases per property, WARMSTART_FUZZ_SEED=S another
+ * seed; a failure reports its seed and path (fast-check's replay), and the case count is printed.
+ */
+import { test, type TestContext } from "node:test";
+import assert from "node:assert/strict";
+import fc from "fast-check";
+import jsonpatch, { type Operation } from "fast-json-patch";
+import type { V1Container, V1EnvVar, V1Pod } from "@kubernetes/client-node";
+import { classifyPod } from "./classify.js";
+import { cacheHash, isExcludedEnv, stripRoleArgs } from "./hash.js";
+import { isCredentialName } from "./env.js";
+import { joinShell, splitShell } from "./shell.js";
+import { stripStamps } from "./stamps.js";
+import {
+  decorateCold,
+  decorateFollower,
+  decorateLeader,
+  decorateRestore,
+  jsonPatch,
+  type CacheEnvTemplate,
+} from "./decorate.js";
+import {
+  ANN_ELECTION_ID,
+  ANN_HASH,
+  ANN_ROLE,
+  ENV_PREWARM,
+  ENV_TREE,
+  INIT_PREWARM,
+  INIT_SEED,
+  INIT_WAIT_READY,
+  LABEL_CAPTURE,
+  LABEL_GATED,
+  LABEL_HASH,
+  SCHEDULING_GATE,
+  type Role,
+} from "./contract.js";
+
+// ---------------------------------------------------------------------------------------------
+// Running properties: fixed seed, bounded runs, the count and the seed in the test's output.
+
+const RUNS = Number(process.env.WARMSTART_FUZZ_RUNS) || undefined;
+const SEED = Number(process.env.WARMSTART_FUZZ_SEED) || 0x11_03;
+
+/** Runs a property (its default number of cases unless WARMSTART_FUZZ_RUNS says) and reports the count. */
+async function holds<T>(
+  t: TestContext,
+  prop: fc.IProperty<T> | fc.IAsyncProperty<T>,
+  defaultRuns: number,
+): Promise<number> {
+  const params = { seed: SEED, numRuns: RUNS ?? defaultRuns, includeErrorInReport: true };
+  const details = prop.isAsync()
+    ? await fc.check(prop as fc.IAsyncProperty<T>, params)
+    : fc.check(prop as fc.IProperty<T>, params);
+  if (details.failed) throw new Error(fc.defaultReportMessage(details) ?? "property failed");
+  t.diagnostic(`${details.numRuns} cases (seed ${SEED})`);
+  return details.numRuns;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text: printable, full unicode (graphemes), lone surrogates, and shell-meaningful fragments.
+
+const FRAGMENTS = [
+  ...["", " ", "\t", "\n", "\r\n", "'", '"', "\\", "\\\n", "$(", "${", ")", "}", "`", "#", "--", "-", "="],
+  ...[";", "&&", "||", "|", "2>&1", "<<", "&", "$VAR", "$(A)", "$$", "\u0000", "\u202e", "\ud800", "\udfff"],
+  ...["\ufeff", "😀", "👩‍👩‍👧", "é", "e\u0301", "İ", "ß", "ﬁ", "\u3000", "\u00a0", "\u2028"],
+];
+const text = fc.oneof(
+  { weight: 3, arbitrary: fc.string({ maxLength: 12 }) },
+  { weight: 1, arbitrary: fc.string({ unit: "grapheme", maxLength: 6 }) },
+  { weight: 1, arbitrary: fc.string({ unit: "binary", maxLength: 6 }) },
+  { weight: 2, arbitrary: fc.constantFrom(...FRAGMENTS) },
+  { weight: 1, arbitrary: fc.array(fc.constantFrom(...FRAGMENTS), { maxLength: 8 }).map((a) => a.join("")) },
+);
+/** A plain shell word: no whitespace, no quoting, not a flag. */
+const word = fc.stringMatching(/^[A-Za-z0-9_.:/+][A-Za-z0-9_.:/+-]{0,15}$/);
+const model = fc
+  .tuple(
+    fc.stringMatching(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,10}$/),
+    fc.stringMatching(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,12}$/),
+  )
+  .map(([org, name]) => `${org}/${name}`);
+const hashOf = (p: V1Pod): string => cacheHash(p, classifyPod(p)).hash;
+/** Through JSON, as on the wire (fast-check may build objects without a prototype). */
+const wire = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
+/** Single-quotes a word for a shell script (the test's own, not the code's quoting). */
+const shq = (w: string): string => `'${w.replace(/'/g, `'\\''`)}'`;
+
+// ---------------------------------------------------------------------------------------------
+// Argv units: a model, ordinary flags, and disaggregation role flags (SPEC 1.2 "Out").
+
+type Units = string[][];
+const MODEL_FLAGS = ["--model", "--model-path", "--model-id", "--model_id"];
+const modelUnit: fc.Arbitrary<string[]> = fc.oneof(
+  fc.tuple(fc.constantFrom(...MODEL_FLAGS), model).map(([f, m]) => [f, m]),
+  fc.tuple(fc.constantFrom(...MODEL_FLAGS), model).map(([f, m]) => [`${f}=${m}`]),
+  fc.constant<string[]>(["--model", "$(HF_MODEL_ID)"]),
+);
+const keptUnit: fc.Arbitrary<string[]> = fc.oneof(
+  fc
+    .tuple(
+      fc.constantFrom("--tensor-parallel-size", "--port", "--revision", "--dtype", "--served-model-name"),
+      word,
+    )
+    .map(([f, v]) => [f, v]),
+  fc.tuple(fc.stringMatching(/^--[a-z][a-z-]{0,12}$/), word).map(([f, v]) => [`${f}=${v}`]),
+  fc.constantFrom<string[]>(["--trust-remote-code"], ["--enforce-eager"], ["--enable-prefix-caching"]),
+);
+const jsonText = fc
+  .jsonValue({ maxDepth: 2 })
+  .map((v) => JSON.stringify(v))
+  .filter((s) => !s.startsWith("-"));
+const roleUnit: fc.Arbitrary<string[]> = fc.oneof(
+  fc.constantFrom<string[]>(["--is-prefill-worker"], ["--is-decode-worker"]),
+  fc.tuple(fc.stringMatching(/^[a-z][a-z-]{0,10}$/), word).map(([k, v]) => [`--disaggregation-${k}`, v]),
+  fc.tuple(fc.stringMatching(/^[a-z][a-z-]{0,10}$/), word).map(([k, v]) => [`--disaggregation-${k}=${v}`]),
+  fc.tuple(fc.constantFrom("--kv-transfer-config", "--kv-events-config"), jsonText).map(([f, v]) => [f, v]),
+  fc
+    .tuple(fc.constantFrom("--kv-transfer-config", "--kv-events-config"), jsonText)
+    .map(([f, v]) => [`${f}=${v}`]),
+);
+const LAUNCHERS: string[][] = [
+  ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+  ["python3", "-m", "sglang.launch_server"],
+  ["python3", "-m", "dynamo.vllm"],
+  ["vllm", "serve"],
+];
+
+/**
+ * How the argv is written: list items, "--flag value" items, one `sh -c` script, or split between
+ * command (launcher and first unit) and args; a role pair right after the first unit straddles the two.
+ */
+type ArgvForm = "list" | "pairs" | "shell" | "split";
+const argvForm = fc.constantFrom<ArgvForm>("list", "pairs", "shell", "split");
+
+/** The container's command and args for units written in one form. */
+function argv(
+  launcher: string[],
+  units: Units,
+  form: ArgvForm,
+  roles: ReadonlySet<string[]> = new Set(),
+): { command: string[]; args: string[] } {
+  const items = units.flat();
+  switch (form) {
+    case "list":
+      return { command: launcher, args: items };
+    case "pairs":
+      // A "--flag value" pair in one item: split as a shell would (SPEC 1.1's "one item").
+      return { command: launcher, args: units.map((u) => u.map((w, i) => (i ? shq(w) : w)).join(" ")) };
+    case "shell":
+      return { command: ["sh", "-c"], args: [[...launcher, ...items].map(shq).join(" ")] };
+    case "split": {
+      const [first = [], second, ...rest] = units;
+      const command = [...launcher, ...first];
+      if (!second) return { command, args: [] };
+      if (!roles.has(second) || second.length !== 2) return { command, args: [second, ...rest].flat() };
+      return { command: [...command, second[0]!], args: [second[1]!, ...rest.flat()] };
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Env, containers, pods.
+
+const ENV_NAMES = [
+  ...["HF_MODEL_ID", "MODEL_ID", "NIM_MODEL_NAME", "HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "HOME"],
+  ...["HF_TOKEN", "NGC_API_KEY", "MY_API_KEY", "DB_PASSWORD", ENV_PREWARM, ENV_TREE, "HF_HUB_OFFLINE"],
+  ...["DYN_NAMESPACE", "DYNAMO_PORT", "GROVE_PCLQ_POD_INDEX", "NATS_URL", "NATS_SERVER", "ETCD_ENDPOINTS"],
+  ...["FOO", "BAR", "PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"],
+];
+const envName = fc.oneof(
+  { weight: 3, arbitrary: fc.constantFrom(...ENV_NAMES) },
+  { weight: 1, arbitrary: fc.stringMatching(/^[A-Za-z_][A-Za-z0-9_.-]{0,10}$/) },
+);
+/** A literal that refers to no other env (`$(NAME)` would make env order matter, as in the kubelet). */
+const envValue = text.filter((v) => !/\$\([A-Za-z_]/.test(v));
+const valueFrom = fc.oneof(
+  fc.record({ secretKeyRef: fc.record({ name: word, key: word }) }),
+  fc.record({ configMapKeyRef: fc.record({ name: word, key: word }) }),
+  fc.record({ fieldRef: fc.record({ fieldPath: fc.constantFrom("metadata.name", "metadata.labels['x']") }) }),
+);
+const envVar: fc.Arbitrary<V1EnvVar> = fc.oneof(
+  { weight: 4, arbitrary: fc.record({ name: envName, value: envValue }) },
+  { weight: 1, arbitrary: fc.record({ name: envName, valueFrom }).map(wire) },
+);
+const gpuQuantity = fc.oneof(
+  { weight: 4, arbitrary: fc.constantFrom("1", "2", "8", "0.5") },
+  { weight: 1, arbitrary: fc.constantFrom("0", "", "x", "-1", "1e400") },
+);
+const resources: fc.Arbitrary<V1Container["resources"]> = fc.oneof(
+  fc.record({ limits: fc.record({ "nvidia.com/gpu": gpuQuantity }) }),
+  fc.record({ requests: fc.record({ "nvidia.com/gpu": gpuQuantity, cpu: fc.constant("1") }) }),
+  fc.constant({ limits: { cpu: "2" } }),
+);
+const mounts = fc.array(
+  fc.record({
+    name: fc.constantFrom("warmstart-cache", "data", "warmstart-ro", "warmstart-shadow"),
+    mountPath: fc.constantFrom("/cache", "/data", "/root/.cache"),
+  }),
+  { maxLength: 2 },
+);
+const stampKeys = fc.constantFrom(
+  "warmstart.dev/hash",
+  "warmstart.dev/role",
+  "warmstart.dev/capture",
+  "warmstart.dev/gated",
+  "warmstart.dev/election-id",
+  "warmstart.dev/tree",
+  "warmstart.dev/restore-from",
+  "warmstart.dev/skip",
+  "app.kubernetes.io/name",
+  "a~b/c",
+  "x/y~1z",
+);
+const stringMap = fc.dictionary(fc.oneof(stampKeys, word), text, { maxKeys: 4 });
+
+/** A GPU container that names a model, with argv units, env, mounts. */
+const mainContainer = fc
+  .record({
+    name: fc.constantFrom("main", "vllm", "worker"),
+    image: fc.constantFrom("vllm/vllm-openai:v0.6.3", "nvcr.io/nim/meta/llama3-8b:1.0", "img:latest", " x "),
+    launcher: fc.constantFrom(...LAUNCHERS),
+    units: fc.tuple(modelUnit, fc.array(keptUnit, { maxLength: 4 })).map(([m, k]) => [m, ...k]),
+    form: argvForm,
+    env: fc.array(envVar, { maxLength: 6 }),
+    resources,
+    volumeMounts: mounts,
+    runAsUser: fc.option(fc.integer({ min: 0, max: 70000 }), { nil: undefined }),
+  })
+  .map((c): V1Container => {
+    const { command, args } = argv(c.launcher, c.units, c.form);
+    return {
+      name: c.name,
+      image: c.image,
+      command,
+      args,
+      env: c.env,
+      resources: c.resources,
+      volumeMounts: c.volumeMounts,
+      ...(c.runAsUser !== undefined ? { securityContext: { runAsUser: c.runAsUser } } : {}),
+    };
+  });
+const sideContainer: fc.Arbitrary<V1Container> = fc.record({
+  name: fc.constantFrom(
+    "sidecar",
+    "warmstart-seed-cache",
+    "warmstart-prewarm",
+    "init",
+    "warmstart-wait-ready",
+  ),
+  image: fc.constantFrom("busybox", "alpine:3"),
+  command: fc.array(text, { maxLength: 3 }),
+  args: fc.array(text, { maxLength: 3 }),
+  env: fc.array(envVar, { maxLength: 3 }),
+  volumeMounts: mounts,
+});
+
+/** An API-shaped pod: the types the API server sends, hostile strings, forged stamps. */
+const apiPod: fc.Arbitrary<V1Pod> = fc
+  .record({
+    name: fc.option(word, { nil: undefined }),
+    labels: fc.option(stringMap, { nil: undefined }),
+    annotations: fc.option(stringMap, { nil: undefined }),
+    before: fc.array(sideContainer, { maxLength: 1 }),
+    main: mainContainer,
+    after: fc.array(sideContainer, { maxLength: 2 }),
+    init: fc.option(fc.array(sideContainer, { maxLength: 3 }), { nil: undefined }),
+    gates: fc.option(
+      fc.array(fc.record({ name: fc.constantFrom(SCHEDULING_GATE, "other/gate") }), { maxLength: 2 }),
+      {
+        nil: undefined,
+      },
+    ),
+    runAsUser: fc.option(fc.integer({ min: 0, max: 70000 }), { nil: undefined }),
+    volumes: fc.option(
+      fc.array(fc.record({ name: fc.constantFrom("data", "warmstart-cache"), emptyDir: fc.constant({}) })),
+      {
+        nil: undefined,
+      },
+    ),
+  })
+  .map((p): V1Pod => ({
+    metadata: {
+      ...(p.name !== undefined ? { name: p.name } : { generateName: "w-" }),
+      ...(p.labels ? { labels: p.labels } : {}),
+      ...(p.annotations ? { annotations: p.annotations } : {}),
+    },
+    spec: {
+      containers: [...p.before, p.main, ...p.after],
+      ...(p.init ? { initContainers: p.init } : {}),
+      ...(p.gates ? { schedulingGates: p.gates } : {}),
+      ...(p.volumes ? { volumes: p.volumes } : {}),
+      ...(p.runAsUser !== undefined ? { securityContext: { runAsUser: p.runAsUser } } : {}),
+    },
+  }))
+  .map(wire);
+
+/** JSON values no API server sends: wrong types, and keys that are Object.prototype's names. */
+const junk: fc.Arbitrary<unknown> = fc.oneof(
+  fc.jsonValue({ maxDepth: 2 }),
+  fc.constantFrom<unknown>(null, 0, 5, -1, true, "", "x", [], {}, [null], [5], [{}], [[]]),
+  fc
+    .constantFrom(
+      '{"toString":1}',
+      '{"valueOf":{},"toString":{}}',
+      '{"__proto__":{"polluted":1}}',
+      '{"constructor":{"prototype":{"x":1}}}',
+      '[{"toString":null}]',
+      '{"name":{"toString":1}}',
+    )
+    .map((s) => JSON.parse(s) as unknown),
+);
+
+/** Replaces values at random paths of a JSON tree with junk (a copy; the input is kept). */
+function corrupt(value: unknown, hits: ReadonlyArray<{ path: number[]; with: unknown }>): unknown {
+  const root: { v: unknown } = { v: structuredClone(value) };
+  for (const hit of hits) {
+    let holder: Record<string, unknown> | unknown[] = root;
+    let key: string | number = "v";
+    for (const step of hit.path) {
+      const cur = (holder as Record<string | number, unknown>)[key];
+      if (cur === null || typeof cur !== "object") break;
+      const keys = Array.isArray(cur) ? cur.map((_, i) => i) : Object.keys(cur);
+      if (keys.length === 0) break;
+      holder = cur as Record<string, unknown>;
+      key = keys[step % keys.length] as string | number;
+    }
+    (holder as Record<string | number, unknown>)[key] = hit.with;
+  }
+  return root.v;
+}
+const hostilePod: fc.Arbitrary<unknown> = fc.oneof(
+  {
+    weight: 4,
+    arbitrary: fc
+      .tuple(
+        apiPod,
+        fc.array(fc.record({ path: fc.array(fc.nat(), { maxLength: 6 }), with: junk }), {
+          minLength: 1,
+          maxLength: 4,
+        }),
+      )
+      .map(([p, hits]) => corrupt(p, hits)),
+  },
+  { weight: 1, arbitrary: junk },
+  { weight: 1, arbitrary: fc.jsonValue({ maxDepth: 5 }) },
+);
+
+// ---------------------------------------------------------------------------------------------
+// The classifier and the hash never throw.
+
+test("the classifier never throws on any JSON value, and cacheHash never on a pod it calls a downloader", async (t) => {
+  await holds(
+    t,
+    fc.property(hostilePod, (pod) => {
+      const c = classifyPod(pod as V1Pod);
+      assert.equal(typeof c.reason, "string");
+      assert.ok(c.reason.length > 0);
+      if (c.downloader) {
+        assert.equal(typeof c.model, "string");
+        const h = cacheHash(pod as V1Pod, c);
+        assert.match(h.hash, /^[0-9a-f]{64}$/);
+      }
+    }),
+    1500,
+  );
+});
+
+test("hostile pods the fuzzing found: classified or left alone, never a throw", () => {
+  const gpu = { limits: { "nvidia.com/gpu": "1" } };
+  const toStringKey = JSON.parse('{"toString":1}') as unknown;
+  const cases: Array<[unknown, string]> = [
+    // A list where a list belongs is iterated; anything else is no list (it threw "not iterable").
+    [{ spec: { containers: [{ resources: gpu, command: 5 }] } }, "GPU container names no model"],
+    [
+      { spec: { containers: [{ resources: gpu, args: ["--model", "m"], env: 5 }] } },
+      "model from --model flag",
+    ],
+    [{ spec: { containers: [{ resources: gpu, image: 5 }] } }, "GPU container names no model"],
+    // An object whose `toString` JSON set to a number (String() threw "Cannot convert object").
+    [{ spec: { containers: [{ resources: gpu, args: [toStringKey] }] } }, "GPU container names no model"],
+    [
+      { spec: { containers: [{ resources: gpu, env: [{ name: "MODEL_ID", value: toStringKey }] }] } },
+      "model from env MODEL_ID",
+    ],
+    [null, "pod has no containers"],
+    [7, "pod has no containers"],
+  ];
+  for (const [pod, reason] of cases)
+    assert.equal(classifyPod(pod as V1Pod).reason, reason, JSON.stringify(pod));
+  // The hash of a downloader with such fields is composed all the same.
+  const odd = {
+    spec: {
+      containers: [
+        {
+          resources: gpu,
+          image: toStringKey,
+          args: ["--model=m", toStringKey],
+          env: [{ name: "A", valueFrom: { secretKeyRef: { name: toStringKey, key: "k" } } }],
+          envFrom: [{ configMapRef: { name: toStringKey }, prefix: toStringKey }],
+          volumeMounts: [{ name: "warmstart-cache", mountPath: toStringKey, subPath: toStringKey }],
+        },
+      ],
+    },
+  } as unknown as V1Pod;
+  assert.match(cacheHash(odd, classifyPod(odd)).hash, /^[0-9a-f]{64}$/);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Shell parsing: never throws, terminates in linear-ish time, and its canonical form is a fixed point.
+
+const SHELL_CHARS = [..."'\"\\$(){}`;&|<># \t\n=-abc1", "$(", "${", "\\\n", "2>&1", "&&"];
+const hostileScript = fc.oneof(
+  text,
+  fc.array(fc.constantFrom(...SHELL_CHARS), { maxLength: 200 }).map((a) => a.join("")),
+  fc.string({ unit: "binary", maxLength: 200 }),
+);
+
+test("shell splitting never throws, and joining its tokens reads back as the same tokens", async (t) => {
+  await holds(
+    t,
+    fc.property(hostileScript, (s) => {
+      const tokens = splitShell(s);
+      for (const tok of tokens) assert.equal(typeof tok.text, "string");
+      assert.deepEqual(splitShell(joinShell(tokens)), tokens);
+    }),
+    3000,
+  );
+});
+
+test("shell splitting stays linear on long hostile input (unbalanced quotes, deep nesting)", async (t) => {
+  // Each pattern repeated to ~200k characters: a quadratic scan would take minutes, a linear one ms.
+  const patterns = [
+    "'",
+    '"',
+    "`",
+    "$(",
+    "${",
+    '"$(',
+    "$('",
+    "\\",
+    "a ",
+    "((",
+    "$(\"'`",
+    '"\\',
+    "#",
+    "&&",
+    "2>",
+    "--model ",
+  ];
+  await holds(
+    t,
+    fc.property(fc.constantFrom(...patterns), fc.constantFrom("", "'", '"', ")", "}", "x"), (p, tail) => {
+      const s = p.repeat(Math.ceil(200_000 / p.length)) + tail;
+      const started = performance.now();
+      splitShell(s);
+      const ms = performance.now() - started;
+      assert.ok(ms < 2000, `${JSON.stringify(p)} x ${s.length}: ${ms.toFixed(0)} ms`);
+    }),
+    40,
+  );
+});
+
+// ---------------------------------------------------------------------------------------------
+// The stripper: role flags go in every form, nothing else moves, hostile input never crashes it.
+
+test("stripping removes exactly the role flags, in every form, and is idempotent", async (t) => {
+  // Units marked as role or kept, interleaved; a role value flag may dangle at the very end.
+  const stream = fc.tuple(
+    fc.array(fc.tuple(fc.boolean(), fc.oneof(keptUnit, fc.array(word, { minLength: 1, maxLength: 2 }))), {
+      maxLength: 6,
+    }),
+    fc.array(fc.tuple(fc.nat(), roleUnit), { maxLength: 4 }),
+    fc.option(fc.constantFrom("--kv-transfer-config", "--kv-events-config", "--disaggregation-mode"), {
+      nil: undefined,
+    }),
+    argvForm,
+  );
+  await holds(
+    t,
+    fc.property(stream, ([kept, roles, dangling, form]) => {
+      const keptUnits = kept.map(([, u]) => u);
+      const all: Units = [...keptUnits];
+      for (const [at, u] of roles) all.splice(at % (all.length + 1), 0, u);
+      if (dangling) all.push([dangling]);
+      // A launcher, so that a script is never one word (a one-word script is kept as written).
+      const launcher = ["python3", "-m", "x"];
+      const withRoles = argv(launcher, all, form, new Set(roles.map(([, u]) => u)));
+      const without = argv(launcher, keptUnits, form);
+      const a = stripRoleArgs(withRoles.command, withRoles.args);
+      const b = stripRoleArgs(without.command, without.args);
+      assert.deepEqual([...a.command, ...a.args], [...b.command, ...b.args]);
+      if (form === "list") assert.deepEqual(a, { command: launcher, args: keptUnits.flat() });
+      assert.deepEqual(stripRoleArgs(a.command, a.args), a, "the stripped form is a fixed point");
+    }),
+    1500,
+  );
+});
+
+test("stripping never crashes on hostile args: odd unicode, dangling value flags, huge lists and items", async (t) => {
+  const flags = fc.constantFrom(
+    "--is-prefill-worker",
+    "--kv-transfer-config",
+    "--kv-events-config",
+    "--disaggregation-mode",
+    "--disaggregation-",
+    "--hf-token",
+    "--api-key=",
+    "-c",
+    "sh",
+  );
+  const item = fc.oneof(text, flags, hostileScript);
+  await holds(
+    t,
+    fc.property(fc.array(item, { maxLength: 20 }), fc.array(item, { maxLength: 20 }), (command, args) => {
+      const out = stripRoleArgs(command, args);
+      assert.ok(Array.isArray(out.command) && Array.isArray(out.args));
+      assert.ok(out.command.length <= command.length && out.args.length <= args.length);
+      assert.deepEqual(stripRoleArgs(command, args), out, "deterministic");
+    }),
+    2000,
+  );
+  // Huge: many items, and one item of megabytes (a value flag dangles at the end of each).
+  const many = Array.from({ length: 50_000 }, (_, i) => (i % 3 === 0 ? "--kv-transfer-config" : `v${i}`));
+  const big = `sh -c '${"--is-decode-worker x ".repeat(60_000)}' --kv-events-config`;
+  const started = performance.now();
+  const huge = stripRoleArgs(["python3"], [...many, "--disaggregation-mode"]);
+  // Every third item is a value flag that takes the next one with it: the rest (i % 3 === 2) stay.
+  assert.deepEqual(
+    huge.args,
+    many.filter((_, i) => i % 3 === 2),
+  );
+  assert.ok(stripRoleArgs([], [big]).args.length <= 1);
+  t.diagnostic(`huge args stripped in ${(performance.now() - started).toFixed(0)} ms`);
+});
+
+test("a role flag's `=` value with spaces in it is stripped, as a list item and inside a script", () => {
+  // Found by the fuzzing: JSON written with spaces after its colons kept the flag in the hash, so a
+  // Dynamo prefill and decode worker of one model hashed apart.
+  const kv = (role: string): string => `{"kv_connector": "NixlConnector", "kv_role": "${role}"}`;
+  const worker = (argv: Pick<V1Container, "command" | "args">): V1Pod => ({
+    metadata: {},
+    spec: {
+      containers: [{ name: "w", image: "img:1", resources: { limits: { "nvidia.com/gpu": "1" } }, ...argv }],
+    },
+  });
+  const asItem = (role?: string): V1Pod =>
+    worker({
+      command: ["python3", "-m", "dynamo.vllm"],
+      args: ["--model", "org/m", ...(role ? [`--kv-transfer-config=${kv(role)}`] : [])],
+    });
+  const inScript = (role?: string): V1Pod =>
+    worker({
+      command: ["sh", "-c"],
+      args: [`python3 -m dynamo.vllm --model org/m${role ? ` --kv-transfer-config='${kv(role)}'` : ""}`],
+    });
+  for (const form of [asItem, inScript]) {
+    assert.equal(hashOf(form("kv_producer")), hashOf(form("kv_consumer")), form.name);
+    assert.equal(hashOf(form("kv_producer")), hashOf(form()), form.name);
+  }
+});
+
+// ---------------------------------------------------------------------------------------------
+// The hash: deterministic; blind to what SPEC 1.2 leaves out; order of env only where names differ.
+
+const downloader = apiPod.filter((p) => classifyPod(p).downloader);
+const mainOf = (p: V1Pod): V1Container => p.spec!.containers[classifyPod(p).containerIndex!]!;
+
+test("hashing is deterministic: the same pod, or a copy, always hashes the same", async (t) => {
+  await holds(
+    t,
+    fc.property(downloader, (p) => {
+      const copy = JSON.parse(JSON.stringify(p)) as V1Pod;
+      assert.equal(hashOf(p), hashOf(p));
+      assert.equal(hashOf(copy), hashOf(p));
+    }),
+    800,
+  );
+});
+
+/** A permutation of a list, as a list of indexes drawn with it. */
+const permuted = <T>(arb: fc.Arbitrary<T[]>): fc.Arbitrary<[T[], T[]]> =>
+  arb.chain((xs) =>
+    fc.shuffledSubarray(xs, { minLength: xs.length, maxLength: xs.length }).map((p) => [xs, p]),
+  );
+
+test("env order never changes the hash when the names are distinct (main and cache-touching containers)", async (t) => {
+  const distinct = fc.uniqueArray(envVar, { selector: (e) => e.name, maxLength: 8 });
+  await holds(
+    t,
+    fc.property(
+      downloader,
+      permuted(distinct),
+      permuted(distinct),
+      (p, [env, shuffled], [initEnv, initShuffled]) => {
+        const a = structuredClone(p);
+        const b = structuredClone(p);
+        mainOf(a).env = env;
+        mainOf(b).env = shuffled;
+        // An init container that writes the cache counts too (SPEC 1.2 "In").
+        const init = (e: V1EnvVar[]): V1Container => ({
+          name: "fill",
+          image: "busybox",
+          env: e,
+          volumeMounts: [{ name: "warmstart-cache", mountPath: "/c" }],
+        });
+        a.spec!.initContainers = [init(initEnv)];
+        b.spec!.initContainers = [init(initShuffled)];
+        assert.equal(hashOf(a), hashOf(b));
+      },
+    ),
+    800,
+  );
+});
+
+test("duplicate env names: the last definition wins, so only their relative order matters", async (t) => {
+  const dupes = fc.array(envVar, { minLength: 2, maxLength: 8 });
+  await holds(
+    t,
+    fc.property(downloader, dupes, fc.nat(), fc.nat(), (p, env, i, j) => {
+      const a = structuredClone(p);
+      mainOf(a).env = env;
+      // Keeping only each name's last definition changes nothing.
+      const last = env.filter((e, k) => !env.slice(k + 1).some((x) => x.name === e.name));
+      const b = structuredClone(p);
+      mainOf(b).env = last;
+      assert.equal(hashOf(a), hashOf(b));
+      // Swapping two definitions of one name changes the hash when that name counts by its value.
+      const x = env[i % env.length]!;
+      const y = env[j % env.length]!;
+      const k1 = env.indexOf(x);
+      const k2 = env.lastIndexOf(y);
+      if (k1 >= k2 || x.name !== y.name || x.value === undefined || y.value === undefined) return;
+      if (x.value === y.value || isExcludedEnv(x.name) || isCredentialName(x.name)) return;
+      // Only the last two definitions of the name: swap them so the winner changes.
+      const defs = env.map((e, k) => [e, k] as const).filter(([e]) => e.name === x.name);
+      const [pa, pb] = defs.slice(-2) as [readonly [V1EnvVar, number], readonly [V1EnvVar, number]];
+      if (pa[0].value === pb[0].value || pa[0].valueFrom || pb[0].valueFrom) return;
+      const swapped = [...env];
+      swapped[pa[1]] = pb[0];
+      swapped[pb[1]] = pa[0];
+      const c = structuredClone(p);
+      mainOf(c).env = swapped;
+      assert.notEqual(hashOf(c), hashOf(a));
+    }),
+    800,
+  );
+});
+
+test("what SPEC 1.2 leaves out never changes the hash: role flags in every form, orchestration env", async (t) => {
+  const wiring = fc.record({
+    name: fc.oneof(
+      fc.constantFrom("ETCD_ENDPOINTS", "NATS_SERVER", "NATS_URL", ENV_PREWARM),
+      fc
+        .tuple(fc.constantFrom("DYN_", "DYNAMO_", "GROVE_"), fc.stringMatching(/^[A-Z0-9_]{0,8}$/))
+        .map(([a, b]) => a + b),
+    ),
+    value: envValue,
+  });
+  await holds(
+    t,
+    fc.property(
+      fc.record({
+        launcher: fc.constantFrom(...LAUNCHERS),
+        units: fc.tuple(modelUnit, fc.array(keptUnit, { maxLength: 4 })).map(([m, k]) => [m, ...k]),
+        roles: fc.array(fc.tuple(fc.nat(), roleUnit), { minLength: 1, maxLength: 4 }),
+        form: argvForm,
+        env: fc.array(envVar, { maxLength: 5 }),
+        extraEnv: fc.array(fc.tuple(fc.nat(), wiring), { minLength: 1, maxLength: 4 }),
+      }),
+      (g) => {
+        const pod = (units: Units, env: V1EnvVar[]): V1Pod => ({
+          metadata: { generateName: "w-" },
+          spec: {
+            containers: [
+              {
+                name: "main",
+                image: "img:1",
+                ...argv(g.launcher, units, g.form, new Set(g.roles.map(([, u]) => u))),
+                env,
+                resources: { limits: { "nvidia.com/gpu": "1" } },
+              },
+            ],
+          },
+        });
+        const units: Units = [...g.units];
+        // Never inside the model unit's pair, and after the model for `vllm serve`'s positional.
+        for (const [at, u] of g.roles) units.splice(1 + (at % units.length), 0, u);
+        const env = [...g.env];
+        for (const [at, e] of g.extraEnv) env.splice(at % (env.length + 1), 0, e);
+        const plain = pod(g.units, g.env);
+        const dressed = pod(units, env);
+        assert.equal(classifyPod(dressed).model, classifyPod(plain).model);
+        assert.equal(hashOf(dressed), hashOf(plain));
+      },
+    ),
+    1000,
+  );
+});
+
+test("credentials never split a cache and never reach the inputs, in any position", async (t) => {
+  const secret = fc.stringMatching(/^[A-Za-z0-9]{16,24}$/);
+  type Slot = (s: string) => Partial<V1Container>;
+  const slots: Slot[] = [
+    (s) => ({ env: [{ name: "HF_TOKEN", value: s }] }),
+    (s) => ({ env: [{ name: "SOME_API_KEY", value: s }] }),
+    (s) => ({ env: [{ name: "HF_ENDPOINT", value: `https://user:${s}@hub.example/` }] }),
+    (s) => ({ env: [{ name: "SRC", value: `https://hub.example/m?token=${s}&x=1` }] }),
+    (s) => ({ args: ["--hf-token", s] }),
+    (s) => ({ args: [`--api-key=${s}`] }),
+    (s) => ({ args: [`--hf-token ${s}`] }),
+    (s) => ({ args: [`--model=https://${s}@hub.example/org/m`] }),
+    (s) => ({ command: ["sh", "-c", `HF_TOKEN=${s} vllm serve org/m --api-key ${s}`] }),
+    (s) => ({
+      command: ["bash", "-lc", `export NGC_API_KEY=${s}; sh -c "python3 -m x --model org/m --token=${s}"`],
+    }),
+  ];
+  await holds(
+    t,
+    fc.property(
+      fc.subarray(
+        slots.map((_, i) => i),
+        { minLength: 1 },
+      ),
+      secret,
+      secret,
+      (chosen, s1, s2) => {
+        fc.pre(s1 !== s2);
+        const pod = (s: string): V1Pod => {
+          const c: V1Container = {
+            name: "main",
+            image: "img:1",
+            command: ["vllm", "serve"],
+            args: ["org/m"],
+            env: [],
+            resources: { limits: { "nvidia.com/gpu": "1" } },
+          };
+          for (const i of chosen) {
+            const part = slots[i]!(s);
+            if (part.env) c.env = [...c.env!, ...part.env];
+            if (part.args) c.args = [...c.args!, ...part.args];
+            if (part.command) {
+              c.command = part.command;
+              c.args = [];
+            }
+          }
+          return { metadata: {}, spec: { containers: [c] } };
+        };
+        const a = cacheHash(pod(s1), classifyPod(pod(s1)));
+        const b = cacheHash(pod(s2), classifyPod(pod(s2)));
+        assert.equal(a.hash, b.hash);
+        const inputs = JSON.stringify(a.inputs);
+        assert.ok(!inputs.includes(s1), `the secret reached the inputs: ${inputs}`);
+      },
+    ),
+    600,
+  );
+});
+
+// ---------------------------------------------------------------------------------------------
+// The patch builder: a patch always applies to the pod it was built from and gives the decorated
+// pod; the pod's own command and args are never touched; the pod's own env stays as written.
+
+const template: fc.Arbitrary<CacheEnvTemplate> = fc.oneof(
+  fc.constant(undefined as unknown as CacheEnvTemplate),
+  fc.array(
+    fc.record({
+      name: fc.constantFrom("HF_HOME", "HF_HUB_OFFLINE", "HOME", "X_CACHE", "FOO"),
+      value: fc.oneof(fc.constant("{root}/model"), text),
+    }),
+    { maxLength: 5 },
+  ),
+);
+const decoration = fc.record({
+  role: fc.constantFrom<Role>("leader", "follower", "restore", "cold"),
+  hash: fc.stringMatching(/^[0-9a-f]{64}$/),
+  reason: fc.option(text, { nil: undefined }),
+  cacheRoot: fc.option(fc.constantFrom("/warmstart/cache-root", "/c", "/a b/ü"), { nil: undefined }),
+  cacheEnvTemplate: template,
+  electionId: word,
+  sizeLimit: fc.constantFrom("200Gi", "1Ti", "10M"),
+  prewarm: fc.boolean(),
+  prewarmParallelism: fc.oneof(fc.integer({ min: -3, max: 64 }), fc.constantFrom(Number.NaN, 2.5, 1e9)),
+  image: fc.constantFrom("ghcr.io/warmstart/warmstart:0.1.0", "w@sha256:" + "a".repeat(64)),
+  treePath: fc.option(fc.constantFrom("", ".", "trees/abc", "x y"), { nil: undefined }),
+  shadowSizeLimit: fc.option(fc.constantFrom("1Gi", ""), { nil: undefined }),
+  waitTimeoutSeconds: fc.option(fc.integer({ min: 1, max: 10_000 }), { nil: undefined }),
+});
+
+type DecorationCase = typeof decoration extends fc.Arbitrary<infer T> ? T : never;
+
+function decorate(pod: V1Pod, d: DecorationCase): V1Pod {
+  const base = {
+    hash: d.hash,
+    reason: d.reason,
+    cacheRoot: d.cacheRoot,
+    cacheEnvTemplate: d.cacheEnvTemplate,
+  };
+  const restore = {
+    ...base,
+    image: d.image,
+    prewarm: d.prewarm,
+    prewarmParallelism: d.prewarmParallelism,
+    shadowSizeLimit: d.shadowSizeLimit,
+    waitTimeoutSeconds: d.waitTimeoutSeconds,
+  };
+  switch (d.role) {
+    case "leader":
+      return decorateLeader(pod, { ...base, electionId: d.electionId, sizeLimit: d.sizeLimit });
+    case "follower":
+      return decorateFollower(pod, restore);
+    case "restore":
+      return decorateRestore(pod, { ...restore, treePath: d.treePath });
+    case "cold":
+      return decorateCold(pod, { hash: d.hash, reason: d.reason ?? "" });
+  }
+}
+
+/** The patch a webhook sends, through JSON as on the wire, applied with validation. */
+function applyWire(original: V1Pod, ops: Operation[]): V1Pod {
+  const wire = JSON.parse(JSON.stringify(ops)) as Operation[];
+  return jsonpatch.applyPatch(structuredClone(original), wire, true, false).newDocument;
+}
+
+test("every decoration's patch applies to the pod it was built from and gives the decorated pod", async (t) => {
+  await holds(
+    t,
+    fc.property(downloader, decoration, fc.boolean(), (sent, d, strip) => {
+      const frozen = structuredClone(sent);
+      // As the webhook does it: the author's stamps removed, then decorated.
+      const pod = strip ? stripStamps(sent).pod : sent;
+      const decorated = decorate(pod, d);
+      assert.deepEqual(sent, frozen, "the pod it was given is never changed");
+
+      const ops = jsonPatch(sent, decorated);
+      assert.deepEqual(applyWire(sent, ops), JSON.parse(JSON.stringify(decorated)));
+
+      // The pod's own containers keep their command and args exactly, and their own env in place.
+      const argvOf = (cs: V1Container[] | undefined): unknown => (cs ?? []).map((c) => [c.command, c.args]);
+      assert.deepEqual(argvOf(decorated.spec?.containers), argvOf(sent.spec?.containers));
+      // Init containers: ours first (a restore), then the pod's own, untouched. An init container of
+      // the pod's wearing one of our names is ours from an earlier decoration: it is replaced.
+      const ours = [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM];
+      const theirs = (cs: V1Container[] | undefined): V1Container[] =>
+        (cs ?? []).filter((c) => !ours.includes(c.name));
+      assert.deepEqual(theirs(decorated.spec?.initContainers), theirs(sent.spec?.initContainers));
+      if (d.role === "leader" || d.role === "cold")
+        assert.deepEqual(decorated.spec?.initContainers, sent.spec?.initContainers);
+      const before = mainOf(sent).env ?? [];
+      const now = decorated.spec!.containers[classifyPod(sent).containerIndex!]!.env ?? [];
+      before.forEach((e, i) => {
+        if (e.name !== ENV_TREE) assert.deepEqual(now[i], e, `env ${e.name} moved or changed`);
+      });
+      const offline = (env: V1EnvVar[]): number => env.filter((e) => e.name === "HF_HUB_OFFLINE").length;
+      assert.equal(offline(now), offline(before), "HF_HUB_OFFLINE is never injected");
+
+      // The stamps say the decision, and only that decision's stamps are there.
+      const labels = decorated.metadata?.labels ?? {};
+      const annotations = decorated.metadata?.annotations ?? {};
+      assert.equal(annotations[ANN_HASH], d.hash);
+      assert.equal(labels[LABEL_HASH], d.hash.slice(0, 16));
+      assert.equal(annotations[ANN_ROLE], d.role);
+      if (strip) {
+        assert.equal(labels[LABEL_CAPTURE] === "true", d.role === "leader");
+        assert.equal(annotations[ANN_ELECTION_ID] !== undefined, d.role === "leader");
+        assert.equal(labels[LABEL_GATED] === "true", d.role === "follower");
+        const gates = (decorated.spec?.schedulingGates ?? []).filter((g) => g.name === SCHEDULING_GATE);
+        assert.equal(gates.length, d.role === "follower" ? 1 : 0);
+      }
+      if (d.role === "restore" || d.role === "follower") {
+        const names = (decorated.spec?.initContainers ?? []).map((c) => c.name);
+        assert.deepEqual(names.slice(0, 2), [INIT_WAIT_READY, INIT_SEED]);
+      }
+    }),
+    800,
+  );
+});
