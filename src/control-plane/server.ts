@@ -237,7 +237,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
             `this cluster token was issued to cluster ${credentialClusterId}, not ${b.clusterId}`,
           );
         }
-        const { created } = store.register(b);
+        const { created, token, expiresAt } = store.registerWithCredential(b, config.credentialTtlSeconds);
         registrations.inc({ result: created ? "created" : "updated" });
         log.info(
           {
@@ -251,7 +251,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         );
         return {
           clusterId: b.clusterId,
-          credentials: issue(b.clusterId),
+          credentials: { token, expiresAt: new Date(expiresAt).toISOString() },
           queues: { deploy: store.deployQueues(b.clusterId), termination: true },
           heartbeatIntervalSeconds: config.heartbeatIntervalSeconds,
           renewBeforeSeconds: renewBeforeSeconds(config.credentialTtlSeconds),

@@ -296,6 +296,17 @@ export class Store {
     });
   }
 
+  /**
+   * A registration and the credential it returns, in one transaction: a crash between the two
+   * would leave a cluster registered (and requests placed on it) that was never given credentials.
+   */
+  registerWithCredential(
+    input: Parameters<Store["register"]>[0],
+    ttlSeconds: number,
+  ): { created: boolean; token: string; expiresAt: number } {
+    return this.tx(() => ({ ...this.register(input), ...this.issueCredential(input.clusterId, ttlSeconds) }));
+  }
+
   /** Issues a credential and returns the token; only its hash is stored. */
   issueCredential(clusterId: string, ttlSeconds: number): { token: string; expiresAt: number } {
     return this.tx(() => {
