@@ -6,9 +6,11 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import type * as k8s from "@kubernetes/client-node";
 import { ApiCallDeriver, type ApiCall, type RoleEntry } from "../rbac.js";
-import { compareRbac, grants, renderChart } from "../chart.js";
+import { compareRbac, grants, renderChart, type Grant } from "../chart.js";
 import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
 
 const ROLES: RoleEntry[] = [
@@ -218,5 +220,57 @@ void test("the check fails when a rule is removed from the chart or one is added
   assert.match(
     problems(oneLess, false).join("\n"),
     /cluster-agent: missing: workloads apps deployments patch in models-b/,
+  );
+});
+
+const VERB_ORDER = ["get", "list", "watch", "create", "update", "patch", "delete"];
+
+/** What each role may do, as a Markdown table: one cell per place, `resource: verbs` per rule. */
+function rbacTable(all: Grant[]): string {
+  const cell = (gs: Grant[]): string => {
+    const by = new Map<string, Set<string>>();
+    for (const g of gs) {
+      const key = `${g.group ? `${g.group}/` : ""}${g.resource}${g.names ? ` (${g.names.join(", ")})` : ""}`;
+      by.set(key, (by.get(key) ?? new Set()).add(g.verb));
+    }
+    return (
+      [...by]
+        .sort(([a], [b]) => a.localeCompare(b))
+        .map(([k, v]) => `${k}: ${VERB_ORDER.filter((x) => v.has(x)).join(", ")}`)
+        .join("; ") || "-"
+    );
+  };
+  const lines = [
+    "| role | cluster-wide | release namespace | workload namespaces |",
+    "| --- | --- | --- | --- |",
+  ];
+  for (const { role } of ROLES) {
+    const mine = all.filter((g) => g.account === accountOf(role));
+    lines.push(
+      `| ${role} | ${cell(mine.filter((g) => g.where === "cluster"))} | ${cell(mine.filter((g) => g.where === SYSTEM))} | ${cell(mine.filter((g) => g.where === WORKLOADS[0]))} |`,
+    );
+  }
+  return lines.join("\n");
+}
+
+void test("the README's table of what each role may do is the chart's", async () => {
+  const readme = await readFile(join(PACKAGE_ROOT, "README.md"), "utf8");
+  const block = /<!-- rbac:begin -->\n([\s\S]*?)\n<!-- rbac:end -->/.exec(readme)?.[1] ?? "";
+  const table = rbacTable(grants(await renderChart(VALUES)));
+  // Cell by cell: the formatter pads the columns.
+  const cells = (md: string): string[][] =>
+    md
+      .trim()
+      .split("\n")
+      .map((l) =>
+        l
+          .split("|")
+          .slice(1, -1)
+          .map((c) => c.trim().replace(/^-+$/, "---")),
+      );
+  assert.deepEqual(
+    cells(block),
+    cells(table),
+    `README.md, between <!-- rbac:begin --> and <!-- rbac:end -->, should read:\n${table}\n`,
   );
 });
