@@ -64,7 +64,8 @@ void test(
     const cli = (...args: string[]): ReturnType<typeof spawnSync> =>
       spawnSync(process.execPath, [join(PACKAGE_ROOT, "bin/warmstart"), ...args], { env, encoding: "utf8" });
     t.after(async () => {
-      if (process.env.WARMSTART_KEEP_CLUSTER) return;
+      // For a look around after a failure: WARMSTART_KEEP_INSTALL_CLUSTER=1 (then `cluster down` by hand).
+      if (process.env.WARMSTART_KEEP_INSTALL_CLUSTER) return t.diagnostic(`kept: WARMSTART_STATE_DIR=${dir}`);
       cli("cluster", "down");
       await rm(dir, { recursive: true, force: true, maxRetries: 3 });
     });
