@@ -26,11 +26,15 @@ import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
 const SCREENSHOT = join(PACKAGE_ROOT, "docs/dashboard.png");
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
 
-/** The text of one table's rows (header excluded), cell by cell (run in the page). */
-const rows = (page: Page, table: string): Promise<string[][]> =>
-  page.evaluate<string[][]>(
-    `[...document.querySelectorAll("#${table} tr")].slice(1).map((tr) => [...tr.querySelectorAll("td")].map((td) => td.textContent ?? ""))`,
+/** One table's rows (the "none" row excluded), each cell by its column's header (read in the page). */
+const rows = async (page: Page, table: string): Promise<Record<string, string>[]> => {
+  const [head = [], ...body] = await page.evaluate<string[][]>(
+    `[...document.querySelectorAll("#${table} tr")].map((tr) => [...tr.querySelectorAll("th, td")].map((c) => c.textContent ?? ""))`,
   );
+  return body
+    .filter((cells) => cells.length === head.length)
+    .map((cells) => Object.fromEntries(head.map((h, i) => [h, cells[i] ?? ""])));
+};
 
 /**
  * Errors the page reports: script errors, refused content (CSP) and failed loads show up on its
@@ -103,17 +107,17 @@ void test("the dashboard shows a run's election, then its Ready cache, pods and 
   await page.goto(st.roles.server);
   const inTable =
     (table: string, ...cells: string[]) =>
-    async (): Promise<string[][] | undefined> => {
+    async (): Promise<Record<string, string>[] | undefined> => {
       const r = await rows(page, table);
-      const mine = r.filter((row) => cells.every((c) => row.includes(c)));
+      const mine = r.filter((row) => cells.every((c) => Object.values(row).includes(c)));
       return mine.length ? mine : undefined;
     };
   await waitFor("the election on the page", inTable("elections", short, ns), 30_000);
   const waiting = await waitFor("the run's pods on the page", async () => {
-    const mine = (await rows(page, "pods")).filter((r) => r[0] === ns);
+    const mine = (await rows(page, "pods")).filter((r) => r.namespace === ns);
     return mine.length === 3 ? mine : undefined;
   });
-  assert.deepEqual(waiting.map((r) => r[3]).sort(), ["follower", "follower", "leader"]);
+  assert.deepEqual(waiting.map((r) => r.role).sort(), ["follower", "follower", "leader"]);
   // Marks this document: a reload would lose it.
   await page.evaluate("window.mark = 1");
 
@@ -141,20 +145,27 @@ void test("the dashboard shows a run's election, then its Ready cache, pods and 
   const cache = await waitFor(
     "the Ready cache with its restores on the page",
     async () =>
-      (await inTable("caches", short, model)())?.find((r) => r[2]?.startsWith("Ready") && r[4] === "2"),
+      (await inTable("caches", short, model)())?.find(
+        (r) => r.phase?.startsWith("Ready") && r.restores === "2",
+      ),
     30_000,
   );
-  assert.match(cache[3]!, /MiB/, "its size");
+  assert.match(cache.size ?? "", /MiB/, "its size");
   await waitFor(
     "the election gone from the page",
     async () => !(await inTable("elections", short)()),
     30_000,
   );
   const pods = await waitFor("the pods Ready on the page", async () => {
-    const mine = (await rows(page, "pods")).filter((r) => r[0] === ns);
-    return mine.length === 3 && mine.every((r) => r[4] === "Running" && r[5] !== "-") ? mine : undefined;
+    const mine = (await rows(page, "pods")).filter((r) => r.namespace === ns);
+    return mine.length === 3 && mine.every((r) => r.phase === "Running" && r["ready in"] !== "-")
+      ? mine
+      : undefined;
   });
-  assert.deepEqual(pods.map((r) => r[2]).sort(), [short, short, short]);
+  assert.deepEqual(
+    pods.map((r) => r.hash),
+    [short, short, short],
+  );
   assert.ok(Number(await page.textContent("#t-caches")) >= 1, "the tile counts Ready caches");
   assert.notEqual(await page.textContent("#t-bytes"), "-", "the tile shows the bytes not downloaded");
   assert.ok((await page.$$("#chart rect")).length >= 1, "the chart draws the cache's times");
@@ -204,7 +215,7 @@ void test("a dashboard served off loopback asks for its token and shows nothing 
   await page.fill("#token", token);
   await page.click("#login button");
   await waitFor("the cache on the page", async () =>
-    (await rows(page, "caches")).find((r) => r[1] === "org/token-model" && r[2]?.startsWith("Ready")),
+    (await rows(page, "caches")).find((r) => r.model === "org/token-model" && r.phase?.startsWith("Ready")),
   );
   // The wrong token's 401s are the only errors the browser logged.
   assert.deepEqual(
