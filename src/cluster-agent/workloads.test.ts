@@ -4,7 +4,9 @@ import type * as k8s from "@kubernetes/client-node";
 import type { DeploymentRequest } from "../control-plane/api.js";
 import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "./inventory.js";
 import { parseSelector } from "./selector.js";
+import { stripStamps } from "../core/stamps.js";
 import {
+  ANN_POD_MODEL,
   buildDeployment,
   buildService,
   gpuAffinity,
@@ -113,10 +115,22 @@ void test("a model URL's credentials never reach an annotation; the container's 
   const d = buildDeployment({ ...req, model, args: ["--model", model] }, "team-a", "msg-1", placement);
   assert.equal(d.metadata?.annotations?.["warmstart.dev/model"], "https://<redacted>@hub.example.com/org/m");
   assert.equal(
-    d.spec?.template.metadata?.annotations?.["warmstart.dev/model"],
+    d.spec?.template.metadata?.annotations?.[ANN_POD_MODEL],
     "https://<redacted>@hub.example.com/org/m",
   );
   assert.deepEqual(d.spec?.template.spec?.containers[0]?.args, ["--model", model]);
   const annotations = JSON.stringify([d.metadata?.annotations, d.spec?.template.metadata]);
   assert.ok(!annotations.includes("hf_s3cret"));
+});
+
+void test("the webhook leaves the agent's pods as the Deployment made them: still matched by its selector and its Service", () => {
+  const d = buildDeployment(req, "team-a", "msg-1", placement);
+  const template = d.spec!.template;
+  // What admission does to every pod it sees: removes the stamps a pod's author wrote.
+  const { pod, removed } = stripStamps({ metadata: template.metadata, spec: template.spec });
+  assert.deepEqual(removed, []);
+  const selects = (selector: Record<string, string>): boolean =>
+    Object.entries(selector).every(([k, v]) => pod.metadata?.labels?.[k] === v);
+  assert.ok(selects(d.spec!.selector.matchLabels!), "the ReplicaSet keeps its pods");
+  assert.ok(selects(buildService(req, "team-a").spec!.selector!), "the Service finds them");
 });

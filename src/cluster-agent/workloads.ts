@@ -12,7 +12,15 @@ import { MANAGED_BY } from "./credentials.js";
 import type { Requirement } from "./selector.js";
 
 export const FIELD_MANAGER = "warmstart-cluster-agent";
-export const LABEL_REQUEST_ID = "warmstart.dev/request-id";
+/**
+ * The request's label, on every object the agent creates and on its pods. Not under warmstart.dev/:
+ * on pods that domain belongs to admission, and the webhook removes whatever a pod's author wrote
+ * there (SPEC 1.9); with the request's label gone a pod no longer matched its ReplicaSet, which
+ * let it go and made another, without end.
+ */
+export const LABEL_REQUEST_ID = "cluster-agent.warmstart.dev/request-id";
+/** The model on the pods, for the same reason outside warmstart.dev/ (the Deployment has ANN_MODEL). */
+export const ANN_POD_MODEL = "cluster-agent.warmstart.dev/model";
 export const LABEL_MANAGED_BY = "app.kubernetes.io/managed-by";
 export const ANN_MESSAGE_ID = "warmstart.dev/message-id";
 export const ANN_MODEL = "warmstart.dev/model";
@@ -86,7 +94,7 @@ export function buildDeployment(
       replicas: req.replicas,
       selector: { matchLabels: { [LABEL_REQUEST_ID]: req.requestId } },
       template: {
-        metadata: { labels, annotations: { [ANN_MODEL]: model } },
+        metadata: { labels, annotations: { [ANN_POD_MODEL]: model } },
         spec: {
           affinity: gpuAffinity(req.gpuType, p),
           // GPU nodes are commonly tainted so that only GPU workloads land there.
