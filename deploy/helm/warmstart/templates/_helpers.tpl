@@ -127,3 +127,22 @@ securityContext:
 {{- else -}}{{ trimSuffix "s" $d | int }}
 {{- end -}}
 {{- end -}}
+
+{{/* A binding of the role of the same name to its ServiceAccount (kind: Role or ClusterRole). */}}
+{{- define "warmstart.bind" -}}
+{{- $name := include "warmstart.name" (dict "root" .root "role" .role) }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ .kind }}Binding
+metadata:
+  name: {{ $name }}
+  {{- if eq .kind "Role" }}
+  namespace: {{ .namespace }}
+  {{- end }}
+  labels: {{- include "warmstart.roleLabels" . | nindent 4 }}
+roleRef: { apiGroup: rbac.authorization.k8s.io, kind: {{ .kind }}, name: {{ $name }} }
+subjects:
+  - kind: ServiceAccount
+    name: {{ $name }}
+    namespace: {{ .root.Release.Namespace }}
+{{- end }}
