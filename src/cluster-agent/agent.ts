@@ -205,6 +205,7 @@ export class ClusterAgent {
       send: async (hb, signal) =>
         (await this.withQueueToken((c) => c.heartbeat(cfg.clusterId, hb, { signal }))).instruction,
       onInstruction: (i) => this.applyInstruction(i),
+      exclusive: (fn, signal) => this.registration.gate.run(fn, signal),
     });
 
     const selector = (this.selector = formatSelector(cfg.nodeSelector.requirements) || undefined);

@@ -16,6 +16,11 @@ export interface HeartbeatOptions {
   snapshot: () => HeartbeatRequest | undefined;
   send: (hb: HeartbeatRequest, signal: AbortSignal) => Promise<Instruction>;
   onInstruction: (i: Instruction) => Promise<void>;
+  /**
+   * Runs taking the snapshot and sending it, exclusive of registration: the control plane takes a
+   * heartbeat's capacity, so one built before a registration must not land after it.
+   */
+  exclusive?: <T>(fn: () => Promise<T>, signal: AbortSignal) => Promise<T>;
 }
 
 export class Heartbeat {
@@ -60,10 +65,14 @@ export class Heartbeat {
   }
 
   private async once(): Promise<void> {
-    const hb = this.o.snapshot();
-    if (!hb) return;
+    const signal = this.stopping.signal;
+    const exclusive = this.o.exclusive ?? ((fn) => fn());
     try {
-      const instruction = await this.o.send(hb, this.stopping.signal);
+      const instruction = await exclusive(async () => {
+        const hb = this.o.snapshot();
+        return hb ? this.o.send(hb, signal) : undefined;
+      }, signal);
+      if (instruction === undefined) return;
       if (instruction !== this.last) {
         this.o.log.info({ from: this.last, to: instruction }, "control plane instruction changed");
         this.last = instruction;
