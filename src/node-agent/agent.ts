@@ -422,6 +422,11 @@ export class NodeAgent {
         this.settled.set(mark.uid, "cache-ready");
         return "cache-ready";
       }
+      if (leader.why === "the cache is being deleted") {
+        // Not this pod's fault: once the record is gone its Lease vouches for it again.
+        log.info("skipped for now: the cache is being deleted");
+        return "cache-deleted";
+      }
       log.warn({ why: leader.why }, "ignored: not the elected leader");
       this.metrics.decisions.inc({ decision: "ignored-not-leader" });
       this.settled.set(mark.uid, "not-leader");

@@ -19,6 +19,9 @@ import {
   ANN_RESTORE_RECORDED,
   ANN_ROLE,
   ANN_TREE,
+  INIT_PREWARM,
+  INIT_SEED,
+  INIT_WAIT_READY,
   LABEL_GATED,
   LABEL_HASH,
   MODELCACHE,
@@ -651,4 +654,40 @@ test("each restore's benefit is counted on the record when it turns Ready, once,
   assert.equal(view.savedBytes, 2_000_000);
   assert.ok(view.savedSeconds > 0 && view.restoredReadySeconds !== null);
   assert.equal((await getCache(short)).status?.restores, 2, "never counted twice");
+});
+
+test("a gated follower prewarms its cache after seeding (store profile: 6 readers), unless its own WARMSTART_PREWARM=0 says not to", async (t) => {
+  const { core } = await kube();
+  const ns = await tempNamespace(t, "prewarm");
+  const model = `org/prewarm-${ns}`;
+  const { hash, pods } = await deployWorkers(ns, 2, model);
+  await cleanup(t, shortHash(hash));
+  const follower = pods.find((p) => role(p) === "follower")!;
+  const inits = follower.spec?.initContainers ?? [];
+  assert.deepEqual(
+    inits.map((c) => c.name),
+    [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM],
+  );
+  assert.deepEqual(inits[2]!.args?.slice(-2), ["--parallel", "6"]);
+  assert.ok(
+    inits[2]!.volumeMounts?.every((m) => m.readOnly),
+    "prewarm only reads the cache",
+  );
+  // Same model, same hash inputs except the pod's own prewarm switch.
+  const off = await core.createNamespacedPod({
+    namespace: ns,
+    body: {
+      metadata: { name: "no-prewarm" },
+      spec: {
+        containers: [
+          { ...gpuContainer("vllm", ["--model", model]), env: [{ name: "WARMSTART_PREWARM", value: "0" }] },
+        ],
+      },
+    },
+  });
+  assert.equal(role(off), "follower", off.metadata?.annotations?.[ANN_HASH]);
+  assert.deepEqual(
+    (off.spec?.initContainers ?? []).map((c) => c.name),
+    [INIT_WAIT_READY, INIT_SEED],
+  );
 });
