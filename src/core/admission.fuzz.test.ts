@@ -331,7 +331,13 @@ function corrupt(value: unknown, hits: ReadonlyArray<{ path: number[]; with: unk
       holder = cur as Record<string, unknown>;
       key = keys[step % keys.length] as string | number;
     }
-    (holder as Record<string | number, unknown>)[key] = hit.with;
+    // An own property even for `__proto__`, and a copy: the junk values are shared between cases.
+    Object.defineProperty(holder, key, {
+      value: JSON.parse(JSON.stringify(hit.with)) as unknown,
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
   }
   return root.v;
 }

@@ -128,6 +128,11 @@ export async function decide(
     return { role: "pass", reason, pod: withAdmissionId(pod, admissionId), admissionId };
   };
   if (!isRecord(pod.spec)) return leftAlone("no pod spec");
+  // Stamps need maps to go in; a pod whose metadata maps are not maps cannot carry them.
+  const meta: unknown = pod.metadata;
+  const notMap = (m: unknown): boolean => m !== undefined && m !== null && !isRecord(m);
+  if (notMap(meta) || (isRecord(meta) && (notMap(meta.labels) || notMap(meta.annotations))))
+    return leftAlone("pod metadata is not a map");
   if (namespace === deps.cfg.systemNamespace) return leftAlone("system namespace");
   if (pod.metadata?.annotations?.[SKIP] === "true") return leftAlone(`opted out (${SKIP} annotation)`);
   if (!c.downloader) return leftAlone(c.reason);
@@ -233,6 +238,26 @@ export async function decide(
         return await restore(ready, "cache Ready (turned Ready during admission)");
       }
       if (expired?.()) throw new Error("admission deadline passed after the election");
+      // Decorated inside: a pod that cannot be decorated is admitted unchanged, so it gives the Lease back.
+      const size = captureSizeLimit(pod.metadata?.annotations?.[ANN_CACHE_SIZE_LIMIT], {
+        defaultLimit: deps.cfg.cacheSizeLimit,
+        maxLimit: deps.cfg.maxCacheSizeLimit,
+      });
+      const reason = size.note ? `won the election; ${size.note}` : "won the election";
+      return {
+        role: "leader",
+        reason,
+        hash,
+        admissionId,
+        pod: decorateLeader(stamped, {
+          hash,
+          reason,
+          electionId,
+          cacheRoot: deps.cfg.cacheRoot,
+          cacheEnvTemplate: template,
+          sizeLimit: size.limit,
+        }),
+      };
     } catch (err) {
       await deps.cluster
         .releaseLease(hash, result.leaseUid)
@@ -241,25 +266,6 @@ export async function decide(
         );
       throw err;
     }
-    const size = captureSizeLimit(pod.metadata?.annotations?.[ANN_CACHE_SIZE_LIMIT], {
-      defaultLimit: deps.cfg.cacheSizeLimit,
-      maxLimit: deps.cfg.maxCacheSizeLimit,
-    });
-    const reason = size.note ? `won the election; ${size.note}` : "won the election";
-    return {
-      role: "leader",
-      reason,
-      hash,
-      admissionId,
-      pod: decorateLeader(stamped, {
-        hash,
-        reason,
-        electionId,
-        cacheRoot: deps.cfg.cacheRoot,
-        cacheEnvTemplate: template,
-        sizeLimit: size.limit,
-      }),
-    };
   }
   const profile = await deps.cluster.followerProfile();
   return {

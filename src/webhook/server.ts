@@ -233,14 +233,18 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
     }
     const chunks: Buffer[] = [];
     let size = 0;
+    // A body without a length that grows past the limit is read to its end and dropped, not cut
+    // off: destroying the request would leave its sender without an answer.
     req.on("data", (c: Buffer) => {
       size += c.length;
-      if (size > limit) {
-        req.destroy();
-        reject(new HttpError(413, `body exceeds the ${limit}-byte limit`));
-      } else chunks.push(c);
+      if (size > limit) chunks.length = 0;
+      else chunks.push(c);
     });
-    req.on("end", () => resolve(Buffer.concat(chunks)));
+    req.on("end", () =>
+      size > limit
+        ? reject(new HttpError(413, `body exceeds the ${limit}-byte limit`))
+        : resolve(Buffer.concat(chunks)),
+    );
     req.on("error", reject);
   });
 }
