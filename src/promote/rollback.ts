@@ -10,7 +10,7 @@
  * record itself goes when the last finalizer does.
  */
 import * as k8s from "@kubernetes/client-node";
-import { apiError, apiErrorInfo, isConflict, isNotFound } from "../common/kube.js";
+import { apiError, isConflict, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import { getModelCache, storeFinalizer, type ModelCacheObject } from "../common/modelcache.js";
 import {
@@ -348,4 +348,3 @@ export function describeLeft(left: CleanupItem[]): string[] {
   return left.map((i) => `${describe(i)}: ${i.why ?? "still there"}`);
 }
 
-export { apiErrorInfo };
