@@ -518,7 +518,7 @@ export class ClusterAgent {
   private async deploy(msg: QueueMessage, req: DeploymentRequest, log: Logger): Promise<string> {
     if (this.handled.has(msg.messageId)) {
       log.info("redelivered message already handled; acknowledging it again");
-      await this.ack(msg, log);
+      await this.ackTaken(msg, log);
       return "duplicate";
     }
     if (!this.queue.takingDeployments) {
@@ -545,7 +545,7 @@ export class ClusterAgent {
       // Whatever the control plane sends, nothing is created outside the configured namespaces.
       log.warn({ target: namespace }, "request refused: its namespace is not one this agent deploys into");
       await this.status.reportNow(req.requestId, { phase: "Failed", message: refused, instances: [] });
-      await this.ack(msg, log);
+      await this.ackTaken(msg, log);
       this.remember(msg.messageId);
       return "refused";
     }
@@ -554,7 +554,7 @@ export class ClusterAgent {
       // Durable dedupe: applied (or terminated, or failed) in an earlier delivery, perhaps by an
       // earlier run of the agent. Never create it again.
       log.info({ state: existing.state }, "request already handled; acknowledging without creating it again");
-      await this.ack(msg, log);
+      await this.ackTaken(msg, log);
       this.remember(msg.messageId);
       return "duplicate";
     }
@@ -580,13 +580,13 @@ export class ClusterAgent {
       log.warn({ err: message }, "request cannot be deployed here; reporting it failed");
       await this.workloads.writeRecord({ ...rec, state: "failed", updatedAt: new Date().toISOString() });
       await this.status.reportNow(req.requestId, { phase: "Failed", message, instances: [] });
-      await this.ack(msg, log);
+      await this.ackTaken(msg, log);
       this.remember(msg.messageId);
       return "failed";
     }
     await this.workloads.writeRecord({ ...rec, state: "applied", updatedAt: new Date().toISOString() });
     log.info({ replicas: req.replicas, gpus: req.gpus, gpuType: req.gpuType }, "workload applied");
-    await this.ack(msg, log);
+    await this.ackTaken(msg, log);
     this.remember(msg.messageId);
     await this.status
       .reportNow(req.requestId, {
@@ -628,6 +628,23 @@ export class ClusterAgent {
   private remember(messageId: string): void {
     this.handled.add(messageId);
     if (this.handled.size > HANDLED_MEMORY) this.handled.delete(this.handled.values().next().value!);
+  }
+
+  /**
+   * Acknowledges a deployment request this cluster has taken (its outcome is on record here). If
+   * that fails the message must not be released: a released message counts as never taken, so
+   * the control plane could hand it to another cluster, or end it without telling this one. Left
+   * alone, it comes back after its visibility timeout and the record acknowledges it then.
+   */
+  private async ackTaken(msg: QueueMessage, log: Logger): Promise<void> {
+    try {
+      await this.ack(msg, log);
+    } catch (err) {
+      log.warn(
+        { err: err instanceof Error ? err.message : String(err) },
+        "could not acknowledge the request; it comes back after its visibility timeout and is acknowledged then",
+      );
+    }
   }
 
   private async ack(msg: QueueMessage, log: Logger): Promise<void> {

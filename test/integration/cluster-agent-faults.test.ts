@@ -20,6 +20,8 @@ import { kube, localCluster, tempNamespace, uniqueName, waitFor } from "../harne
 import { FaultProxy } from "../fault-proxy.js";
 import { ControlPlaneProcess, clusterTokenOf } from "../control-plane-process.js";
 import type { CrashPoint } from "../sqlite-crash.js";
+import { Seen, consume } from "../queue-consumer.js";
+import { deferred } from "../../src/common/testing.js";
 import { isNotFound } from "../../src/common/kube.js";
 import { setNodeGpus, simulatedNode } from "../../src/localcluster/nodes.js";
 import { ControlPlaneClient } from "../../src/control-plane/client.js";
@@ -552,3 +554,252 @@ void test("agent killed while re-registering a larger inventory, as it replaces 
   assert.ok(Number(now?.generation) > Number(saved.generation), "a newer generation replaced the saved one");
   assert.deepEqual(JSON.parse(now?.capacity ?? "[]"), [{ gpuType: w.gpus.gpuType, count: 8 }]);
 });
+
+// --- 2. the control plane killed mid-commit --------------------------------------------------------
+
+void test("control plane killed inside an acknowledgement, amid concurrent submits and acknowledgements: restarted on its database, nothing lost or half written, the agent deploys each request once", async (t) => {
+  const w = await world(t, {
+    // The 12th acknowledgement (the agent's or the other cluster's) dies between deleting its
+    // message and marking its request Accepted.
+    crash: { statement: "UPDATE requests SET status = 'Accepted'", nth: 12, at: "in-transaction" },
+  });
+  await w.gpus.add(64);
+  // Another cluster, consuming with several polls and acknowledgements at once.
+  const otherId = uniqueName("fo");
+  const otherType = `OTHER-${otherId}`;
+  await w.cp.allow(otherId);
+  const other = await new ControlPlaneClient({ baseUrl: w.cp.url, token: clusterTokenOf(otherId) }).register({
+    clusterId: otherId,
+    inventory: [{ gpuType: otherType, count: 10_000 }],
+  });
+  const seen = new Seen();
+  const consumer = consume(w.cp.url, otherId, other.credentials.token, otherType, seen, 3);
+  t.after(() => consumer.stop());
+  const agent = spawnAgent(t, w.setup);
+  const url = await agent.listening;
+  await waitFor("ready", async () => (await health(url)).status === 200, 30_000);
+  const registrations = w.px.count(/\/register$/);
+
+  // Waves of concurrent submits, half for the agent, half for the other cluster, until the crash.
+  const operator = w.cp.operator();
+  const accepted = new Map<string, string>();
+  const unanswered = new Set<string>();
+  const crashed = w.cp.crashed(90_000);
+  let over = false;
+  void crashed.finally(() => (over = true)).catch(() => undefined);
+  for (let wave = 0; wave < 10 && !over; wave++) {
+    await Promise.allSettled(
+      Array.from({ length: 16 }, async (_, i) => {
+        const name = `w${wave}-${i}`;
+        const gpuType = i % 2 === 0 ? w.gpus.gpuType : otherType;
+        try {
+          accepted.set(name, (await operator.submit(submission(w, name, { gpuType }))).id);
+        } catch {
+          unanswered.add(name);
+        }
+      }),
+    );
+    await sleep(300);
+  }
+  const marker = await crashed;
+  const cutShort = (marker.params as string[])[1]!;
+  assert.deepEqual(w.cp.consistencyProblems(), [], "nothing half written");
+  const row = w.cp.read(
+    (db) => db.prepare("SELECT status FROM requests WHERE id = ?").get(cutShort) as { status: string },
+  );
+  assert.equal(row.status, "Queued", "the acknowledgement that was cut short is undone: its message is back");
+
+  await w.cp.start();
+  const mine = (id: string): boolean => id !== "" && !seen.deliveredTo.has(id);
+  await waitFor(
+    "every request settled and both queues empty",
+    async () => {
+      const requests = await operator.listRequests();
+      const messages = w.cp.read(
+        (db) => (db.prepare("SELECT COUNT(*) AS n FROM messages").get() as { n: number }).n,
+      );
+      const open = requests.filter((r) =>
+        r.assignedGpuType === w.gpus.gpuType
+          ? r.status !== "Running"
+          : r.status !== "Running" && r.status !== "Accepted",
+      );
+      return open.length === 0 && messages === 0;
+    },
+    90_000,
+  );
+  await consumer.stop();
+
+  assert.deepEqual(w.cp.consistencyProblems(), [], "consistent after the restart");
+  const requests = await operator.listRequests();
+  for (const [name, id] of accepted)
+    assert.deepEqual(
+      requests.filter((r) => r.name === name).map((r) => r.id),
+      [id],
+      `${name}: answered 201, there exactly once`,
+    );
+  for (const name of unanswered)
+    assert.ok(requests.filter((r) => r.name === name).length <= 1, `${name}: there at most once`);
+  for (const id of seen.acked)
+    assert.ok(
+      ["Accepted", "Running"].includes(requests.find((r) => r.id === id)?.status ?? ""),
+      "acknowledged stays acknowledged",
+    );
+  assert.deepEqual(seen.afterAck, [], "no acknowledged message came back");
+
+  // The agent's requests: each deployed exactly once, by the one agent that ran throughout.
+  const agents = requests.filter((r) => r.assignedGpuType === w.gpus.gpuType);
+  assert.ok(agents.length >= 8 && agents.every((r) => mine(r.id)));
+  const applied = agent.logs().filter((l) => l.msg === "workload applied");
+  const { apps } = await kube();
+  for (const r of agents) {
+    assert.equal(applied.filter((l) => l.requestId === r.id).length, 1, `${r.name}: applied once`);
+    const rs = await apps.listNamespacedReplicaSet({
+      namespace: w.workNs,
+      labelSelector: `${LABEL_REQUEST_ID}=${r.id}`,
+    });
+    assert.equal(await deploymentsOf(w.workNs, r.id), 1, `${r.name}: one Deployment`);
+    assert.equal(rs.items.length, 1, `${r.name}: one ReplicaSet`);
+  }
+  assert.equal(agent.child.exitCode, null, "the agent ran throughout");
+  assert.equal((await health(url)).status, 200);
+  assert.equal(w.px.count(/\/register$/), registrations, "it needed no new registration");
+  assert.deepEqual(
+    agent.logs().filter((l) => l.level >= 50),
+    [],
+    "no error-level log lines",
+  );
+  t.diagnostic(
+    `${accepted.size} submits answered, ${unanswered.size} not; crash in the acknowledgement of ${mine(cutShort) ? "the agent" : "the other cluster"}; ${agents.length} requests deployed by the agent`,
+  );
+});
+
+void test("control plane killed inside the agent's acknowledgement and back before the agent gives the message up: the request stays the agent's (a cordon does not hand it to another cluster; its termination reaches the agent)", async (t) => {
+  const w = await world(t, {
+    crash: { statement: "UPDATE requests SET status = 'Accepted'", nth: 1, at: "in-transaction" },
+  });
+  await w.gpus.add(4);
+  // Another cluster with the same GPU type, smaller (so the request goes to the agent first).
+  const otherId = uniqueName("fo");
+  await w.cp.allow(otherId);
+  const otherCp = new ControlPlaneClient({ baseUrl: w.cp.url, token: clusterTokenOf(otherId) });
+  const other = await otherCp.register({
+    clusterId: otherId,
+    inventory: [{ gpuType: w.gpus.gpuType, count: 2 }],
+  });
+  // Whatever the agent sends to release a message waits until the control plane is back; its
+  // status reports (which would move the request past Queued) wait until the operator has acted.
+  const back = deferred();
+  const reports = deferred();
+  w.px.before = async (path) => {
+    if (path.endsWith("/queues/release")) await back.promise;
+    if (/^\/v1\/requests\/[^/]+\/status$/.test(path)) await reports.promise;
+    return "forward" as const;
+  };
+  const agent = spawnAgent(t, w.setup);
+  const url = await agent.listening;
+  await waitFor("ready", async () => (await health(url)).status === 200, 30_000);
+
+  const operator = w.cp.operator();
+  const { id } = await operator.submit(submission(w, "kept"));
+  assert.equal((await operator.getRequest(id)).clusterId, w.setup.clusterId);
+  const marker = await w.cp.crashed();
+  assert.equal((marker.params as string[])[1], id, "killed inside the agent's acknowledgement of it");
+  assert.equal(await deploymentsOf(w.workNs, id), 1, "applied before the acknowledgement");
+  await w.cp.start();
+  back.resolve();
+  await sleep(1000);
+
+  // The operator cordons the agent's cluster: what it has not taken may go elsewhere, this may not.
+  await operator.setInstruction(w.setup.clusterId, "cordon");
+  const queue = new ControlPlaneClient({ baseUrl: w.cp.url, token: other.credentials.token });
+  const offered = await queue.receive(otherId, {
+    queue: "deploy",
+    gpuTypes: [w.gpus.gpuType],
+    maxMessages: 10,
+    waitSeconds: 3,
+  });
+  assert.deepEqual(
+    offered.messages.map((m) => m.body.requestId),
+    [],
+    "the other cluster is never given a request the agent has deployed",
+  );
+  const view = await operator.getRequest(id);
+  assert.equal(view.clusterId, w.setup.clusterId, `still the agent's (${view.status}: ${view.message})`);
+
+  // Terminated while the control plane still counts it Queued: it must tell the agent.
+  await operator.terminate(id);
+  reports.resolve();
+  await waitFor("Terminated", async () => (await operator.getRequest(id)).status === "Terminated", 30_000);
+  assert.equal(
+    await deploymentsOf(w.workNs, id),
+    0,
+    "the termination reached the agent: its Deployment is gone",
+  );
+});
+
+// --- 3. a credential renewal interrupted by the control plane's death ---------------------------------
+
+for (const at of ["in-transaction", "after-commit"] as const) {
+  void test(`control plane killed ${at === "in-transaction" ? "inside a credential renewal" : "after committing a renewal, before answering it"}: the agent renews after the restart without registering again and never goes back to older credentials`, async (t) => {
+    // Credential 1 is the registration's; the 2nd is the first renewal (due 4 s after it).
+    const w = await world(t, {
+      credentialTtlSeconds: 8,
+      crash: { statement: "INSERT INTO credentials", nth: 2, at },
+    });
+    w.setup.extra = ["--renew-before", "4s"];
+    await w.gpus.add(4);
+    const agent = spawnAgent(t, w.setup);
+    const url = await agent.listening;
+    await waitFor("ready", async () => (await health(url)).status === 200, 30_000);
+
+    // Watch readiness and the saved credentials all along.
+    const samples: { generation: number; expiresAt: number; token: string }[] = [];
+    const notReady: string[] = [];
+    const watching = new AbortController();
+    const watch = (async () => {
+      while (!watching.signal.aborted) {
+        const s = await readSecret(w.setup.namespace);
+        if (s?.token && s.token !== samples.at(-1)?.token)
+          samples.push({ token: s.token, generation: Number(s.generation), expiresAt: Number(s.expiresAt) });
+        const h = await health(url);
+        if (h.status !== 200) notReady.push(String(h.body.reason));
+        await sleep(100);
+      }
+    })();
+
+    const marker = await w.cp.crashed();
+    assert.match(marker.statement, /INSERT INTO credentials/);
+    await sleep(1000); // the agent's renewal fails and is retried meanwhile
+    await w.cp.start();
+    await waitFor(
+      "a renewal answered after the restart, its credential saved",
+      () => {
+        const renewed = w.px.calls.filter((c) => c.path.endsWith("/credentials/renew") && c.token).at(-1);
+        return renewed && samples.at(-1)?.token === renewed.token;
+      },
+      15_000,
+    );
+    watching.abort();
+    await watch;
+
+    assert.equal(w.px.count(/\/register$/), 1, "never registered again");
+    assert.deepEqual(notReady, [], "ready throughout: the credentials in hand stayed valid");
+    assert.ok(samples.length >= 2, "renewed credentials replaced the first ones");
+    for (let i = 1; i < samples.length; i++) {
+      assert.ok(samples[i]!.generation > samples[i - 1]!.generation, "each saved set newer than the last");
+      assert.ok(samples[i]!.expiresAt >= samples[i - 1]!.expiresAt, "never older credentials");
+    }
+    const last = samples.at(-1)!;
+    const queue = new ControlPlaneClient({ baseUrl: w.cp.url, token: last.token });
+    await queue.receive(w.setup.clusterId, { queue: "termination", maxMessages: 1, waitSeconds: 0 });
+    // The queue runs on them: a request is deployed.
+    const { id } = await w.cp.operator().submit(submission(w, "after-renewal"));
+    await waitFor("deployed", async () => (await deploymentsOf(w.workNs, id)) === 1, 30_000);
+    assert.equal(agent.child.exitCode, null);
+    assert.deepEqual(
+      agent.logs().filter((l) => l.level >= 50),
+      [],
+      "no error-level log lines",
+    );
+  });
+}
