@@ -12,6 +12,8 @@ import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import { FaultProxy } from "../fault-proxy.js";
+import { pauseRole } from "../roles.js";
+import { readState } from "../../src/localcluster/cluster.js";
 import {
   ANN_CACHE_SOURCE,
   LABEL_HASH,
@@ -284,6 +286,10 @@ void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim cou
 });
 
 void test("snapshot-clone publish: snapshots the store claim once, waits until it is ready, and records its handle", async (t) => {
+  // The test plays the snapshot controller: a real one (the local cluster's CSI stack, with real
+  // nodes) is held still meanwhile.
+  if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
+    await pauseRole(t, "snapshot-controller");
   const { kc, core, custom } = await kube();
   const storage = kc.makeApiClient(k8s.StorageV1Api);
   const ns = await tempNamespace(t, "ss");
