@@ -1045,8 +1045,33 @@ export class NodeAgent {
       "warmstart.dev/node": cfg.node,
     };
     const now = new k8s.V1MicroTime(new Date().toISOString());
+    try {
+      await this.coordination.patchNamespacedLease(
+        {
+          name,
+          namespace: cfg.systemNamespace,
+          body: { metadata: { annotations }, spec: { renewTime: now } },
+        },
+        k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
+      );
+      return;
+    } catch (err) {
+      if (!isNotFound(err)) throw apiError(`updating Lease ${name}`, err);
+    }
+    // Owned by the Node: when the node goes, so does its store's row.
+    const node = (
+      await this.core.listNode({ fieldSelector: `metadata.name=${cfg.node}` }).catch(() => undefined)
+    )?.items[0];
     const body: k8s.V1Lease = {
-      metadata: { name, namespace: cfg.systemNamespace, labels: { [LABEL_STORE]: "true" }, annotations },
+      metadata: {
+        name,
+        namespace: cfg.systemNamespace,
+        labels: { [LABEL_STORE]: "true" },
+        annotations,
+        ...(node?.metadata?.uid
+          ? { ownerReferences: [{ apiVersion: "v1", kind: "Node", name: cfg.node, uid: node.metadata.uid }] }
+          : {}),
+      },
       spec: { holderIdentity: cfg.node, renewTime: now },
     };
     try {

@@ -805,6 +805,18 @@ void test("store budget: a capture that needs room removes the least recently re
   assert.equal(row.budgetBytes, 5 * 2 ** 20);
   assert.ok(row.usedBytes <= row.budgetBytes, `${row.usedBytes} within the budget`);
   assert.deepEqual([...row.caches].sort(), [a, c].sort());
+  // The row goes with its node: the Node owns the store's Lease.
+  const lease = await (
+    await kube()
+  ).coordination.readNamespacedLease({
+    name: `warmstart-store-${ta.node}`,
+    namespace: SYSTEM_NAMESPACE,
+  });
+  const node = await core.readNode({ name: ta.node });
+  assert.deepEqual(
+    lease.metadata?.ownerReferences?.map((o) => [o.kind, o.name, o.uid]),
+    [["Node", ta.node, node.metadata?.uid]],
+  );
 });
 
 void test("store budget: a capture that cannot have room fails, counted, and nothing in use is removed", async (t) => {
