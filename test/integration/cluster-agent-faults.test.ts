@@ -399,6 +399,8 @@ async function assertRecovered(
     },
     10_000,
   );
+  assert.ok(Number(secret.expiresAt) > Date.now(), "unexpired");
+  // The control plane takes them (a refused credential throws 401/403).
   const queue = new ControlPlaneClient({ baseUrl: w.cp.url, token: secret.token! });
   await queue.receive(w.setup.clusterId, { queue: "termination", maxMessages: 1, waitSeconds: 0 });
   await waitFor(
