@@ -471,6 +471,22 @@ test("shell splitting stays linear on long hostile input (unbalanced quotes, dee
     }),
     40,
   );
+  // `sh -c` nested ten deep, quoted at each level: the classifier and the stripper read scripts in
+  // scripts (to a bounded depth) and stay fast.
+  let script = "vllm serve org/m --is-prefill-worker";
+  for (let i = 0; i < 10; i++) script = `sh -c ${shq(script)} --kv-transfer-config x`;
+  const started = performance.now();
+  const pod: V1Pod = {
+    spec: {
+      containers: [
+        { name: "m", resources: { limits: { "nvidia.com/gpu": "1" } }, command: ["sh", "-c", script] },
+      ],
+    },
+  };
+  assert.equal(classifyPod(pod).downloader, false, "a model deeper than three shells is not looked for");
+  assert.ok(stripRoleArgs(["sh", "-c"], [script]).args[0]!.length > 0);
+  const ms = performance.now() - started;
+  assert.ok(ms < 2000, `nested scripts of ${script.length} characters: ${ms.toFixed(0)} ms`);
 });
 
 // ---------------------------------------------------------------------------------------------

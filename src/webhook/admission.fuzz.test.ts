@@ -390,13 +390,16 @@ function checkAnswer(req: AdmissionReview["request"], res: AdmissionResponse): s
     assert.ok(isPodCreate(req) && isRecord(req.object), "only a pod CREATE is patched");
     const ops = JSON.parse(Buffer.from(res.patch, "base64").toString("utf8")) as Operation[];
     assert.ok(Array.isArray(ops) && ops.length > 0);
-    // Applied as the API server would: to the object it sent, every operation validated.
-    admitted = jsonpatch.applyPatch(structuredClone(req.object), ops, true, false).newDocument;
+    // Applied as the API server would: to the object it sent, every operation validated. Its
+    // patcher has no prototypes: a `__proto__` key (JSON allows it) is a key like any other.
+    admitted = jsonpatch.applyPatch(structuredClone(req.object), ops, true, false, false).newDocument;
     assert.equal(argvOf(admitted), argvOf(req.object), "the pod's own command and args are never touched");
   } else assert.equal(res.patchType, undefined, "patchType only with a patch");
-  // A pod without a metadata map is malformed: left to the API server to refuse (stamps.ts).
-  if (!isPodCreate(req) || !isRecord(req.object) || !isRecord(req.object.metadata))
-    return failedOpen ? "fail-open" : "pass";
+  if (!isPodCreate(req) || !isRecord(req.object)) return failedOpen ? "fail-open" : "pass";
+  // A pod without a metadata map carries no stamps of its author's; a null one is decorated as an
+  // absent one (the API server reads it so), any other is left to the API server to refuse.
+  if (!isRecord(req.object.metadata))
+    return failedOpen ? "fail-open" : (admitted?.metadata?.annotations?.[ANN_ROLE] ?? "pass");
   const pod = admitted as V1Pod; // the object sent was a map, so the admitted one is too
   // Only Warmstart's stamps, and only those of the decision taken (SPEC 1.3 "ownership").
   const sent = req.object as V1Pod;
