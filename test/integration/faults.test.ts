@@ -109,10 +109,13 @@ test("the webhook dies during an election: pods admitted meanwhile start cold, a
   const { apps } = await kube();
   const webhook = await takeOverRole(t, "webhook");
   await createEngines(t, s.node, s.ns, { replicas: 2, model: s.model });
-  await waitFor("a leader and a follower admitted", async () => {
-    const roles = (await listPods(s.ns, "app=engine")).map(role).sort();
-    return roles.join() === "follower,leader";
+  // Both replicas admitted by the webhook (a slow answer past its timeout admits one unchanged:
+  // then it is simply one more replica that starts cold).
+  const admitted = await waitFor("both replicas admitted", async () => {
+    const pods = await listPods(s.ns, "app=engine");
+    return pods.length === 2 && pods.some((p) => role(p) === "leader") ? pods : undefined;
   });
+  const followers = admitted.filter((p) => role(p) === "follower").length;
   await webhook.kill();
   // failurePolicy Ignore: with the webhook gone the API server admits the new replica unchanged.
   await apps.patchNamespacedDeploymentScale(
@@ -120,16 +123,19 @@ test("the webhook dies during an election: pods admitted meanwhile start cold, a
     jsonPatch,
   );
   const unchanged = await waitFor("a replica admitted while the webhook was down", async () =>
-    (await listPods(s.ns, "app=engine")).find((p) => role(p) === undefined),
+    (await listPods(s.ns, "app=engine")).find(
+      (p) => role(p) === undefined && !admitted.some((a) => a.metadata?.uid === p.metadata?.uid),
+    ),
   );
   await webhook.start();
   const pods = await assertSettled(t, s.ns, 3, [webhook]);
   assert.ok(pods.some((p) => p.metadata?.name === unchanged.metadata?.name && role(p) === undefined));
-  assert.equal(pods.filter((p) => role(p) === "follower").length, 1, "the follower still restored");
+  assert.equal(pods.filter((p) => role(p) === "follower").length, followers, "the follower still restored");
   const size = await modelBytes(s.node, s.model);
+  const cold = pods.filter((p) => role(p) === undefined).length;
   assert.ok(
-    (await hubStats(s.node)).repos[s.model]!.bytes <= 2 * size,
-    "the leader and the cold replica only",
+    (await hubStats(s.node)).repos[s.model]!.bytes <= (1 + cold) * size,
+    "the leader and the replicas admitted unchanged only",
   );
 });
 
