@@ -1,6 +1,7 @@
 import { spawn } from "node:child_process";
 import { access, constants } from "node:fs/promises";
 import { join } from "node:path";
+import { buildScriptSteps, runStep } from "./run-step.js";
 import { BINARIES, PACKAGE_ROOT, VERSIONS, binDir } from "./versions.js";
 
 async function isExecutable(path: string): Promise<boolean> {
@@ -24,43 +25,21 @@ export async function ensureBinaries(progress: (line: string) => void): Promise<
     );
   }
   progress(`building ${missing.join(", ")} into ${dir} (once; later runs reuse it)`);
-  const started = Date.now();
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn("bash", [join(PACKAGE_ROOT, "src/localcluster/build-binaries.sh"), "all"], {
-      env: {
-        ...process.env,
-        K8S_VERSION: VERSIONS.kubernetes,
-        ETCD_VERSION: VERSIONS.etcd,
-        KWOK_VERSION: VERSIONS.kwok,
-        HELM_VERSION: VERSIONS.helm,
-        WARMSTART_BIN_DIR: dir,
-      },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let tail = "";
-    const onData = (chunk: Buffer): void => {
-      const text = chunk.toString();
-      tail = (tail + text).slice(-4000);
-      for (const line of text.split("\n"))
-        if (line.startsWith("==> ")) progress(`${line.slice(4)} [${elapsed(started)}]`);
-    };
-    child.stdout.on("data", onData);
-    child.stderr.on("data", onData);
-    // A heartbeat, so a long compile never looks hung.
-    const beat = setInterval(() => progress(`still building... [${elapsed(started)}]`), 60_000);
-    child.on("error", reject);
-    child.on("close", (code) => {
-      clearInterval(beat);
-      if (code === 0) resolve();
-      else reject(new Error(`building the local cluster failed (exit ${code}):\n${tail.trim()}`));
-    });
+  await runStep("bash", [join(PACKAGE_ROOT, "src/localcluster/build-binaries.sh"), "all"], {
+    env: {
+      K8S_VERSION: VERSIONS.kubernetes,
+      ETCD_VERSION: VERSIONS.etcd,
+      KWOK_VERSION: VERSIONS.kwok,
+      HELM_VERSION: VERSIONS.helm,
+      WARMSTART_BIN_DIR: dir,
+    },
+    show: buildScriptSteps,
+    progress,
+    heartbeat: "still building...",
+  }).catch((err: unknown) => {
+    throw new Error(`building the local cluster failed: ${(err as Error).message}`);
   });
   return paths;
-}
-
-function elapsed(since: number): string {
-  const s = Math.round((Date.now() - since) / 1000);
-  return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
 }
 
 function goAvailable(): Promise<boolean> {

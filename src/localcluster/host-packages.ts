@@ -3,7 +3,7 @@
  * to run containers; debootstrap, gcc and pip for the images. Installed by `cluster up` itself
  * (with apt-get, visible progress) the first time they are missing.
  */
-import { spawn } from "node:child_process";
+import { runStep } from "./run-step.js";
 import { access, constants } from "node:fs/promises";
 
 interface Need {
@@ -49,23 +49,9 @@ export async function ensureHostPackages(progress: (line: string) => void): Prom
 }
 
 function aptGet(args: string[], progress: (line: string) => void): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const child = spawn("apt-get", args, {
-      env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let tail = "";
-    const onData = (d: Buffer): void => {
-      const text = d.toString();
-      tail = (tail + text).slice(-3000);
-      for (const line of text.split("\n"))
-        if (/^(Get:|Setting up|Unpacking)/.test(line)) progress(`  apt: ${line.trim()}`);
-    };
-    child.stdout.on("data", onData);
-    child.stderr.on("data", onData);
-    child.on("error", (err) => reject(new Error(`apt-get: ${err.message}`)));
-    child.on("close", (code) =>
-      code === 0 ? resolve() : reject(new Error(`apt-get ${args.join(" ")} failed (exit ${code}):\n${tail}`)),
-    );
+  return runStep("apt-get", args, {
+    env: { DEBIAN_FRONTEND: "noninteractive" },
+    show: (line) => (/^(Get:|Setting up|Unpacking)/.test(line) ? `  apt: ${line.trim()}` : undefined),
+    progress,
   });
 }

@@ -5,7 +5,6 @@
  * two StorageClasses (a shared one, and one whose volumes are snapshotted and cloned), a
  * VolumeSnapshotClass, and the storage profile that maps the driver to Warmstart's backends.
  */
-import { spawn } from "node:child_process";
 import { access, constants, readFile, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
@@ -13,6 +12,7 @@ import { isAlreadyExists, SYSTEM_NAMESPACE } from "../../common/kube.js";
 import { STORAGE_PROFILES_CONFIGMAP } from "../../core/contract.js";
 import { PACKAGE_ROOT, cacheDir } from "../versions.js";
 import type { ProcessRecord } from "../processes.js";
+import { buildScriptSteps, runStep } from "../run-step.js";
 import { CSI_DRIVER_NAME } from "./driver.js";
 
 export const CSI_VERSIONS = {
@@ -52,40 +52,18 @@ export async function ensureCsiBinaries(progress: (line: string) => void): Promi
   );
   if (have.every(Boolean)) return dir;
   progress(`building the CSI sidecars into ${dir} (once; later runs reuse them)`);
-  const started = Date.now();
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn("bash", [join(PACKAGE_ROOT, "src/localcluster/build-csi.sh")], {
-      env: {
-        ...process.env,
-        SNAPSHOTTER_VERSION: CSI_VERSIONS.snapshotter,
-        PROVISIONER_VERSION: CSI_VERSIONS.provisioner,
-        CSI_TEST_VERSION: CSI_VERSIONS.csiTest,
-        CSI_SPEC_VERSION: CSI_VERSIONS.spec,
-        KUBELET_API_VERSION: CSI_VERSIONS.kubeletApi,
-        WARMSTART_CSI_DIR: dir,
-      },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let tail = "";
-    const onData = (d: Buffer): void => {
-      const text = d.toString();
-      tail = (tail + text).slice(-4000);
-      for (const line of text.split("\n"))
-        if (line.startsWith("==> "))
-          progress(`${line.slice(4)} [${Math.round((Date.now() - started) / 1000)}s]`);
-    };
-    child.stdout.on("data", onData);
-    child.stderr.on("data", onData);
-    const beat = setInterval(
-      () => progress(`still building the CSI sidecars... [${Math.round((Date.now() - started) / 1000)}s]`),
-      60_000,
-    );
-    child.on("error", reject);
-    child.on("close", (code) => {
-      clearInterval(beat);
-      if (code === 0) resolve();
-      else reject(new Error(`building the CSI sidecars failed (exit ${code}):\n${tail.trim()}`));
-    });
+  await runStep("bash", [join(PACKAGE_ROOT, "src/localcluster/build-csi.sh")], {
+    env: {
+      SNAPSHOTTER_VERSION: CSI_VERSIONS.snapshotter,
+      PROVISIONER_VERSION: CSI_VERSIONS.provisioner,
+      CSI_TEST_VERSION: CSI_VERSIONS.csiTest,
+      CSI_SPEC_VERSION: CSI_VERSIONS.spec,
+      KUBELET_API_VERSION: CSI_VERSIONS.kubeletApi,
+      WARMSTART_CSI_DIR: dir,
+    },
+    show: buildScriptSteps,
+    progress,
+    heartbeat: "still building the CSI sidecars...",
   });
   return dir;
 }

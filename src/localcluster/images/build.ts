@@ -12,7 +12,7 @@
  * - engine: the real `huggingface_hub` client from PyPI and the engine stand-in;
  * - pause: a static sandbox process compiled from pause.c.
  */
-import { execFile, spawn } from "node:child_process";
+import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import { createReadStream, existsSync } from "node:fs";
 import {
@@ -30,6 +30,7 @@ import {
 } from "node:fs/promises";
 import { dirname, join, relative } from "node:path";
 import { promisify } from "node:util";
+import { runStep } from "../run-step.js";
 import { PACKAGE_ROOT, cacheDir } from "../versions.js";
 
 const run = promisify(execFile);
@@ -250,7 +251,7 @@ async function cachedLayer(
 
 async function buildBase(root: string): Promise<void> {
   const mirror = await debianMirror();
-  await streamed("debootstrap", [
+  await runStep("debootstrap", [
     "--variant=minbase",
     `--include=${BASE_PACKAGES.join(",")}`,
     DEBIAN_SUITE,
@@ -350,7 +351,7 @@ async function buildApp(root: string, files: string[]): Promise<void> {
 
 async function buildEngine(root: string): Promise<void> {
   const site = join(root, "opt/engine/site-packages");
-  await streamed("python3", [
+  await runStep("python3", [
     "-m",
     "pip",
     "install",
@@ -406,22 +407,6 @@ async function debianMirror(): Promise<string> {
     if (m) return m[1]!;
   }
   return "http://deb.debian.org/debian";
-}
-
-function streamed(cmd: string, args: string[]): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"] });
-    let tail = "";
-    const keep = (d: Buffer): void => {
-      tail = (tail + d.toString()).slice(-3000);
-    };
-    child.stdout.on("data", keep);
-    child.stderr.on("data", keep);
-    child.on("error", (err) => reject(new Error(`${cmd}: ${err.message}`)));
-    child.on("close", (code) =>
-      code === 0 ? resolve() : reject(new Error(`${cmd} ${args.join(" ")} failed (exit ${code}):\n${tail}`)),
-    );
-  });
 }
 
 async function sha256File(path: string): Promise<string> {
