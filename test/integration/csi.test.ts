@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
@@ -172,17 +172,54 @@ async function storyInTwoNamespaces(
   t: TestContext,
   node: RealNode,
 ): Promise<{ short: string; pods: k8s.V1Pod[] }> {
+  const { custom } = await kube();
   const model = `synthetic/${uniqueName("csi")}`;
   const a = await tempNamespace(t, "csi-a");
+  const b = await tempNamespace(t, "csi-b");
+  // When each pod was first seen scheduled and Ready, and the cache Ready (polled: conditions
+  // carry whole seconds only), for the figures this backend gives.
+  const seen = new Map<string, { scheduled?: number; ready?: number; role?: string }>();
+  let short: string | undefined;
+  let cacheReady: number | undefined;
+  const poll = setInterval(() => {
+    void (async () => {
+      const now = Date.now();
+      for (const p of [...(await listPods(a, "app=engine")), ...(await listPods(b, "app=engine"))]) {
+        const e = seen.get(p.metadata!.name!) ?? { role: p.metadata?.annotations?.[ANN_ROLE] };
+        if (p.spec?.nodeName && e.scheduled === undefined) e.scheduled = now;
+        if (isPodReady(p) && e.ready === undefined) e.ready = now;
+        seen.set(p.metadata!.name!, e);
+        short ??= p.metadata?.labels?.[LABEL_HASH];
+      }
+      if (
+        short &&
+        cacheReady === undefined &&
+        (await getModelCache(custom, short))?.status?.phase === "Ready"
+      )
+        cacheReady = now;
+    })().catch(() => undefined);
+  }, 250);
+  t.after(() => clearInterval(poll));
   await createEngines(t, node, a, { replicas: 2, model });
   const first = await readyPods(a, 2);
-  const short = first[0]!.metadata!.labels![LABEL_HASH]!;
-  const b = await tempNamespace(t, "csi-b");
   await createEngines(t, node, b, { replicas: 1, model });
   const second = await readyPods(b, 1);
+  clearInterval(poll);
   const size = await modelBytes(node, model);
   assert.equal((await hubStats(node)).repos[model]?.bytes, size, "one model's worth from the hub");
-  return { short, pods: [...first, ...second] };
+  const leader = [...seen.values()].find((e) => e.role === "leader");
+  const secs = (ms: number | undefined): string => (ms === undefined ? "?" : (ms / 1000).toFixed(1));
+  t.diagnostic(
+    `leader Ready to cache Ready (capture and promote): ${secs(cacheReady && leader?.ready ? cacheReady - leader.ready : undefined)} s; ` +
+      [...seen.entries()]
+        .filter(([, e]) => e.role !== "leader")
+        .map(
+          ([n, e]) =>
+            `${e.role} ${n}: scheduled to Ready ${secs(e.ready && e.scheduled ? e.ready - e.scheduled : undefined)} s`,
+        )
+        .join("; "),
+  );
+  return { short: first[0]!.metadata!.labels![LABEL_HASH]!, pods: [...first, ...second] };
 }
 
 async function assertRestoredFromVolume(node: RealNode, pods: k8s.V1Pod[], short: string): Promise<void> {
@@ -198,11 +235,119 @@ async function assertRestoredFromVolume(node: RealNode, pods: k8s.V1Pod[], short
   }
 }
 
+/**
+ * `warmstart cache delete` on this backend: the workload gone, every object the promote made
+ * (claims, PVs, VolumeSnapshots and their contents, labelled with the hash) is deleted, the
+ * driver's folders behind them go (the provisioner and snapshotter delete through the driver),
+ * the node agent removes the stored tree, and the store volume itself is untouched.
+ */
+async function deleteAndAssertGone(
+  t: TestContext,
+  short: string,
+  namespaces: string[],
+  store: { dir: string },
+): Promise<void> {
+  const { kc, core, apps } = await kube();
+  const objects = k8s.KubernetesObjectApi.makeApiClient(kc);
+  const st = await readState();
+  const sel = `${LABEL_HASH}=${short}`;
+  const snapshotsOf = async (
+    kind: "VolumeSnapshot" | "VolumeSnapshotContent",
+  ): Promise<k8s.KubernetesObject[]> =>
+    (
+      await objects.list(
+        "snapshot.storage.k8s.io/v1",
+        kind,
+        undefined,
+        undefined,
+        undefined,
+        undefined,
+        undefined,
+        sel,
+      )
+    ).items;
+  const handles = [
+    ...(await core.listPersistentVolume({ labelSelector: sel })).items.map((v) =>
+      join(st!.csi!.dataDir, "volumes", v.spec!.csi!.volumeHandle),
+    ),
+    // Each snapshot's data: through the content bound to it (made by the snapshot controller).
+    ...(await Promise.all(
+      (await snapshotsOf("VolumeSnapshot")).map(async (v) => {
+        const content = (v as { status?: { boundVolumeSnapshotContentName?: string } }).status
+          ?.boundVolumeSnapshotContentName;
+        const c = (await objects.read({
+          apiVersion: "snapshot.storage.k8s.io/v1",
+          kind: "VolumeSnapshotContent",
+          metadata: { name: content! },
+        })) as { status?: { snapshotHandle?: string } };
+        return join(st!.csi!.dataDir, "snapshots", c.status!.snapshotHandle!);
+      }),
+    )),
+  ].filter((d) => !d.includes("#")); // a shared-volume handle names the store's own data
+  const present = async (): Promise<string[]> =>
+    [
+      ...(await core.listPersistentVolumeClaimForAllNamespaces({ labelSelector: sel })).items.map(
+        (c) => `claim ${c.metadata?.namespace}/${c.metadata?.name}`,
+      ),
+      ...(await core.listPersistentVolume({ labelSelector: sel })).items.map((v) => `pv ${v.metadata?.name}`),
+      ...(await snapshotsOf("VolumeSnapshot")).map((v) => `snapshot ${v.metadata?.name}`),
+      ...(await snapshotsOf("VolumeSnapshotContent")).map((v) => `content ${v.metadata?.name}`),
+      ...(await Promise.all(handles.map(async (d) => ((await exists(d)) ? `folder ${d}` : "")))),
+      ...((await exists(join(store.dir, short))) ? [`stored tree ${short}`] : []),
+      ...((await getModelCache((await kube()).custom, short)) ? [`record ${short}`] : []),
+    ].filter(Boolean);
+  const before = await present();
+  for (const ns of namespaces)
+    assert.ok(
+      before.includes(`claim ${ns}/${claimName(short)}`),
+      `a claim in ${ns} before: ${before.join(", ")}`,
+    );
+  for (const ns of namespaces) {
+    await apps.deleteNamespacedDeployment({ name: "engine", namespace: ns, gracePeriodSeconds: 0 });
+    await core.deleteCollectionNamespacedPod({ namespace: ns, gracePeriodSeconds: 0 });
+  }
+  await waitFor("the workload's pods gone", async () => {
+    for (const ns of namespaces) if ((await listPods(ns, "app=engine")).length) return false;
+    return true;
+  });
+  const started = Date.now();
+  const r = await runToEnd(
+    process.execPath,
+    [join(PACKAGE_ROOT, "bin/warmstart"), "cache", "delete", short, "--timeout", "90s", "-o", "json"],
+    120_000,
+    { KUBECONFIG: st!.kubeconfig, LOG_LEVEL: "silent" },
+  );
+  assert.equal(r.status, 0, `cache delete failed:\n${r.stdout}\n${r.stderr}`);
+  const report = JSON.parse(r.stdout) as { gone: boolean; left: unknown[] };
+  assert.equal(report.gone, true, "the record is gone");
+  assert.deepEqual(report.left, []);
+  await waitFor(
+    "every object and folder of the cache gone",
+    async () => {
+      const left = await present();
+      if (left.length) throw new Error(`still there: ${left.join(", ")}`);
+      return true;
+    },
+    90_000,
+  );
+  assert.ok(await exists(store.dir), "the store volume itself stays");
+  t.diagnostic(
+    `cache delete: ${before.length} object(s) and folder(s), ${handles.length} of them the driver's, gone in ${((Date.now() - started) / 1000).toFixed(1)} s`,
+  );
+}
+
+const exists = (p: string): Promise<boolean> =>
+  stat(p).then(
+    () => true,
+    () => false,
+  );
+
 test("snapshot-clone: the store volume is snapshotted; followers in two namespaces start from read-only clones", async (t) => {
   const node = await realNodeOrSkip(t);
   if (!node || !(await csiReady(t))) return;
   const { custom, core } = await kube();
-  await storeOnVolume(t, node, await storeVolume(t, SNAPSHOT_CLASS, "ReadWriteOnce"));
+  const store = await storeVolume(t, SNAPSHOT_CLASS, "ReadWriteOnce");
+  await storeOnVolume(t, node, store);
   const { short, pods } = await storyInTwoNamespaces(t, node);
   const cache = await getModelCache(custom, short);
   assert.equal(cache?.status?.phase, "Ready");
@@ -214,6 +359,7 @@ test("snapshot-clone: the store volume is snapshotted; followers in two namespac
     assert.equal(pv.spec?.csi?.driver, CSI_DRIVER_NAME);
   }
   await assertRestoredFromVolume(node, pods, short);
+  await deleteAndAssertGone(t, short, [...new Set(pods.map((p) => p.metadata!.namespace!))], store);
 });
 
 test("shared-volume: the store volume is shared by per-namespace static volumes; followers start from it", async (t) => {
@@ -236,6 +382,7 @@ test("shared-volume: the store volume is shared by per-namespace static volumes;
     );
   }
   await assertRestoredFromVolume(node, pods, short);
+  await deleteAndAssertGone(t, short, [...new Set(pods.map((p) => p.metadata!.namespace!))], store);
 });
 
 test("a snapshot that never becomes ready: the cache ends Failed and no follower waits forever", async (t) => {
@@ -331,9 +478,14 @@ function runToEnd(
   cmd: string,
   args: string[],
   timeoutMs: number,
+  env: Record<string, string> = {},
 ): Promise<{ status: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], timeout: timeoutMs });
+    const child = spawn(cmd, args, {
+      stdio: ["ignore", "pipe", "pipe"],
+      timeout: timeoutMs,
+      env: { ...process.env, ...env },
+    });
     let stdout = "";
     let stderr = "";
     child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
