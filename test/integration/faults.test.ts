@@ -7,6 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { watch } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -88,6 +89,25 @@ async function assertTreeComplete(short: string): Promise<void> {
   assert.ok(entries.includes(".warmstart-ready"), `the Ready tree ${short} has its ready marker`);
 }
 
+/**
+ * Kills the role the instant (inotify) a staging folder of the given cache appears in the store;
+ * the signal is sent from the watch callback itself, before any other await can let the copy on.
+ */
+function killOnStaging(store: string, short: string, agent: RoleHandle): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      watcher.close();
+      reject(new Error(`no staging folder of ${short} appeared in ${store} within ${READY_MS} ms`));
+    }, READY_MS);
+    const watcher = watch(store, (_event, name) => {
+      if (!name?.startsWith(`${short}.tmp-`)) return;
+      watcher.close();
+      clearTimeout(timer);
+      agent.kill().then(() => resolve(name), reject);
+    });
+  });
+}
+
 async function proxyFile(t: TestContext, proxy: FaultProxy): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), "faults-"));
   t.after(async () => {
@@ -146,13 +166,9 @@ test("the node agent dies mid-capture: the staging is never taken for a capture,
   const store = join(s.node.kubeletRoot, "..", "store");
   await createEngines(t, s.node, s.ns, { replicas: 3, model: s.model });
   const short = (await leaderOf(s.ns)).metadata!.labels![LABEL_HASH]!;
-  // The moment its copy is under way: a staging folder beside where the tree will be.
-  const staging = await waitFor(
-    "the capture's staging folder",
-    async () => (await readdir(store).catch(() => [] as string[])).find((e) => e.startsWith(`${short}.tmp-`)),
-    READY_MS,
-  );
-  await agent.kill();
+  // The moment its copy is under way: a staging folder appears beside where the tree will be.
+  // Watched, not polled: a capture of this size can begin and commit between two polls.
+  const staging = await killOnStaging(store, short, agent);
   const entries = await readdir(store);
   assert.ok(!entries.includes(short), "nothing committed by a killed capture");
   t.diagnostic(`killed mid-copy (${staging})`);
