@@ -65,7 +65,9 @@ async function startServer(
     let out = "";
     child.stdout.on("data", (d: Buffer) => {
       out += d.toString();
-      if (out.includes("\n")) resolve(out.trim());
+      // The server prints its URL on a line of its own; the webhook's log lines may come first.
+      const url = /^https:\/\/\S+$/m.exec(out)?.[0];
+      if (url) resolve(url);
     });
     child.once("exit", (code) => reject(new Error(`${mode} server exited (${code})`)));
   });
