@@ -56,7 +56,8 @@ function runNodeTest(files, extra, env) {
 let failed = false;
 if (only !== "--integration" && unit.length) {
   console.log(`\n== unit tests (${unit.length} files)`);
-  failed ||= (await runNodeTest(unit, [], {})) !== 0;
+  // Not `failed ||= await …`: that would skip the run once something has failed.
+  if ((await runNodeTest(unit, [], {})) !== 0) failed = true;
 }
 
 if (only !== "--unit" && integration.length) {
@@ -84,7 +85,7 @@ if (only !== "--unit" && integration.length) {
     env.WARMSTART_LOCAL_CLUSTER = "1";
   }
   // One file at a time: some tests change cluster-wide things (node GPUs, stopping a role).
-  failed ||= (await runNodeTest(integration, ["--test-concurrency=1"], env)) !== 0;
+  if ((await runNodeTest(integration, ["--test-concurrency=1"], env)) !== 0) failed = true;
   if (started && !process.env.WARMSTART_KEEP_CLUSTER) {
     spawnSync(process.execPath, [join(root, "bin/warmstart"), "cluster", "down"], { stdio: "inherit" });
   }

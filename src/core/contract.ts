@@ -44,7 +44,11 @@ export const claimName = (hash: string): string => `rox-${shortHash(hash)}`;
 export const READY_MARKER = ".warmstart-ready";
 export const MANIFEST_FILE = ".warmstart-manifest.json";
 
-/** Annotation listing the env names the webhook injected (comma-separated), so the hash and a re-decoration can tell them from the pod's own. */
+/**
+ * A stamp older versions wrote to list the env names they injected. Nothing reads it now (the
+ * injected env is known from the webhook's own template, never from the pod); like every other
+ * stamp, the webhook removes it when a pod's author sets it.
+ */
 export const ANN_INJECTED_ENV = "warmstart.dev/injected-env";
 export const RO_VOLUME = "warmstart-ro"; // the read-only rox-<short> claim, on restores and followers
 export const SHADOW_VOLUME = "warmstart-shadow"; // the writable per-pod cache root of a restore
@@ -88,3 +92,6 @@ export const ANN_RESTORE_RECORDED = "warmstart.dev/restore-recorded";
 export const LABEL_STORE = "warmstart.dev/store";
 export const ANN_STORE_BUDGET = "warmstart.dev/store-budget";
 export const ANN_STORE_USED = "warmstart.dev/store-used";
+/** On the per-node store Lease: the node it describes, and the caches its store holds (comma-separated short hashes). */
+export const ANN_STORE_NODE = "warmstart.dev/node";
+export const ANN_STORE_CACHES = "warmstart.dev/store-caches";

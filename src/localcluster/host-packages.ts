@@ -3,12 +3,13 @@
  * to run containers; debootstrap, gcc and pip for the images. Installed by `cluster up` itself
  * (with apt-get, visible progress) the first time they are missing.
  */
+import { execFile } from "node:child_process";
 import { runStep } from "./run-step.js";
 import { access, constants } from "node:fs/promises";
 
 interface Need {
-  /** A file the package provides, checked before installing. */
-  probe: string;
+  /** A file the package provides, or a check of what it provides, tried before installing. */
+  probe: string | (() => Promise<boolean>);
   pkg: string;
 }
 
@@ -20,15 +21,22 @@ const NEEDS: Need[] = [
   { probe: "/usr/sbin/debootstrap", pkg: "debootstrap" },
   { probe: "/usr/bin/gcc", pkg: "gcc" },
   { probe: "/usr/lib/x86_64-linux-gnu/libc.a", pkg: "libc6-dev" },
+  // The engine image's Python packages come from PyPI through the python3 on PATH.
+  { probe: () => succeeds("python3", ["-m", "pip", "--version"]), pkg: "python3-pip" },
 ];
 
 export const CNI_BIN_DIR = "/usr/lib/cni";
 
-const present = (path: string): Promise<boolean> =>
-  access(path, constants.R_OK).then(
-    () => true,
-    () => false,
-  );
+const present = (probe: Need["probe"]): Promise<boolean> =>
+  typeof probe === "function"
+    ? probe()
+    : access(probe, constants.R_OK).then(
+        () => true,
+        () => false,
+      );
+
+const succeeds = (cmd: string, args: string[]): Promise<boolean> =>
+  new Promise((resolve) => execFile(cmd, args, (err) => resolve(!err)));
 
 /** Installs whatever is missing; a clear error when that cannot be done (not root, no apt). */
 export async function ensureHostPackages(progress: (line: string) => void): Promise<void> {
@@ -45,7 +53,10 @@ export async function ensureHostPackages(progress: (line: string) => void): Prom
   await aptGet(["update", "-q"], progress);
   await aptGet(["install", "-y", "-q", "--no-install-recommends", ...pkgs], progress);
   for (const n of NEEDS)
-    if (!(await present(n.probe))) throw new Error(`${n.pkg} was installed but ${n.probe} is still missing`);
+    if (!(await present(n.probe)))
+      throw new Error(
+        `${n.pkg} was installed but ${typeof n.probe === "string" ? n.probe : "what it provides"} is still missing`,
+      );
 }
 
 function aptGet(args: string[], progress: (line: string) => void): Promise<void> {

@@ -22,6 +22,8 @@ import {
   ANN_HASH,
   ANN_STORE_BUDGET,
   ANN_STORE_USED,
+  ANN_STORE_CACHES,
+  ANN_STORE_NODE,
   CACHE_VOLUME,
   FINALIZER_CLEANUP,
   LABEL_STORE,
@@ -1041,8 +1043,8 @@ export class NodeAgent {
     const annotations = {
       [ANN_STORE_BUDGET]: String(cfg.storeBudget),
       [ANN_STORE_USED]: String(trees.reduce((n, t) => n + t.manifest.totalBytes, 0)),
-      "warmstart.dev/store-caches": trees.map((t) => t.short).join(","),
-      "warmstart.dev/node": cfg.node,
+      [ANN_STORE_CACHES]: trees.map((t) => t.short).join(","),
+      [ANN_STORE_NODE]: cfg.node,
     };
     const now = new k8s.V1MicroTime(new Date().toISOString());
     try {

@@ -3,6 +3,8 @@ import {
   ANN_ROLE,
   ANN_STORE_BUDGET,
   ANN_STORE_USED,
+  ANN_STORE_CACHES,
+  ANN_STORE_NODE,
   LABEL_HASH,
   LABEL_STORE,
   MODELCACHE,
@@ -162,10 +164,10 @@ export function buildSnapshot(
   const stores = storeLeases
     .filter((l) => l.metadata?.labels?.[LABEL_STORE])
     .map((l): StoreRow => ({
-      node: l.metadata?.annotations?.["warmstart.dev/node"] ?? l.spec?.holderIdentity ?? "",
+      node: l.metadata?.annotations?.[ANN_STORE_NODE] ?? l.spec?.holderIdentity ?? "",
       usedBytes: Number(l.metadata?.annotations?.[ANN_STORE_USED] ?? 0),
       budgetBytes: Number(l.metadata?.annotations?.[ANN_STORE_BUDGET] ?? 0),
-      caches: (l.metadata?.annotations?.["warmstart.dev/store-caches"] ?? "").split(",").filter(Boolean),
+      caches: (l.metadata?.annotations?.[ANN_STORE_CACHES] ?? "").split(",").filter(Boolean),
       updated: iso(l.spec?.renewTime),
     }))
     .sort((a, b) => (a.node < b.node ? -1 : 1));

@@ -10,7 +10,7 @@
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readFile, readdir, rename, rm, stat, unlink, writeFile } from "node:fs/promises";
+import { mkdir, readFile, readdir, rename, rm, rmdir, stat, unlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import * as grpc from "@grpc/grpc-js";
@@ -248,7 +248,13 @@ export class FolderDriver {
         await mkdir(target, { recursive: true });
         if (!(await isMountPoint(target))) {
           await run("mount", ["--bind", src, target]);
-          if (r.readonly) await run("mount", ["-o", "remount,bind,ro", target]);
+          // A retried publish takes an existing mount point as done: never leave a writable
+          // bind where read-only was asked.
+          if (r.readonly)
+            await run("mount", ["-o", "remount,bind,ro", target]).catch(async (err: unknown) => {
+              await run("umount", [target]).catch(() => undefined);
+              throw err;
+            });
           this.log(`published ${id} at ${target}${r.readonly ? " (read-only)" : ""}`);
         }
         return {};
@@ -257,7 +263,8 @@ export class FolderDriver {
         required(r.volume_id, "volume_id");
         const target = required(r.target_path, "target_path");
         while (await isMountPoint(target)) await run("umount", [target]);
-        await rm(target, { recursive: true, force: true }).catch(() => undefined);
+        // rmdir, not rm -r: should anything still be mounted below, its data stays.
+        await rmdir(target).catch(() => undefined);
         return {};
       },
     };
