@@ -1,4 +1,4 @@
-import { spawn } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { access, constants } from "node:fs/promises";
 import { join } from "node:path";
 import { buildScriptSteps, runStep } from "./run-step.js";
@@ -17,6 +17,9 @@ export async function ensureBinaries(progress: (line: string) => void): Promise<
   const paths = Object.fromEntries(BINARIES.map((b) => [b, join(dir, b)]));
   const missing: string[] = [];
   for (const b of BINARIES) if (!(await isExecutable(join(dir, b)))) missing.push(b);
+  // The folder's name carries the Kubernetes, etcd and KWOK versions; helm's is asked of helm.
+  if (!missing.includes("helm") && (await versionOf(join(dir, "helm"))) !== VERSIONS.helm)
+    missing.push("helm");
   if (missing.length === 0) return paths;
 
   if (!(await goAvailable())) {
@@ -40,6 +43,14 @@ export async function ensureBinaries(progress: (line: string) => void): Promise<
     throw new Error(`building the local cluster failed: ${(err as Error).message}`);
   });
   return paths;
+}
+
+function versionOf(helm: string): Promise<string | undefined> {
+  return new Promise((resolve) =>
+    execFile(helm, ["version", "--template", "{{.Version}}"], (err, stdout) =>
+      resolve(err ? undefined : stdout.trim()),
+    ),
+  );
 }
 
 function goAvailable(): Promise<boolean> {

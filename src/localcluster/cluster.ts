@@ -1,6 +1,6 @@
 import { request as httpsRequest } from "node:https";
 import { request as httpRequest } from "node:http";
-import { mkdir, readFile, rm, writeFile, rename, open } from "node:fs/promises";
+import { mkdir, open, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -21,8 +21,8 @@ import { ensureHostPackages } from "./host-packages.js";
 import { startCsi, type CsiState } from "./csi/stack.js";
 import { buildImages, writeImageArchive } from "./images/build.js";
 import {
-  findShims,
-  killShims,
+  findTasks,
+  killTasks,
   realNodePaths,
   startRealNode,
   stopContainers,
@@ -152,9 +152,11 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
     }
     const started = Date.now();
     const bins = await ensureBinaries(opts.progress);
-    await rm(dir, { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
+    // A fresh state folder, keeping the lock this `up` holds (removing it would let another in).
+    for (const e of await readdir(dir).catch(() => [] as string[]))
+      if (e !== ".lock")
+        await rm(join(dir, e), { recursive: true, force: true, maxRetries: 3 }).catch(() => undefined);
     await mkdir(join(dir, "logs"), { recursive: true });
-    await writeFile(join(dir, ".lock"), `${process.pid} ${await processStartTime(process.pid)}`);
 
     const state: ClusterState = {
       running: false,
@@ -399,12 +401,17 @@ export async function down(progress: (line: string) => void): Promise<{ stopped:
  */
 async function teardown(state: ClusterState): Promise<string[]> {
   const isKubelet = (p: ProcessRecord): boolean => p.name.startsWith("kubelet-");
-  const real = (state.nodes ?? []).filter((n) => n.real).map((n) => realNodePaths(state.stateDir, n.name));
-  const shims = (await Promise.all(real.map(findShims))).flat();
+  // A real node is listed once Ready; one whose start was cut short is known by its containerd.
+  const realNames = new Set([
+    ...(state.nodes ?? []).filter((n) => n.real).map((n) => n.name),
+    ...state.processes.filter((p) => p.name.startsWith("containerd-")).map((p) => p.name.slice(11)),
+  ]);
+  const real = [...realNames].map((name) => realNodePaths(state.stateDir, name));
+  const tasks = (await Promise.all(real.map(findTasks))).flat();
   const stopped = await stopAll(state.processes.filter(isKubelet));
   for (const p of real) await stopContainers(p);
   stopped.unshift(...(await stopAll(state.processes.filter((p) => !isKubelet(p)))));
-  await killShims(shims);
+  await killTasks(tasks);
   await unmountUnder(state.stateDir);
   return stopped;
 }

@@ -134,35 +134,51 @@ export async function stopContainers(p: RealNodePaths): Promise<void> {
   );
 }
 
-/**
- * The shims of a node's running tasks: the parent of each task's init process (a shim is the
- * parent and subreaper of what it runs). Read while the tasks still run: once they are gone
- * only the shim is left, with nothing on disk naming its pid.
- */
-export async function findShims(p: RealNodePaths): Promise<number[]> {
-  const tasks = join(p.containerdState, "io.containerd.runtime.v2.task");
-  const shims = new Set<number>();
-  for (const ns of await readdir(tasks).catch(() => [] as string[])) {
-    for (const id of await readdir(join(tasks, ns)).catch(() => [] as string[])) {
-      const pid = Number((await readFile(join(tasks, ns, id, "init.pid"), "utf8").catch(() => "")).trim());
-      const status = pid ? await readFile(`/proc/${pid}/status`, "utf8").catch(() => "") : "";
-      const ppid = Number(/^PPid:\s*(\d+)/m.exec(status)?.[1] ?? 0);
-      if (ppid > 1) shims.add(ppid);
-    }
-  }
-  return [...shims];
+/** A container's init process and the shim that runs it (host pids). */
+export interface TaskProcesses {
+  shim: number;
+  init: number;
 }
 
-/** Kills the shims that outlived containerd (never a pid that is not a shim any more). */
-export async function killShims(pids: number[]): Promise<void> {
-  for (const pid of pids) {
-    const cmd = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
-    if (!cmd.includes("containerd-shim")) continue;
+/**
+ * The shims and containers' init processes of a real node, from its containerd's task folders:
+ * each task's `init.pid` names the container's init, whose parent is its shim. Read while the
+ * tasks still run: once they are gone nothing on disk names the shim's pid.
+ */
+export async function findTasks(p: RealNodePaths): Promise<TaskProcesses[]> {
+  const tasks = join(p.containerdState, "io.containerd.runtime.v2.task");
+  const found: TaskProcesses[] = [];
+  for (const ns of await readdir(tasks).catch(() => [] as string[])) {
+    for (const id of await readdir(join(tasks, ns)).catch(() => [] as string[])) {
+      const init = Number((await readFile(join(tasks, ns, id, "init.pid"), "utf8").catch(() => "")).trim());
+      const shim = init ? await parentOf(init) : 0;
+      if (shim > 1) found.push({ shim, init });
+    }
+  }
+  return found;
+}
+
+async function parentOf(pid: number): Promise<number> {
+  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+  return Number(/^PPid:\s*(\d+)/m.exec(status)?.[1] ?? 0);
+}
+
+/**
+ * Kills what outlived containerd: each container's init (ending its PID namespace) while it is
+ * still the child of its shim, then the shim; never a pid that has become something else.
+ */
+export async function killTasks(tasks: TaskProcesses[]): Promise<void> {
+  const kill = (pid: number): void => {
     try {
       process.kill(pid, "SIGKILL");
     } catch {
       /* gone */
     }
+  };
+  for (const t of tasks) if ((await parentOf(t.init)) === t.shim) kill(t.init);
+  for (const shim of new Set(tasks.map((t) => t.shim))) {
+    const cmd = await readFile(`/proc/${shim}/cmdline`, "utf8").catch(() => "");
+    if (cmd.includes("containerd-shim")) kill(shim);
   }
 }
 

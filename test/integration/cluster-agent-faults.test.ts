@@ -525,14 +525,20 @@ void test("agent killed while re-registering a larger inventory, as it replaces 
   });
   // A heartbeat carries the capacity the agent last registered: one that left before this
   // re-registration but lands after it must not take the control plane back to 4.
+  const beats = (): number => w.px.calls.filter((c) => c.path.endsWith("/heartbeat")).length;
+  const landedBefore = beats();
+  let held = 0;
   w.px.before = async (path) => {
-    if (path.endsWith("/heartbeat")) await sleep(500);
+    if (path.endsWith("/heartbeat")) {
+      held++;
+      await sleep(500);
+    }
     return "forward" as const;
   };
   await w.gpus.add(4);
   await killedBy(victim);
   assert.equal(rule.hits, 1);
-  await sleep(1000); // every heartbeat held above has landed
+  await waitFor("every heartbeat held above answered", () => beats() - landedBefore >= held);
   assert.equal(
     (await w.cp.operator().listClusters()).find((c) => c.clusterId === w.setup.clusterId)?.capacity,
     8,

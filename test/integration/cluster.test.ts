@@ -22,7 +22,7 @@ import {
 } from "../harness.js";
 import { ensureSimulatedNode, setNodeGpus } from "../../src/localcluster/nodes.js";
 import { processStartTime } from "../../src/localcluster/processes.js";
-import { findShims, realNodePaths } from "../../src/localcluster/realnode.js";
+import { findTasks, realNodePaths } from "../../src/localcluster/realnode.js";
 import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
@@ -269,8 +269,9 @@ test("down stops a real node's kubelet, containerd, shims and containers, and un
       (await core.readNamespacedPod({ name: "sleeper", namespace: "default" })).status?.phase === "Running",
     120_000,
   );
-  const shims = await shimPids(dir);
-  assert.ok(shims.length >= 1, "the pod's shim (one per sandbox) is running");
+  const tasks = await findTasks(realNodePaths(dir, "real-0"));
+  const taskPids = tasks.flatMap((x) => [x.shim, x.init]);
+  assert.ok(tasks.length >= 2, "the pod's shim runs its sandbox and its container");
   assert.ok((await mountsUnder(dir)).length > 0, "the kubelet and containerd mounted things under the state");
   const recorded = state.processes.map((p) => p.pid);
   assert.ok(state.processes.some((p) => p.name === "kubelet-real-0"));
@@ -278,15 +279,15 @@ test("down stops a real node's kubelet, containerd, shims and containers, and un
 
   const down = cli("cluster", "down");
   assert.equal(down.status, 0, String(down.stderr));
-  for (const pid of [...recorded, ...shims])
-    assert.equal(await processStartTime(pid), undefined, `pid ${pid} gone after down`);
+  for (const pid of [...recorded, ...taskPids])
+    assert.equal(
+      await processStartTime(pid),
+      undefined,
+      `pid ${pid} (a role, shim or container) gone after down`,
+    );
   assert.deepEqual(await processesMentioning(dir), [], "no process refers to the cluster's folder");
   assert.deepEqual(await mountsUnder(dir), [], "no mount left under the cluster's folder");
 });
-
-async function shimPids(dir: string): Promise<number[]> {
-  return findShims(realNodePaths(dir, "real-0"));
-}
 
 async function mountsUnder(dir: string): Promise<string[]> {
   const info = await readFile("/proc/self/mountinfo", "utf8");

@@ -1,5 +1,5 @@
 /**
- * The chart installed for real (issue "Ship it"): a local cluster of its own (Kubernetes and one
+ * The chart installed for real: a local cluster of its own (Kubernetes and one
  * real kubelet node, no Warmstart processes), `helm install` with the locally built image, every
  * role running as a pod from that image on the real node with the chart's RBAC, and the story
  * through them: a chart of engine replicas downloads its model once, the cache turns Ready, the

@@ -109,8 +109,9 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
   );
   lap("cache Ready");
   assert.equal(cache.status?.phase, "Ready", `status: ${JSON.stringify(cache.status)}`);
-  assert.ok(phases.includes("Capturing") || phases.includes("Promoting"), `phases: ${phases.join(" → ")}`);
+  // Captured by the agent (the phases in between may pass between two polls).
   const s = cache.status as Record<string, unknown>;
+  assert.equal(typeof s.captureSeconds, "number", `status: ${JSON.stringify(s)}`);
   t.diagnostic(
     `leader Ready → ModelCache Ready: ${((at - readyAt) / 1000).toFixed(2)} s (warm-up 1 s); capture ${String(s.captureSeconds)} s; phases ${phases.join(" → ")}`,
   );

@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type * as k8s from "@kubernetes/client-node";
+import { parseAllDocuments } from "yaml";
 import { ApiCallDeriver, type ApiCall, type RoleEntry } from "../rbac.js";
 import { compareRbac, grants, renderChart, type Grant } from "../chart.js";
 import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
@@ -109,6 +110,17 @@ void test("the chart grants each role exactly what its code uses (snapshot right
     const objects = await renderChart({ ...VALUES, "snapshots.enabled": snapshots });
     assert.deepEqual(problems(objects, snapshots), [], `snapshots.enabled=${snapshots}`);
   }
+});
+
+void test("the standalone manifest deploy/cluster-agent.yaml grants the cluster agent exactly what its code uses", async () => {
+  const text = await readFile(join(PACKAGE_ROOT, "deploy/cluster-agent.yaml"), "utf8");
+  const objects = parseAllDocuments(text).map((d) => d.toJSON() as k8s.KubernetesObject);
+  const mine = grants(objects).filter((g) => g.account === accountOf("cluster-agent"));
+  assert.ok(mine.length > 0, "the manifest grants the agent's ServiceAccount something");
+  assert.deepEqual(
+    compareRbac(expected("cluster-agent", false), mine, { system: SYSTEM, workloads: ["model-serving"] }),
+    [],
+  );
 });
 
 void test("the stamps policy exempts exactly the roles whose code updates pods", async () => {
