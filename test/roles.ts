@@ -63,12 +63,18 @@ export async function takeOverRole(
       const c = child;
       if (!c || c.exitCode !== null || c.signalCode !== null) return;
       const gone = new Promise((r) => c.once("exit", r));
-      try {
-        process.kill(-c.pid!, signal);
-      } catch {
-        /* gone */
-      }
+      const send = (sig: NodeJS.Signals): void => {
+        try {
+          process.kill(-c.pid!, sig);
+        } catch {
+          /* gone */
+        }
+      };
+      send(signal);
+      // A role that does not stop within its grace is killed: a test's end never hangs on it.
+      const escalate = signal === "SIGKILL" ? undefined : setTimeout(() => send("SIGKILL"), 15_000);
       await gone;
+      clearTimeout(escalate);
     },
     async start() {
       const fd = openSync(rec.log, "a");
