@@ -161,6 +161,16 @@ export const listDir = (dirFd: number): string[] =>
 export const lstatAt = (dirFd: number, name: string): BigIntStats =>
   lstatSync(at(dirFd, name), { bigint: true });
 
-/** The text of the symlink `name` in the directory held by `dirFd`, as a byte string. */
-export const readlinkAt = (dirFd: number, name: string): string =>
-  readlinkSync(at(dirFd, name), { encoding: "buffer" }).toString("latin1");
+/**
+ * The text of the symlink `name` in the directory held by `dirFd`, as a byte string; undefined
+ * when the name is no longer a symlink (EINVAL: something else took its place since it was
+ * lstat'ed).
+ */
+export function readlinkAt(dirFd: number, name: string): string | undefined {
+  try {
+    return readlinkSync(at(dirFd, name), { encoding: "buffer" }).toString("latin1");
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "EINVAL") return undefined;
+    throw err;
+  }
+}

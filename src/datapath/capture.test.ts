@@ -1,11 +1,12 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync, lstatSync, mkdtempSync, rmSync, statSync } from "node:fs";
-import { mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { existsSync, lstatSync, mkdtempSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmod, mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { AlreadyCapturedError, capture } from "./capture.js";
 import { DEFAULT_DIGEST, digestOf } from "./digest.js";
@@ -14,6 +15,7 @@ import { exactTimes } from "./native.js";
 import {
   BLOB_BIG,
   BLOB_SMALL,
+  canSwitchUid,
   KERNEL,
   KERNEL_META,
   LINK_A,
@@ -361,4 +363,58 @@ void test("without the native helpers the capture still works, and says its time
     assert.equal(got.get(rel)?.mtimeNs, want - (want % 1000n), `${rel} mtime to the microsecond`);
   }
   assert.equal(got.get(LINK_A)?.ino, got.get(LINK_B)?.ino);
+});
+
+void test("a source root without write bits is committed with its mode by a plain UID: the marker goes in first", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await mkdir(join(src, "cache"), { recursive: true });
+  await writeFile(join(src, "cache/k"), "kernel");
+  const store = join(dir, "store");
+  await mkdir(store);
+  // Root in the test: capture as a plain UID, which root's powers cannot stand in for.
+  const uid = canSwitchUid() ? 12345 : undefined;
+  if (uid !== undefined) assert.equal(spawnSync("chown", ["-R", `${uid}:${uid}`, src, store]).status, 0);
+  await chmod(src, 0o555);
+  const before = statSync(src, { bigint: true });
+  const dest = join(store, "h1");
+  const r = runCli(["capture", src, dest], { uid });
+  assert.equal(r.status, 0, r.stderr);
+  assert.ok(existsSync(join(dest, READY_MARKER)), "committed");
+  const after = statSync(dest, { bigint: true });
+  assert.equal(Number(after.mode) & 0o7777, 0o555, "the root's mode as captured");
+  assert.equal(after.mtimeNs, before.mtimeNs, "the root's mtime as captured");
+});
+
+void test("each copier waits for the answer to its own question before it opens a file", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  // One big file (a copier of its own) and small ones (another copier), asked about at once.
+  await mkdir(join(src, "cache"), { recursive: true });
+  await writeFile(join(src, "big"), Buffer.alloc(9 << 20, 1));
+  for (let i = 0; i < 20; i++) await writeFile(join(src, `cache/s${i}`), `small ${i}`);
+  let bigAsked!: () => void;
+  const asked = new Promise<void>((resolve) => (bigAsked = resolve));
+  const m = await capture({
+    src,
+    dest: join(dir, "h1"),
+    parallel: 2,
+    progress: false,
+    hooks: {
+      beforeOpen: async (rel) => {
+        if (rel !== "big") {
+          // Answered while the big file's copier still waits for its own answer.
+          await Promise.race([asked, sleep(2_000)]);
+          return;
+        }
+        bigAsked();
+        await sleep(300);
+        // Replaced before its copier may open it: the copy must see the new file.
+        renameSync(join(src, "big"), join(src, "big.old"));
+        writeFileSync(join(src, "big"), "another file");
+      },
+    },
+  });
+  assert.deepEqual(m.skipped, [{ path: "big", reason: "replaced" }]);
+  assert.equal(m.fileCount, 20);
 });

@@ -241,7 +241,9 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     });
     await writeDurably(`${staging}/${MANIFEST_FILE}`, `${JSON.stringify(manifest, null, 1)}\n`);
     const root = scan.entries[0] as TreeEntry;
-    applyMeta(staging, root);
+    // The root's owner now; its mode only once the marker is in (a root of mode 0555 would
+    // refuse the marker to anyone but root).
+    if (isRoot()) lchownSync(staging, Number(root.stat.uid), Number(root.stat.gid));
     await fsyncDir(staging);
 
     if (opts.hooks?.beforeCommit) await opts.hooks.beforeCommit(staging);
@@ -263,9 +265,16 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
       dest,
       `${JSON.stringify({ hash: manifest.hash, capturedAt: manifest.createdAt })}\n`,
     );
-    // The marker changed the root's mtime; put the captured one back.
-    await setTimesNs(dest, root.stat.atimeNs, root.stat.mtimeNs, false);
-    await fsyncDir(dest);
+    // The captured mode, and the captured mtime back (the marker moved it), through a
+    // descriptor opened first: a mode without read or write for its owner still lets it flush.
+    const fh = await open(dest, fsc.O_RDONLY | fsc.O_DIRECTORY);
+    try {
+      await fh.chmod(Number(root.stat.mode) & 0o7777);
+      await setTimesNs(dest, root.stat.atimeNs, root.stat.mtimeNs, false);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
     opts.log?.info(
       {
         dest,
@@ -466,7 +475,6 @@ async function copyFiles(
   const counters = new SharedArrayBuffer(COUNTERS.size);
   const filesDone = new Int32Array(counters, COUNTERS.files, 1);
   const stopFlag = new Int32Array(counters, COUNTERS.stop, 1);
-  const hookDone = new Int32Array(counters, COUNTERS.hook, 1);
   const bytesRead = new BigInt64Array(counters, COUNTERS.bytes, 1);
   const totalBytes = tasks.reduce((n, t) => n + Number((t[0] as CopyMember).size), 0);
   const fileCount = tasks.reduce((n, t) => n + t.length, 0);
@@ -491,7 +499,7 @@ async function copyFiles(
     }
     return out;
   };
-  const workerData: CopyWorkerData = {
+  const workerData: Omit<CopyWorkerData, "hook"> = {
     rootFd,
     staging,
     chunkBytes: CHUNK,
@@ -502,14 +510,19 @@ async function copyFiles(
     counters,
   };
   const workers: Worker[] = [];
-  const answerHook = (): void => {
-    Atomics.store(hookDone, 0, 1);
-    Atomics.notify(hookDone, 0);
+  // Each copier waits on its own flag for the answer to its own question.
+  const hookFlags: Int32Array[] = [];
+  const answerHook = (flag: Int32Array): void => {
+    Atomics.store(flag, 0, 1);
+    Atomics.notify(flag, 0);
   };
   const run = (): Promise<Extract<FromWorker, { kind: "done" }> | undefined> =>
     new Promise((resolve) => {
+      const hook = new SharedArrayBuffer(4);
+      const hookDone = new Int32Array(hook);
+      hookFlags.push(hookDone);
       const w = new Worker(new URL("./copy-worker.js", import.meta.url), {
-        workerData,
+        workerData: { ...workerData, hook } satisfies CopyWorkerData,
         execArgv: workerExecArgv(),
         resourceLimits: WORKER_LIMITS,
       });
@@ -521,7 +534,7 @@ async function copyFiles(
           void Promise.resolve()
             .then(() => o.beforeOpen?.(m.rel))
             .catch((err: unknown) => void (failure ??= err as Error))
-            .finally(answerHook);
+            .finally(() => answerHook(hookDone));
         } else {
           if (m.kind === "error") failure ??= new Error(m.message);
           w.postMessage(batch());
@@ -537,7 +550,7 @@ async function copyFiles(
   let graceTimer: NodeJS.Timeout | undefined;
   const onStop = (): void => {
     Atomics.store(stopFlag, 0, 1);
-    answerHook();
+    hookFlags.forEach(answerHook);
     graceTimer = setTimeout(() => workers.forEach((w) => void w.terminate()), STOP_GRACE_MS);
   };
   if (o.stop.fired) onStop();

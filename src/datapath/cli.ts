@@ -100,16 +100,14 @@ export function registerDatapathCommands(program: Command): void {
     .description("build a writable per-pod shadow of a read-only captured tree")
     .requiredOption("--from <ro>", "the read-only captured tree")
     .requiredOption("--to <dir>", "the writable shadow (the pod's cache root)")
-    .option("--parallel <n>", "files copied at once (default 8)")
     .option("--hash <sha256>", "refuse the tree unless its manifest says it was captured for this hash")
     .option("--any-uid", "make the shadow writable by any UID (the workload's UID is not known in advance)")
-    .action(async (o: { from: string; to: string; parallel?: string; hash?: string; anyUid?: boolean }) => {
+    .action(async (o: { from: string; to: string; hash?: string; anyUid?: boolean }) => {
       checkHash(o.hash);
       const r = await seed({
         from: o.from,
         to: o.to,
         hash: o.hash,
-        parallel: intFlag("--parallel", o.parallel, 8),
         anyUid: o.anyUid ?? false,
       });
       process.stdout.write(

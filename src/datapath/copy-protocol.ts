@@ -34,8 +34,10 @@ export interface CopyWorkerData {
   /** Ask the main thread before opening each file (a test hook), and wait for its answer. */
   askBeforeOpen: boolean;
   /** Int32 [files done], Int32 [stop: set when the capture must end now], BigInt64 [bytes read],
-   * Int32 [hook answered], for the progress line, the stop, and the hook handshake. */
+   * shared by every copier, for the progress line and the stop. */
   counters: SharedArrayBuffer;
+  /** Int32 [hook answered]: this copier's own, so an answer to another copier never wakes it. */
+  hook: SharedArrayBuffer;
 }
 
 export interface CopiedFile {
@@ -54,4 +56,4 @@ export type FromWorker =
   | { kind: "stopped" };
 
 /** Offsets into CopyWorkerData.counters. */
-export const COUNTERS = { bytes: 16, files: 0, hook: 24, size: 32, stop: 4 } as const;
+export const COUNTERS = { bytes: 16, files: 0, size: 24, stop: 4 } as const;

@@ -58,7 +58,7 @@ const data = workerData as CopyWorkerData;
 if (data.noOpenat2) disableOpenat2();
 const filesDone = new Int32Array(data.counters, COUNTERS.files, 1);
 const stopFlag = new Int32Array(data.counters, COUNTERS.stop, 1);
-const hookDone = new Int32Array(data.counters, COUNTERS.hook, 1);
+const hookDone = new Int32Array(data.hook);
 const bytesRead = new BigInt64Array(data.counters, COUNTERS.bytes, 1);
 const buf = Buffer.allocUnsafe(data.chunkBytes);
 const root = process.getuid?.() === 0;

@@ -70,7 +70,7 @@ export const exactTimes = libc !== null;
 const cString = (path: string | Buffer): Buffer =>
   Buffer.concat([typeof path === "string" ? Buffer.from(path) : path, Buffer.from([0])]);
 
-export function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
+function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
   const code = Object.entries(osConstants.errno).find(([, n]) => n === errno)?.[0] ?? `E${errno}`;
   const err: NodeJS.ErrnoException = new Error(`${code}: ${call} failed on ${path} (errno ${errno})`);
   err.code = code;
@@ -246,9 +246,6 @@ export function disableOpenat2(): () => void {
   openat2Works = false;
   return () => void (openat2Works = was);
 }
-
-/** Whether openat2 is in use (until a call finds it missing). */
-export const openat2InUse = (): boolean => openat2Works;
 
 /**
  * openat2(dirFd, rel, flags) with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS: the kernel resolves

@@ -55,11 +55,9 @@ import {
   skipReasonOf,
   toBin,
 } from "./beneath.js";
-import { checkParallel } from "./capture.js";
 import { createDigest, digestAvailable } from "./digest.js";
 import { nameOf, parseManifest, type Manifest } from "./manifest.js";
 import { exactTimes, setFdTimesNs, setTimesNsSync } from "./native.js";
-import { runPool } from "./pool.js";
 import { isReady } from "./ready.js";
 import { isMissing, scanTree, yieldNow, type Scan, type TreeEntry } from "./tree.js";
 
@@ -70,8 +68,6 @@ export interface SeedOptions {
   to: string;
   /** The full cache hash the tree must have been captured for (sha256 hex). */
   hash?: string;
-  /** Files copied at once (default 8). */
-  parallel?: number;
   /**
    * Make the shadow writable by any UID: for a workload whose UID is not known when its pod is
    * admitted (it comes from its image). Only the containers of that one pod ever see the shadow.
@@ -105,7 +101,6 @@ export function usedInPlace(rel: string): boolean {
 const CHUNK = 1 << 20;
 
 export async function seed(opts: SeedOptions): Promise<SeedResult> {
-  const parallel = checkParallel(opts.parallel ?? 8);
   requireProcFd("seed");
   const from = await realpath(opts.from).catch((err: unknown) => {
     throw new Error(
@@ -143,16 +138,7 @@ export async function seed(opts: SeedOptions): Promise<SeedResult> {
     }
     // The kubelet makes an emptyDir 0777 already; a root this process created it opens up itself.
     if (opts.anyUid && (fstatSync(toFd).mode & 0o777) !== 0o777) fchmodSync(toFd, 0o777);
-    const res = await build(
-      fromFd,
-      toFd,
-      toBin(from),
-      scan,
-      manifest,
-      digests,
-      parallel,
-      opts.anyUid ?? false,
-    );
+    const res = await build(fromFd, toFd, toBin(from), scan, manifest, digests, opts.anyUid ?? false);
     opts.log?.info({ from, to, ...res }, "seeded");
     return res;
   } finally {
@@ -262,7 +248,6 @@ async function build(
   scan: Scan,
   m: Manifest,
   digests: Map<string, string>,
-  parallel: number,
   anyUid: boolean,
 ): Promise<SeedResult> {
   const res: SeedResult = {
@@ -320,7 +305,8 @@ async function build(
     if (++n % 256 === 0) await yieldNow();
   }
 
-  await runPool(toCopy, parallel, async (e) => {
+  // One file at a time: each copy is a run of synchronous calls (compile caches are small files).
+  for (const e of toCopy) {
     await yieldNow();
     const r = copyIn(fromFd, toFd, e, digests.get(e.rel) as string, m, anyUid ? 0o666 : 0o600);
     if (r === "kept") res.kept += 1;
@@ -329,7 +315,7 @@ async function build(
       res.copied += 1;
       res.bytesCopied += Number(e.stat.size);
     }
-  });
+  }
 
   // Directory times after their contents, deepest first (the root of the shadow is the pod's).
   dirs.sort((a, b) => b.rel.split("/").length - a.rel.split("/").length);

@@ -1,5 +1,9 @@
 import assert from "node:assert/strict";
+import { closeSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { test } from "node:test";
+import { openDirNoFollow, readlinkAt } from "./beneath.js";
 import { staysInside } from "./tree.js";
 
 const none = new Map<string, string>();
@@ -46,4 +50,20 @@ void test("symlinks that escape the tree", () => {
     ),
     false,
   );
+});
+
+void test("a symlink replaced by a file before its link is read is told apart (EINVAL), not an error", (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "ws-tree-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  symlinkSync("target", join(dir, "link"));
+  writeFileSync(join(dir, "file"), "x");
+  const fd = openDirNoFollow(dir);
+  try {
+    assert.equal(readlinkAt(fd, "link"), "target");
+    // What the walk meets when the pod swaps a link for a file between its lstat and its readlink.
+    assert.equal(readlinkAt(fd, "file"), undefined);
+    assert.throws(() => readlinkAt(fd, "missing"), /ENOENT/, "a name gone is still the walk's to judge");
+  } finally {
+    closeSync(fd);
+  }
 });

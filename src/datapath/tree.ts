@@ -21,7 +21,6 @@ import {
   type SkipReason,
 } from "./beneath.js";
 
-export type { SkipReason } from "./beneath.js";
 export type EntryKind = "dir" | "file" | "symlink" | "special";
 
 export interface TreeEntry {
@@ -125,7 +124,9 @@ export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<
           } else if (st.isFile()) {
             entries.push({ rel, kind: "file", stat: st });
           } else if (st.isSymbolicLink()) {
-            entries.push({ rel, kind: "symlink", stat: st, target: readlinkAt(dirFd, name) });
+            const target = readlinkAt(dirFd, name);
+            if (target === undefined) skipped.push({ path: rel, reason: "replaced" });
+            else entries.push({ rel, kind: "symlink", stat: st, target });
           } else {
             skipped.push({ path: rel, reason: specialReason(st) });
           }

@@ -1,8 +1,9 @@
 /**
- * The node agent (SPEC 1.4, 1.5): watches the pods on its node, captures the warmed cache of each
- * Ready leader into the node's cache store under the hash admission stamped on it, and promotes
- * the committed tree to claim `rox-<short>` in every namespace that needs it, moving the cache's
- * ModelCache record through Capturing, Promoting, then Ready or Failed.
+ * The node agent (docs/adr/0006-capture-and-promote.md): watches the pods on its node, captures
+ * the warmed cache of each Ready elected leader into the node's cache store under the hash
+ * admission stamped on it, and promotes the committed tree to claim `rox-<short>` in every
+ * namespace that needs it, moving the cache's ModelCache record through Capturing, Promoting,
+ * then Ready or Failed.
  *
  * Level-based: a pod event, a restart and a periodic resync all lead to the same look at the pod
  * and the store. The store's committed tree is the proof that a capture is done; the cache record
@@ -42,6 +43,7 @@ import {
 import type { Manifest } from "../datapath/manifest.js";
 import { formatBytes } from "../datapath/progress.js";
 import { storeFinalizer, type ModelCacheObject } from "../common/modelcache.js";
+import { CacheRecords, type LeaderClaim } from "../common/cache-record.js";
 import { promoteClients, type PromoteClients } from "../promote/claims.js";
 import { describeFailures, ensureClaimsForStampedPods, type ClaimsResult } from "../promote/promote.js";
 import { StorageProfiles, type StorageProfile } from "../promote/profiles.js";
@@ -52,9 +54,8 @@ import type { NodeAgentConfig } from "./config.js";
 import { cancelReasonFor, cancelsCapture, decidePod, leaderSighting, timeToReadySeconds } from "./decide.js";
 import { CaptureMarks, type Mark, type ReleaseReason } from "./marks.js";
 import { createNodeAgentMetrics, type NodeAgentMetrics } from "./metrics.js";
-import { CacheRecords, type LeaderClaim } from "./record.js";
 import { Slots } from "./slots.js";
-import { CacheStore, emptyDirPath, treeBytes } from "./store.js";
+import { bytesOf, CacheStore, emptyDirPath, heldBytes, treeBytes } from "./store.js";
 
 const COMPONENT = "warmstart-node-agent";
 
@@ -363,8 +364,9 @@ export class NodeAgent {
   }
 
   /**
-   * Whether this pod is the elected leader (SPEC 1.4): its election id is the Lease's holder and
-   * the record's election, and it is the pod recorded (or now recorded) as that election's leader.
+   * Whether this pod is the elected leader, the only pod whose cache is ever captured: its
+   * election id is the Lease's holder and the record's election, and it is the pod recorded (or
+   * now recorded) as that election's leader.
    */
   private async checkLeader(pod: k8s.V1Pod, hash: string, election: string): Promise<LeaderClaim> {
     const short = shortHash(hash);
@@ -499,8 +501,12 @@ export class NodeAgent {
 
       const src = emptyDirPath(cfg.kubeletRoot, mark.uid, CACHE_VOLUME);
       try {
-        await this.makeRoom(short, await treeBytes(src), log);
+        // The folder is sized as the capture walks it, and stops as a capture does.
+        const needed = await treeBytes(src, { signal, deadlineMs: cfg.captureDeadlineMs });
+        await this.makeRoom(short, needed, log);
       } catch (err) {
+        if (err instanceof CaptureStoppedError)
+          return await this.notCaptured(err, mark, election, fresh, log);
         if (!(err instanceof StoreFullError)) throw err;
         this.metrics.captures.inc({ result: "failed" });
         log.error({ err: err.message }, "failed: capture (store full)");
@@ -534,34 +540,8 @@ export class NodeAgent {
           ...(this.o.hooks?.capture ? { hooks: this.o.hooks.capture } : {}),
         });
       } catch (err) {
-        if (err instanceof CaptureStoppedError && err.why === "aborted") {
-          const why = String(signal.reason ?? "cancelled");
-          this.metrics.captures.inc({ result: "cancelled" });
-          log.warn({ why }, "cancelled: the capture stopped; nothing was committed");
-          if (why !== "stopped")
-            await this.fail(
-              mark.hash,
-              election,
-              "LeaderGone",
-              `leader ${mark.key} went away during its capture (${why})`,
-            );
-          await this.dropFinalizerIfEmpty(mark.hash);
-          return signal.reason as ReleaseReason;
-        }
-        if (!(err instanceof AlreadyCapturedError)) {
-          const message = (err as Error).message;
-          this.metrics.captures.inc({ result: "failed" });
-          log.error({ err: message }, "failed: capture");
-          await this.fail(
-            mark.hash,
-            election,
-            "CaptureFailed",
-            `capture on node ${cfg.node} failed: ${message}`,
-            fresh,
-          );
-          await this.dropFinalizerIfEmpty(mark.hash);
-          return "capture-failed";
-        }
+        if (!(err instanceof AlreadyCapturedError))
+          return await this.notCaptured(err, mark, election, fresh, log);
         const theirs = await this.store.committed(mark.hash);
         if (!theirs) throw err;
         manifest = theirs;
@@ -575,7 +555,7 @@ export class NodeAgent {
         this.metrics.captures.inc({ result: "discarded" });
         const why = String(signal.reason);
         log.warn(
-          { why, vanished: manifest.skipped.length },
+          { why, vanished: manifest.skipped.filter((s) => s.reason === "vanished").length },
           "discarded: the pod went away during the capture",
         );
         await this.fail(
@@ -614,6 +594,48 @@ export class NodeAgent {
     );
     await this.promote(mark.hash, { manifest, pod: fresh, election, captureSeconds });
     return "committed";
+  }
+
+  /**
+   * A capture (or the sizing before it) that ended without committing anything: a cancel is
+   * recorded as the leader going (unless the agent stops or the cache is being deleted), anything
+   * else as a failed capture; this node's finalizer goes when nothing of the cache is stored here.
+   */
+  private async notCaptured(
+    err: unknown,
+    mark: Mark,
+    election: string,
+    pod: k8s.V1Pod,
+    log: Logger,
+  ): Promise<ReleaseReason> {
+    const signal = mark.controller.signal;
+    if (err instanceof CaptureStoppedError && err.why === "aborted") {
+      const why = String(signal.reason ?? "cancelled");
+      this.metrics.captures.inc({ result: "cancelled" });
+      log.warn({ why }, "cancelled: the capture stopped; nothing was committed");
+      // An agent stopping, or a cache being deleted, is no election ending.
+      if (why !== "stopped" && why !== "cache-deleted")
+        await this.fail(
+          mark.hash,
+          election,
+          "LeaderGone",
+          `leader ${mark.key} went away during its capture (${why})`,
+        );
+      await this.dropFinalizerIfEmpty(mark.hash);
+      return signal.reason as ReleaseReason;
+    }
+    const message = (err as Error).message;
+    this.metrics.captures.inc({ result: "failed" });
+    log.error({ err: message }, "failed: capture");
+    await this.fail(
+      mark.hash,
+      election,
+      "CaptureFailed",
+      `capture on node ${this.o.cfg.node} failed: ${message}`,
+      pod,
+    );
+    await this.dropFinalizerIfEmpty(mark.hash);
+    return "capture-failed";
   }
 
   /** Promotes one committed tree; one promote per cache at a time on this agent. */
@@ -813,7 +835,7 @@ export class NodeAgent {
 
   /**
    * Failed for this election only (never over Ready, never onto a newer election), plus a Warning
-   * on the leader. A failed capture or promote counts once per election (record.ts).
+   * on the leader. A failed capture or promote counts once per election (CacheRecords.fail).
    */
   private async fail(
     hash: string,
@@ -904,13 +926,14 @@ export class NodeAgent {
     const budget = this.o.cfg.storeBudget;
     if (!budget) return;
     const trees = await this.store.list();
-    const reservedBytes = [...this.reserved.values()].reduce((a, b) => a + b, 0);
-    let used = trees.reduce((n, t) => n + t.manifest.totalBytes, 0) + reservedBytes;
+    let used = heldBytes(trees, this.reserved);
     if (used + needed > budget) {
       const mounted = await this.mountedCaches();
       const candidates: { short: string; bytes: number; lastUsed: number }[] = [];
       for (const t of trees) {
-        if (t.short === short || mounted.has(t.short) || this.promoting.has(t.short)) continue;
+        // A tree a pipeline still holds (committed, about to be promoted) is not unused.
+        if (t.short === short || this.reserved.has(t.short)) continue;
+        if (mounted.has(t.short) || this.promoting.has(t.short)) continue;
         if (t.manifest.hash && this.marks.busyWith(t.manifest.hash)) continue;
         const cache = await this.records.get(t.short);
         const lastUsed =
@@ -1042,13 +1065,13 @@ export class NodeAgent {
     const trees = await this.store.list();
     const annotations = {
       [ANN_STORE_BUDGET]: String(cfg.storeBudget),
-      [ANN_STORE_USED]: String(trees.reduce((n, t) => n + t.manifest.totalBytes, 0)),
+      [ANN_STORE_USED]: String(bytesOf(trees)),
       [ANN_STORE_CACHES]: trees.map((t) => t.short).join(","),
       [ANN_STORE_NODE]: cfg.node,
     };
     const now = new k8s.V1MicroTime(new Date().toISOString());
-    try {
-      await this.coordination.patchNamespacedLease(
+    const patch = (): Promise<k8s.V1Lease> =>
+      this.coordination.patchNamespacedLease(
         {
           name,
           namespace: cfg.systemNamespace,
@@ -1056,6 +1079,8 @@ export class NodeAgent {
         },
         k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
       );
+    try {
+      await patch();
       return;
     } catch (err) {
       if (!isNotFound(err)) throw apiError(`updating Lease ${name}`, err);
@@ -1081,14 +1106,7 @@ export class NodeAgent {
     } catch (err) {
       if (!isAlreadyExists(err)) throw apiError(`creating Lease ${name}`, err);
       try {
-        await this.coordination.patchNamespacedLease(
-          {
-            name,
-            namespace: cfg.systemNamespace,
-            body: { metadata: { annotations }, spec: { renewTime: now } },
-          },
-          k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
-        );
+        await patch();
       } catch (e) {
         if (!isConflict(e)) throw apiError(`updating Lease ${name}`, e);
       }

@@ -64,7 +64,8 @@ export function decidePod(pod: k8s.V1Pod, node: string): PodDecision {
   if (label && label !== shortHash(hash)) {
     return { action: "skip", reason: "no-hash", detail: `label ${label} does not match the stamped hash` };
   }
-  // Only an elected leader is ever captured (SPEC 1.4): the label alone proves nothing.
+  // Only an elected leader is ever captured (its election id is checked against the Lease and the
+  // record later): the capture label alone proves nothing.
   const election = pod.metadata?.annotations?.[ANN_ELECTION_ID];
   if (!election) return { action: "skip", reason: "no-election-id" };
   if (pod.metadata?.deletionTimestamp) return { action: "skip", reason: "terminating" };

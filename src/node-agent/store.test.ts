@@ -1,12 +1,24 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { chownSync } from "node:fs";
-import { chmod, lstat, mkdir, mkdtemp, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chownSync, renameSync, symlinkSync, unlinkSync } from "node:fs";
+import {
+  chmod,
+  link,
+  lstat,
+  mkdir,
+  mkdtemp,
+  readdir,
+  rm,
+  stat,
+  symlink,
+  truncate,
+  writeFile,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { capture } from "../datapath/capture.js";
-import { CacheStore, treeBytes } from "./store.js";
+import { capture, CaptureStoppedError } from "../datapath/capture.js";
+import { bytesOf, CacheStore, heldBytes, treeBytes, type StoredTree } from "./store.js";
 
 const HASH = "ab".repeat(32);
 const OWNER = 4321;
@@ -118,4 +130,75 @@ void test("treeBytes counts file data without following links", async (t) => {
   await symlink("/etc", join(dir, "cache/outside"));
   assert.equal(await treeBytes(dir), 4096 + "kernel".length + "#!/bin/sh\n".length);
   assert.equal(await treeBytes(join(dir, "missing")), 0);
+});
+
+void test("treeBytes never counts what a folder swapped for a symlink leads to, even mid-walk", async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), "ws-bytes-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  // Outside the source: a folder holding a 1 TiB (sparse) file.
+  const outside = join(dir, "outside");
+  await mkdir(outside);
+  await writeFile(join(outside, "huge"), "");
+  await truncate(join(outside, "huge"), 2 ** 40);
+  const src = join(dir, "src");
+  await cacheRoot(src);
+  const own = 4096 + "kernel".length + "#!/bin/sh\n".length;
+  await symlink(outside, join(src, "cache/elsewhere"));
+  assert.equal(await treeBytes(src), own, "a symlink to a folder is not followed");
+
+  // The pod swaps a folder of its cache for a symlink to the outside folder and back, as fast
+  // as it can, while the cache is sized: a walk by path would sooner or later go through it.
+  const swapped = join(src, "cache/swap");
+  await mkdir(swapped);
+  await writeFile(join(swapped, "small"), "x");
+  let stop = false;
+  const swapper = (async (): Promise<void> => {
+    while (!stop) {
+      renameSync(swapped, `${swapped}.real`);
+      symlinkSync(outside, swapped);
+      await new Promise<void>((r) => setImmediate(r));
+      unlinkSync(swapped);
+      renameSync(`${swapped}.real`, swapped);
+      await new Promise<void>((r) => setImmediate(r));
+    }
+  })();
+  try {
+    for (let i = 0; i < 200; i++) {
+      const n = await treeBytes(src);
+      assert.ok(n <= own + 1, `round ${i}: counted ${n} bytes, more than the source holds`);
+    }
+  } finally {
+    stop = true;
+    await swapper;
+  }
+});
+
+void test("treeBytes counts a hard-linked file once, and stops when asked to", async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), "ws-bytes-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  await cacheRoot(dir);
+  await link(join(dir, "model/hub/blobs/w"), join(dir, "cache/w2"));
+  assert.equal(await treeBytes(dir), 4096 + "kernel".length + "#!/bin/sh\n".length);
+  const ac = new AbortController();
+  ac.abort("pod-deleted");
+  await assert.rejects(
+    treeBytes(dir, { signal: ac.signal }),
+    (err: unknown) => err instanceof CaptureStoppedError && err.why === "aborted",
+  );
+});
+
+void test("bytes held against the budget count a committed tree once, however long its capture holds its reservation", () => {
+  const tree = (short: string, totalBytes: number): StoredTree => ({
+    short,
+    manifest: { totalBytes } as StoredTree["manifest"],
+  });
+  const trees = [tree("a".repeat(16), 100), tree("b".repeat(16), 50)];
+  assert.equal(bytesOf(trees), 150);
+  assert.equal(heldBytes(trees, new Map()), 150);
+  // "a" is committed but its pipeline still holds its reservation (promoting); "c" is copying.
+  const reserved = new Map([
+    ["a".repeat(16), 100],
+    ["c".repeat(16), 30],
+  ]);
+  assert.equal(heldBytes(trees, reserved), 180);
 });

@@ -8,14 +8,39 @@
  * agent, which owns the store, makes it writable again to remove it.
  */
 import { randomBytes } from "node:crypto";
-import type { Stats } from "node:fs";
+import { closeSync, type Stats } from "node:fs";
 import { chmod, lstat, mkdir, readdir, rename, rm } from "node:fs/promises";
 import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import { openDirNoFollow, requireProcFd, skipReasonOf } from "../datapath/beneath.js";
+import { CaptureStoppedError } from "../datapath/capture.js";
 import { readManifest, type Manifest } from "../datapath/manifest.js";
 import { isReady } from "../datapath/ready.js";
+import { scanTree } from "../datapath/tree.js";
 import { shortHash } from "../core/contract.js";
 
 const WRITE_BITS = 0o222;
+
+export interface StoredTree {
+  short: string;
+  manifest: Manifest;
+}
+
+/** Bytes of file data these committed trees hold. */
+export const bytesOf = (trees: readonly StoredTree[]): number =>
+  trees.reduce((n, t) => n + t.manifest.totalBytes, 0);
+
+/**
+ * Bytes held against the store budget: the committed trees, plus what captures reserved before
+ * they commit. A capture keeps its reservation until its pipeline ends, after its tree is
+ * committed and listed, so a reservation counts only while its tree is not among `trees`.
+ */
+export function heldBytes(trees: readonly StoredTree[], reserved: ReadonlyMap<string, number>): number {
+  const listed = new Set(trees.map((t) => t.short));
+  let held = bytesOf(trees);
+  for (const [short, bytes] of reserved) if (!listed.has(short)) held += bytes;
+  return held;
+}
 
 export class CacheStore {
   constructor(readonly dir: string) {}
@@ -40,14 +65,14 @@ export class CacheStore {
   }
 
   /** Every committed tree (name = short hash). */
-  async list(): Promise<{ short: string; manifest: Manifest }[]> {
+  async list(): Promise<StoredTree[]> {
     let names: string[];
     try {
       names = await readdir(this.dir);
     } catch {
       return [];
     }
-    const out: { short: string; manifest: Manifest }[] = [];
+    const out: StoredTree[] = [];
     for (const name of names.filter((n) => /^[0-9a-f]{16}$/.test(n)).sort()) {
       const dir = join(this.dir, name);
       if (!(await isReady(dir).catch(() => false))) continue;
@@ -59,7 +84,7 @@ export class CacheStore {
 
   /** Bytes of file data the committed trees hold (what the budget is measured against). */
   async usedBytes(): Promise<number> {
-    return (await this.list()).reduce((n, t) => n + t.manifest.totalBytes, 0);
+    return bytesOf(await this.list());
   }
 
   /** Takes the write bits off every directory and file of the committed tree (links have none). */
@@ -120,14 +145,58 @@ async function walk(root: string, visit: (path: Buffer, st: Stats) => Promise<bo
   }
 }
 
-/** Bytes of regular-file data under `root`, links not followed (what a capture of it will need). */
-export async function treeBytes(root: string): Promise<number> {
-  let total = 0;
-  await walk(root, (_path, st) => {
-    if (st.isFile()) total += st.size;
-    return Promise.resolve(st.isDirectory());
-  });
-  return total;
+export interface SizeOptions {
+  /** Aborting it stops the sizing (the leader went away, the agent stops). */
+  signal?: AbortSignal;
+  /** Milliseconds the sizing may take (0 or absent: no limit). */
+  deadlineMs?: number;
+}
+
+/**
+ * Bytes of regular-file data under `root` (what a capture of it will need; hard links count
+ * once). `root` is a live folder its pod keeps changing, so it is walked as a capture walks it
+ * (tree.ts): every directory opened below the root's descriptor with no symlink at any
+ * component, so a folder swapped for a symlink to elsewhere is never counted. A missing root
+ * holds nothing. Stops with CaptureStoppedError when `signal` aborts or the deadline passes.
+ */
+export async function treeBytes(root: string, o: SizeOptions = {}): Promise<number> {
+  requireProcFd("sizing a cache");
+  const until = o.deadlineMs ? performance.now() + o.deadlineMs : Infinity;
+  const checkpoint = (): void => {
+    if (o.signal?.aborted)
+      throw new CaptureStoppedError("aborted", `sizing ${root} was cancelled; nothing was captured`);
+    if (performance.now() > until)
+      throw new CaptureStoppedError(
+        "deadline",
+        `sizing ${root} passed the capture's deadline (${Math.round((o.deadlineMs ?? 0) / 1000)} s); nothing was captured`,
+      );
+  };
+  checkpoint();
+  let fd: number;
+  try {
+    fd = openDirNoFollow(root);
+  } catch (err) {
+    if (skipReasonOf(err)) return 0;
+    throw err;
+  }
+  try {
+    const { entries } = await scanTree(fd, { checkpoint });
+    checkpoint();
+    const inodes = new Set<string>();
+    let total = 0;
+    for (const e of entries) {
+      if (e.kind !== "file") continue;
+      if (e.stat.nlink > 1n) {
+        const key = `${e.stat.dev}:${e.stat.ino}`;
+        if (inodes.has(key)) continue;
+        inodes.add(key);
+      }
+      total += Number(e.stat.size);
+    }
+    return total;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** Where the kubelet keeps a pod's emptyDir volume. */

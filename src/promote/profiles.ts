@@ -1,5 +1,5 @@
 /**
- * Storage profiles (SPEC 1.5): how a cache store's storage is promoted to read-only claims, and
+ * Storage profiles (docs/adr/0006-capture-and-promote.md): how a cache store's storage is promoted to read-only claims, and
  * how restores from it prewarm. Keyed by provisioner (the cache store's StorageClass provisioner,
  * or HOST_PATH_PROVISIONER for a node-local store), with per-volume-type overrides. Built-in
  * profiles cover common drivers; ConfigMap `warmstart-storage-profiles` in the system namespace

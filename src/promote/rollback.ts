@@ -1,8 +1,8 @@
 /**
- * Rolling a cache back (SPEC 1.7): everything its promotes created in cluster scope and in every
- * namespace (claims `rox-<short>`, their PVs, per-namespace VolumeSnapshots and
- * VolumeSnapshotContents, the store snapshot) is found by its `warmstart.dev/hash` label and
- * deleted. Each delete is retried with bounded backoff; what still exists afterwards is reported
+ * Rolling a cache back (docs/adr/0005-release-controller.md): everything its promotes created
+ * in cluster scope and in every namespace (claims `rox-<short>`, their PVs, per-namespace
+ * VolumeSnapshots and VolumeSnapshotContents, the store snapshot) is found by its
+ * `warmstart.dev/hash` label and deleted. Each delete is retried with bounded backoff; what still exists afterwards is reported
  * with why (a claim a running pod still mounts stays until that pod goes), never hidden.
  *
  * The stored trees are the node agents' part: each agent that wrote one put its own finalizer on
@@ -10,6 +10,7 @@
  * record itself goes when the last finalizer does.
  */
 import * as k8s from "@kubernetes/client-node";
+import { CacheRecords } from "../common/cache-record.js";
 import { apiError, isConflict, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import { getModelCache, storeFinalizer, type ModelCacheObject } from "../common/modelcache.js";
@@ -150,7 +151,7 @@ async function holdReason(c: PromoteClients, f: Found): Promise<string> {
  * reports what is still there and why. Idempotent: anyone may run it again (the release
  * controller for `kubectl delete modelcache`, the operator's `warmstart cache delete`).
  */
-export async function removeCacheObjects(
+async function removeCacheObjects(
   c: PromoteClients,
   short: string,
   o: CleanupOptions = {},
@@ -312,39 +313,20 @@ export async function deleteCachePass(
   return { items: report.items, left, gone: !cache, nodesPending };
 }
 
-/** Failed, reason Deleting: admission stops restoring from the cache before its objects go. */
+/**
+ * Failed, reason Deleting: admission stops restoring from the cache before its objects go. A
+ * record that keeps changing fails the pass (the delete waits for the next one) rather than
+ * being deleted while it may still be restored from.
+ */
 async function markDeleting(c: PromoteClients, name: string): Promise<void> {
-  for (let attempt = 0; attempt < 8; attempt++) {
-    const cache = await getModelCache(c.custom, name);
-    if (!cache || cache.status?.reason === "Deleting") return;
-    try {
-      await c.custom.patchClusterCustomObjectStatus(
-        {
-          ...ref,
-          name,
-          body: {
-            metadata: { resourceVersion: cache.metadata.resourceVersion },
-            status: {
-              phase: "Failed",
-              reason: "Deleting",
-              message: "the cache is being deleted",
-              lastTransitionTime: new Date().toISOString(),
-            },
-          },
-        },
-        merge,
-      );
-      return;
-    } catch (err) {
-      if (isConflict(err)) continue;
-      if (isNotFound(err)) return;
-      throw apiError(`marking ModelCache ${name} Deleting`, err);
-    }
-  }
+  await new CacheRecords(c.custom).transition(name, (cache) =>
+    cache.status?.reason === "Deleting"
+      ? undefined
+      : { phase: "Failed", reason: "Deleting", message: "the cache is being deleted" },
+  );
 }
 
 /** One line per thing left, for operators. */
 export function describeLeft(left: CleanupItem[]): string[] {
   return left.map((i) => `${describe(i)}: ${i.why ?? "still there"}`);
 }
-

@@ -20,7 +20,7 @@ export interface CacheRecord {
 export interface RestoreSettings {
   prewarm: boolean;
   prewarmParallelism: number;
-  /** The tree's folder inside the volume the restore mounts ("" when the volume is the tree). */
+  /** The tree's folder inside the volume the restore mounts ("." when the volume is the tree). */
   treePath: string;
 }
 
