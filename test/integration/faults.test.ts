@@ -38,14 +38,42 @@ const gated = (p: k8s.V1Pod): boolean =>
   (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
 
 async function allReady(ns: string, n: number, timeoutMs = READY_MS): Promise<k8s.V1Pod[]> {
-  return waitFor(
-    `${n} Ready engine pods in ${ns}`,
-    async () => {
-      const pods = (await listPods(ns, "app=engine")).filter((p) => !p.metadata?.deletionTimestamp);
-      return pods.length === n && pods.every(isPodReady) ? pods : undefined;
-    },
-    timeoutMs,
-  );
+  let seen: k8s.V1Pod[] = [];
+  try {
+    return await waitFor(
+      `${n} Ready engine pods in ${ns}`,
+      async () => {
+        seen = await listPods(ns, "app=engine");
+        const pods = seen.filter((p) => !p.metadata?.deletionTimestamp);
+        return pods.length === n && pods.every(isPodReady) ? pods : undefined;
+      },
+      timeoutMs,
+    );
+  } catch (err) {
+    // What each pod was doing, and its cache's record: what a failure in CI leaves to go on.
+    const { custom } = await kube();
+    const lines = seen.map(
+      (p) =>
+        `${p.metadata?.name}: role ${role(p) ?? "-"}, ${gated(p) ? "gated, " : ""}${p.status?.phase}` +
+        `${isPodReady(p) ? " Ready" : ""}${p.metadata?.deletionTimestamp ? " deleting" : ""}, node ${p.spec?.nodeName ?? "-"}, ` +
+        `reason ${p.metadata?.annotations?.["warmstart.dev/reason"] ?? "-"}; ` +
+        (p.status?.conditions ?? [])
+          .map((c) => `${c.type}=${c.status}${c.reason ? `(${c.reason})` : ""}`)
+          .join(" ") +
+        "; " +
+        [...(p.status?.initContainerStatuses ?? []), ...(p.status?.containerStatuses ?? [])]
+          .map(
+            (c) =>
+              `${c.name}:${Object.keys(c.state ?? {})[0] ?? "?"}${c.state?.waiting?.reason ? `/${c.state.waiting.reason}` : ""}`,
+          )
+          .join(" "),
+    );
+    for (const short of new Set(seen.map((p) => p.metadata?.labels?.[LABEL_HASH]).filter(Boolean))) {
+      const c = await getModelCache(custom, short!).catch(() => undefined);
+      lines.push(`cache ${short}: ${JSON.stringify(c?.status ?? null)}`);
+    }
+    throw new Error(`${(err as Error).message}\n${lines.join("\n")}`);
+  }
 }
 
 async function leaderOf(ns: string): Promise<k8s.V1Pod> {
