@@ -1,55 +1,23 @@
 /**
- * The agent's store budget against an API server that knows nothing (no pods, no records): what
- * making room counts as held, and what it may remove.
+ * The node agent's store budget, on the real API server: what making room counts as held, and
+ * what it may remove. The hashes are this file's own, so no pod mounts them and no record exists.
  */
 import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
-import * as k8s from "@kubernetes/client-node";
-import { createLogger, type Logger } from "../common/log.js";
-import { shortHash } from "../core/contract.js";
-import { capture } from "../datapath/capture.js";
-import { NodeAgent } from "./agent.js";
-import { NodeAgentConfig } from "./config.js";
+import { createLogger, type Logger } from "../../src/common/log.js";
+import { shortHash } from "../../src/core/contract.js";
+import { capture } from "../../src/datapath/capture.js";
+import { NodeAgent } from "../../src/node-agent/agent.js";
+import { NodeAgentConfig } from "../../src/node-agent/config.js";
+import { kube } from "../harness.js";
 
-const X = "a1".repeat(32);
-const Y = "b2".repeat(32);
+const X = randomBytes(32).toString("hex");
+const Y = randomBytes(32).toString("hex");
 const BYTES = 4096;
-
-/** An API server with no pods, and nothing else (404 for everything but the pod list). */
-async function emptyCluster(t: TestContext): Promise<k8s.KubeConfig> {
-  const server: Server = createServer((req, res) => {
-    res.setHeader("Content-Type", "application/json");
-    if (req.method === "GET" && req.url?.startsWith("/api/v1/pods")) {
-      res.end(JSON.stringify({ apiVersion: "v1", kind: "PodList", metadata: {}, items: [] }));
-      return;
-    }
-    res.statusCode = 404;
-    res.end(
-      JSON.stringify({ apiVersion: "v1", kind: "Status", status: "Failure", reason: "NotFound", code: 404 }),
-    );
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  t.after(() => new Promise<void>((resolve) => server.close(() => resolve())));
-  const kc = new k8s.KubeConfig();
-  kc.loadFromOptions({
-    clusters: [
-      {
-        name: "c",
-        server: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-        skipTLSVerify: true,
-      },
-    ],
-    users: [{ name: "u" }],
-    contexts: [{ name: "x", cluster: "c", user: "u" }],
-    currentContext: "x",
-  });
-  return kc;
-}
 
 /** The private parts of the agent these tests drive. */
 interface Room {
@@ -75,7 +43,7 @@ async function agentWithCommittedTree(
     store: join(dir, "store"),
     storeBudget: budget,
   });
-  const agent = new NodeAgent({ cfg, kc: await emptyCluster(t), log });
+  const agent = new NodeAgent({ cfg, kc: (await kube()).kc, log });
   await agent.store.init();
   await capture({ src, dest: agent.store.treeDir(X), hash: X, progress: false, durable: false });
   const room = agent as unknown as Room;
