@@ -40,9 +40,53 @@ export function makeApiClient<T>(kc: k8s.KubeConfig, api: new (config: k8s.Confi
   const config = k8s.createConfiguration({
     baseServer: new k8s.ServerConfiguration(cluster.server, {}),
     authMethods: { default: auth },
+    httpApi: new RetryingHttpLibrary(),
   });
   return new api(config);
 }
+
+/**
+ * Transient answers are retried in place, a few times with a short backoff: a 429 for any method
+ * (the request was not processed; its Retry-After is honoured up to a cap), and for reads also a
+ * 5xx or a dropped connection. Writes that may have been applied are left to their callers, whose
+ * conditioned writes and requeues handle them. Without this, a controller's step of a dozen calls
+ * fails as a whole whenever one read meets an API server shedding load.
+ */
+export class RetryingHttpLibrary implements k8s.HttpLibrary {
+  constructor(
+    private readonly attempts = 4,
+    private readonly inner: k8s.HttpLibrary = new k8s.IsomorphicFetchHttpLibrary(),
+  ) {}
+
+  send(request: k8s.RequestContext): k8s.Observable<k8s.ResponseContext> {
+    return new k8s.Observable(this.sendWithRetries(request));
+  }
+
+  private async sendWithRetries(request: k8s.RequestContext): Promise<k8s.ResponseContext> {
+    const read =
+      request.getHttpMethod() === k8s.HttpMethod.GET && !/[?&]watch=(true|1)\b/.test(request.getUrl());
+    for (let attempt = 1; ; attempt++) {
+      const last = attempt >= this.attempts || request.getSignal()?.aborted === true;
+      let res: k8s.ResponseContext;
+      try {
+        res = await this.inner.send(request).toPromise();
+      } catch (err) {
+        if (!read || last) throw err;
+        await sleep(backoffMs(attempt));
+        continue;
+      }
+      const transient = res.httpStatusCode === 429 || (read && res.httpStatusCode >= 500);
+      if (!transient || last) return res;
+      const retryAfter = Number(res.headers["retry-after"]);
+      await sleep(retryAfter > 0 ? Math.min(retryAfter * 1000, 2_000) : backoffMs(attempt));
+    }
+  }
+}
+
+/** 100, 200, 400 ms ... with jitter, so that clients shed together do not return together. */
+const backoffMs = (attempt: number): number =>
+  Math.min(100 * 2 ** (attempt - 1), 1_000) * (0.5 + Math.random());
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** The reason and status code of a failed API call, whatever shape the error has. */
 export function apiErrorInfo(err: unknown): { code?: number; reason?: string; message: string } {
