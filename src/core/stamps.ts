@@ -1,11 +1,12 @@
 /**
- * Ownership of the stamps (SPEC 1.3): only Warmstart writes `warmstart.dev/*` on pods. On every pod
+ * Ownership of the stamps: only Warmstart writes `warmstart.dev/*` on pods. On every pod
  * CREATE the webhook sees, whatever it decides, whatever its author wrote in that domain is removed,
  * except the user annotations (`restore-from`, `skip`, `cache-size-limit`). A forged
  * `capture=true`, hash, election id, role or tree must never reach the node agent or a restore.
  */
 import type { V1Pod, V1PodSchedulingGate, V1PodSpec } from "@kubernetes/client-node";
 import { GROUP, SCHEDULING_GATE, USER_ANNOTATIONS } from "./contract.js";
+import { isRecord } from "./guards.js";
 
 const PREFIX = `${GROUP}/`;
 const USER = new Set(USER_ANNOTATIONS);
@@ -56,8 +57,4 @@ export function stripStamps(pod: V1Pod): Stripped {
     removed.push(`schedulingGate:${SCHEDULING_GATE}`);
   }
   return { pod: removed.length ? out : pod, removed };
-}
-
-function isRecord(v: unknown): v is Record<string, unknown> {
-  return typeof v === "object" && v !== null && !Array.isArray(v);
 }

@@ -7,6 +7,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { CacheRecords } from "../common/cache-record.js";
 import { createLogger } from "../common/log.js";
 import { shortHash } from "../core/contract.js";
+import { HASH_REF, normalizeHashRef } from "../core/refs.js";
 import { promoteClients } from "../promote/claims.js";
 import { deleteCachePass, describeLeft, type DeleteReport } from "../promote/rollback.js";
 import { durationMs } from "../node-agent/config.js";
@@ -195,8 +196,8 @@ export function registerServerCommands(program: Command): void {
 
 /** A full hash or its short form (the record's name): the first 16 hex characters. */
 function parseHash(hash: string): string {
-  const h = hash.trim().toLowerCase();
-  if (!/^[0-9a-f]{16}([0-9a-f]{48})?$/.test(h))
+  const h = normalizeHashRef(hash);
+  if (!HASH_REF.test(h))
     throw new Error(`not a cache hash: "${hash}" (64 hex characters, or the first 16 of them)`);
   return shortHash(h);
 }

@@ -494,3 +494,69 @@ test("the cache-env template in force decorates leaders and followers; a restore
     envOf(restored.pod).join(),
   );
 });
+
+test("a record being deleted is never restored from: the pod is elected, and restore-from starts cold", async () => {
+  // `kubectl delete modelcache`: the record keeps phase Ready while its finalizers roll it back.
+  const hash = "0123456789abcdef".repeat(4);
+  const deleting: ModelCacheObject = {
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: {
+      name: hash.slice(0, 16),
+      deletionTimestamp: new Date(),
+      finalizers: ["warmstart.dev/cleanup"],
+    },
+    spec: { hash },
+    status: { phase: "Ready", failedCaptures: 9 },
+  };
+  const claims: string[] = [];
+  const cluster: Partial<ClusterView> = {
+    getModelCache: () => Promise.resolve(deleting),
+    ensureClaim: (_c, ns) => (claims.push(ns), Promise.resolve()),
+  };
+  const elected = await decide(review(gpuPod()), deps(cluster));
+  assert.equal(elected.role, "leader", "elected as if there were no record, its failures no longer counted");
+  assert.equal(elected.reason, `won the election (cache ${elected.hash!.slice(0, 16)} is being deleted)`);
+  const from = gpuPod();
+  from.metadata!.annotations = { "warmstart.dev/restore-from": ` ${hash.slice(0, 16).toUpperCase()} ` };
+  const requested = await decide(review(from), deps(cluster));
+  assert.deepEqual(
+    [requested.role, requested.reason],
+    ["cold", `restore-from ${hash.slice(0, 16)}: the cache is being deleted`],
+  );
+  assert.deepEqual(claims, [], "no claim is made again while the rollback removes them");
+});
+
+test("a follower gets its leader's recorded cache env; without a record of this election, the one in force", async () => {
+  const mine = [{ name: "HF_HOME", value: "{root}/model/hub" }];
+  const envOf = (p: V1Pod | undefined): string[] =>
+    (p?.spec?.containers[0]?.env ?? []).map((e) => `${e.name}=${e.value ?? "(ref)"}`);
+  const record = (phase: string): ModelCacheObject => ({
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: {
+      name: "0123456789abcdef",
+      annotations: { [ANN_CACHE_ENV]: JSON.stringify([{ name: "HF_HOME", value: "{root}/model/leader" }]) },
+    },
+    spec: { hash: "0123456789abcdef".repeat(4) },
+    status: { phase },
+  });
+  const follower = async (cache: ModelCacheObject | undefined): Promise<string[]> =>
+    envOf(
+      (
+        await decide(
+          review(gpuPod()),
+          deps({
+            cacheEnvTemplate: () => Promise.resolve(mine),
+            getModelCache: () => Promise.resolve(cache),
+            tryAcquire: () => Promise.resolve({ role: "follower" }),
+          }),
+        )
+      ).pod,
+    );
+  for (const phase of ["Electing", "Capturing", "Promoting"])
+    assert.ok((await follower(record(phase))).includes("HF_HOME=/warmstart/cache-root/model/leader"), phase);
+  // A Failed record speaks for the previous election; the new leader resets it with the template in force.
+  assert.ok((await follower(record("Failed"))).includes("HF_HOME=/warmstart/cache-root/model/hub"));
+  assert.ok((await follower(undefined)).includes("HF_HOME=/warmstart/cache-root/model/hub"));
+});

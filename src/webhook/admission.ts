@@ -13,7 +13,6 @@ import {
 import {
   ANN_CACHE_ENV,
   ANN_CACHE_SIZE_LIMIT,
-  ANN_RESTORE_FROM,
   LABEL_ADMISSION_ID,
   SKIP,
   claimName,
@@ -25,6 +24,8 @@ import { stripStamps } from "../core/stamps.js";
 import { scopeKey } from "../core/scope.js";
 import { captureSizeLimit } from "../core/size.js";
 import { templateFromJson } from "../core/cacheenv.js";
+import { isRecord } from "../core/guards.js";
+import { HASH_REF, restoreFromOf } from "../core/refs.js";
 import type { Logger } from "../common/log.js";
 import type { AdmissionResponse, AdmissionReview } from "./server.js";
 import type { WebhookConfig } from "./config.js";
@@ -81,10 +82,6 @@ export interface Decision {
 }
 
 const mintId = (): string => randomBytes(8).toString("hex");
-const HASH_REF = /^[0-9a-f]{16}(?:[0-9a-f]{48})?$/;
-
-const isRecord = (v: unknown): v is Record<string, unknown> =>
-  typeof v === "object" && v !== null && !Array.isArray(v);
 
 const isPodCreate = (req: AdmissionReview["request"]): boolean =>
   req.operation === "CREATE" && req.resource?.resource === "pods" && !req.subResource;
@@ -97,9 +94,9 @@ function withAdmissionId(pod: V1Pod, admissionId: string): V1Pod {
 }
 
 /**
- * SPEC 1.3, in order: remove the author's stamps (always), leave alone, stamp, restore-from,
- * restore, elect, cold. Returns the pod to admit. Throws only on cluster errors, which the caller
- * turns into a fail-open admit (that still removes the stamps).
+ * In order: remove the author's stamps (always), leave alone, stamp, restore-from, restore, elect,
+ * cold. Returns the pod to admit. Throws on cluster errors and on a pod the decoration cannot take;
+ * the caller turns either into a fail-open admit (that still removes the stamps).
  */
 export async function decide(
   review: AdmissionReview,
@@ -176,7 +173,7 @@ export async function decide(
     };
   };
 
-  const restoreFrom = pod.metadata?.annotations?.[ANN_RESTORE_FROM]?.trim().toLowerCase();
+  const restoreFrom = restoreFromOf(pod.metadata?.annotations);
   if (restoreFrom) {
     if (!HASH_REF.test(restoreFrom)) return cold(`restore-from is not a cache hash (16 or 64 hex digits)`);
     const cache = await deps.cluster.getModelCache(restoreFrom);
@@ -189,18 +186,27 @@ export async function decide(
       return cold(
         `restore-from ${shortHash(restoreFrom)}: no cache of that hash in this pod's sharing scope`,
       );
+    if (isDeleting(cache)) return cold(`restore-from ${shortHash(restoreFrom)}: the cache is being deleted`);
     if (cache.status?.phase !== "Ready")
       return cold(`restore-from ${shortHash(restoreFrom)} has no Ready cache`);
     return restore(cache, `restore from ${shortHash(restoreFrom)} (requested)`);
   }
 
-  const cache = await deps.cluster.getModelCache(hash);
+  // A record being deleted is as good as gone (`kubectl delete modelcache` leaves it Ready while
+  // its finalizers roll the cache back): nothing restores from it, its failures no longer count,
+  // and the pod is elected as if there were none. The node agent holds such a leader until the
+  // record is gone, then records the new election.
+  const found = await deps.cluster.getModelCache(hash);
+  const deleting = isDeleting(found);
+  const cache = deleting ? undefined : found;
+  const whileDeleting = (why: string): string =>
+    deleting ? `${why} (cache ${shortHash(hash)} is being deleted)` : why;
   if (cache?.status?.phase === "Ready") return restore(cache, "cache Ready");
   if (cache?.status?.phase === "Failed" && cache.status.reason === "Unsupported") {
     return cold(`cache backend unsupported: ${cache.status.message ?? ""}`.trim());
   }
-  // Only captures that failed count (SPEC 1.7): a leader deleted or an election past its
-  // deadline is re-elected, and `warmstart cache retry` clears the count.
+  // Only captures that failed count: a leader deleted or an election past its deadline is
+  // re-elected, and `warmstart cache retry` clears the count.
   const failed = Number(cache?.status?.failedCaptures ?? 0);
   if (Number.isFinite(failed) && failed >= deps.cfg.maxFailedCaptures) {
     return cold(
@@ -209,9 +215,9 @@ export async function decide(
     );
   }
 
-  if (!deps.cfg.electionEnabled) return cold("election disabled");
+  if (!deps.cfg.electionEnabled) return cold(whileDeleting("election disabled"));
   // A dry run must not leave a Lease behind (the webhook declares no side effects on dry runs).
-  if (req.dryRun) return cold("dry run: no election");
+  if (req.dryRun) return cold(whileDeleting("dry run: no election"));
 
   // Read before the election: an error here must not cost a Lease.
   const template = await deps.cluster.cacheEnvTemplate();
@@ -225,7 +231,7 @@ export async function decide(
       if (expired?.()) throw new Error("admission deadline passed after the election");
       const ready = await deps.cluster.recordElection({
         hash,
-        // Never a credential in a record (SPEC 1.9): the inputs' model is already redacted.
+        // Never a credential in a record: the inputs' model is already redacted.
         model: inputs.model ?? undefined,
         inputs,
         electionId,
@@ -243,7 +249,8 @@ export async function decide(
         defaultLimit: deps.cfg.cacheSizeLimit,
         maxLimit: deps.cfg.maxCacheSizeLimit,
       });
-      const reason = size.note ? `won the election; ${size.note}` : "won the election";
+      const won = whileDeleting("won the election");
+      const reason = size.note ? `${won}; ${size.note}` : won;
       return {
         role: "leader",
         reason,
@@ -268,6 +275,12 @@ export async function decide(
     }
   }
   const profile = await deps.cluster.followerProfile();
+  // The leader's template, when its record already says it (a Failed record is the previous
+  // election's, about to be reset by the new leader): the follower restores the tree it writes.
+  const recorded =
+    cache && cache.status?.phase !== "Failed"
+      ? templateFromJson(cache.metadata?.annotations?.[ANN_CACHE_ENV])
+      : undefined;
   return {
     role: "follower",
     reason: "another pod is downloading",
@@ -278,12 +291,16 @@ export async function decide(
       reason: "another pod is downloading",
       image: deps.cfg.image,
       cacheRoot: deps.cfg.cacheRoot,
-      cacheEnvTemplate: template,
+      cacheEnvTemplate: recorded ?? template,
       prewarm: profile.prewarm,
       prewarmParallelism: profile.prewarmParallelism,
     }),
   };
 }
+
+/** A record with a deletion timestamp: its finalizers are rolling the cache back. */
+const isDeleting = (cache: ModelCacheObject | undefined): boolean =>
+  Boolean(cache?.metadata?.deletionTimestamp);
 
 const podName = (pod: V1Pod | undefined): string => {
   const m = isRecord(pod?.metadata) ? pod.metadata : undefined;

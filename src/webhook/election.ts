@@ -90,7 +90,9 @@ export interface RecordElectionHooks {
  * meanwhile is never reset: it is returned, and the caller restores from it instead (a pod admitted
  * just after Ready, once the Lease was gone, must not start a second capture). The reset is written
  * only over the record as read (resourceVersion precondition): a Ready that lands between the read
- * and the write makes the write fail, and the record is read again.
+ * and the write makes the write fail, and the record is read again. A record being deleted is
+ * neither restored from nor reset: its finalizers are removing the cache, and the leader's node
+ * agent records the election once the record is gone.
  */
 export async function recordElection(
   custom: k8s.CustomObjectsApi,
@@ -109,9 +111,9 @@ export async function recordElection(
   const name = shortHash(opts.hash);
   const spec = {
     hash: opts.hash,
-    // Never a credential in a record (SPEC 1.9), whoever the caller is.
+    // Never a credential in a record (it is readable cluster-wide), whoever the caller is.
     ...(opts.model !== undefined ? { model: redactUrlCredentials(opts.model) } : {}),
-    // Never verbatim: a record is readable cluster-wide (SPEC 1.4).
+    // Never verbatim: a record is readable cluster-wide.
     inputs: opts.inputs && sealInputs(opts.inputs),
     electionId: opts.electionId,
     leader: { namespace: opts.namespace, ...(opts.name ? { name: opts.name } : {}) },
@@ -157,6 +159,7 @@ export async function recordElection(
   for (let attempt = 0; attempt < RESET_ATTEMPTS; attempt++) {
     const existing = await getModelCache(custom, name);
     if (!existing) throw new Error(`ModelCache ${name} vanished while a new election was recorded`);
+    if (existing.metadata.deletionTimestamp) return undefined;
     if (existing.status?.phase === "Ready") return existing;
     await hooks.afterRead?.(existing);
     try {

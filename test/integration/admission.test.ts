@@ -874,6 +874,91 @@ test("resetting a failed record for a new election never overwrites a Ready writ
   assert.equal(reset.status?.failedCaptures, 1, "the count of failed captures is kept");
 });
 
+test("a ModelCache being deleted is never restored from: its hash is elected, restore-from starts cold, no claim is made", async (t) => {
+  const ns = await tempNamespace(t, "deleting");
+  const { core, custom } = await kube();
+  const podSpec = (model: string, annotations?: Record<string, string>): k8s.V1Pod => ({
+    metadata: { generateName: "w-", annotations },
+    spec: { containers: [gpuContainer("vllm", ["--model", model])] },
+  });
+  const model = `org/deleting-${ns}`;
+  const { hash } = cacheHash(podSpec(model), classifyPod(podSpec(model)));
+  const short = shortHash(hash);
+  await cleanupHash(t, short);
+  const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
+  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  // A finalizer of the test's own keeps the record while it is being deleted, as a node's store would.
+  const hold = "warmstart.dev/test-hold";
+  await custom.createClusterCustomObject({
+    ...ref,
+    body: {
+      apiVersion: "warmstart.dev/v1alpha1",
+      kind: "ModelCache",
+      metadata: {
+        name: short,
+        finalizers: [hold],
+        annotations: {
+          [ANN_CACHE_SOURCE]: JSON.stringify({
+            backend: "host-path",
+            provisioner: HOST_PATH_PROVISIONER,
+            sizeBytes: 1024,
+            node: "gpu-0",
+            path: `/var/lib/warmstart/store/${short}`,
+            hostPathType: "hostPath",
+          }),
+        },
+      },
+      spec: { hash, model },
+    },
+  });
+  t.after(() =>
+    custom
+      .patchClusterCustomObject({ ...ref, name: short, body: { metadata: { finalizers: null } } }, merge)
+      .then(
+        () => undefined,
+        (err: unknown) => {
+          if (!isNotFound(err)) throw err;
+        },
+      ),
+  );
+  await custom.patchClusterCustomObjectStatus(
+    { ...ref, name: short, body: { status: { phase: "Ready", backend: "host-path" } } },
+    merge,
+  );
+  // `kubectl delete modelcache`: the record stays, phase Ready, until its finalizers are done.
+  await custom.deleteClusterCustomObject({ ...ref, name: short });
+  const deleting = (await getModelCache(custom, short)) as ModelCacheObject;
+  assert.ok(deleting.metadata.deletionTimestamp);
+  assert.equal(deleting.status?.phase, "Ready");
+
+  const noClaim = async (): Promise<void> =>
+    assert.rejects(
+      core.readNamespacedPersistentVolumeClaim({ name: claimName(hash), namespace: ns }),
+      (err: unknown) => isNotFound(err),
+      "no claim made for a cache being deleted",
+    );
+  const pod = await core.createNamespacedPod({ namespace: ns, body: podSpec(model) });
+  assert.equal(role(pod), "leader", "elected as if there were no record");
+  assert.match(
+    pod.metadata!.annotations![ANN_REASON]!,
+    /won the election \(cache [0-9a-f]{16} is being deleted\)/,
+  );
+  await noClaim();
+  const record = (await getModelCache(custom, short)) as ModelCacheObject;
+  assert.equal(record.spec.electionId, undefined, "nothing written to a record being deleted");
+
+  const from = await core.createNamespacedPod({
+    namespace: ns,
+    body: podSpec(`org/other-${ns}`, { [ANN_RESTORE_FROM]: short }),
+  });
+  await cleanupHash(t, shortHash(from.metadata!.annotations![ANN_HASH]!));
+  assert.equal(role(from), "cold");
+  assert.equal(from.metadata!.annotations![ANN_REASON], `restore-from ${short}: the cache is being deleted`);
+  await noClaim();
+  // The leader goes before the record does: its node agent would otherwise record a new election.
+  await core.deleteNamespacedPod({ name: pod.metadata!.name!, namespace: ns, gracePeriodSeconds: 0 });
+});
+
 test("the cache-env ConfigMap decorates new leaders; a bad one is refused and the built-in template kept", async (t) => {
   const ns = await tempNamespace(t, "cacheenv");
   const { core, custom } = await kube();

@@ -1,0 +1,22 @@
+/**
+ * How users name a cache: its full hash (64 hex digits) or the first 16 of them (its record's
+ * name), in the `warmstart.dev/restore-from` annotation or on the command line.
+ */
+import { ANN_RESTORE_FROM } from "./contract.js";
+
+/** A cache hash as users may write it, once normalized: 64 hex digits, or the first 16. */
+export const HASH_REF = /^[0-9a-f]{16}(?:[0-9a-f]{48})?$/;
+
+/** A hash as a user wrote it, the way it is compared: no surrounding space, lower case. */
+export const normalizeHashRef = (ref: string): string => ref.trim().toLowerCase();
+
+/**
+ * The cache a pod asks to restore from, normalized the way admission reads it; undefined when the
+ * annotation is absent or blank. Not checked against HASH_REF: admission says why a bad one is refused.
+ */
+export function restoreFromOf(
+  annotations: Readonly<Record<string, unknown>> | undefined,
+): string | undefined {
+  const ref = annotations?.[ANN_RESTORE_FROM];
+  return typeof ref === "string" ? normalizeHashRef(ref) || undefined : undefined;
+}
