@@ -8,7 +8,7 @@
 import * as k8s from "@kubernetes/client-node";
 import { apiError, isAlreadyExists, isConflict, isNotFound } from "./kube.js";
 import { LABEL_HASH, MODELCACHE, type CachePhase, shortHash } from "../core/contract.js";
-import { recordedLeader, type ModelCacheObject } from "./modelcache.js";
+import { getModelCache, recordedLeader, type ModelCacheObject } from "./modelcache.js";
 
 const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
@@ -20,26 +20,18 @@ export type LeaderClaim =
   { ok: true; cache: ModelCacheObject } | { ok: false; why: string; cache?: ModelCacheObject };
 
 /** Reasons of a Failed that count as a failed capture (admission goes cold after a few of them). */
-export const COUNTED_FAILURES: ReadonlySet<string> = new Set(["CaptureFailed", "PromoteFailed"]);
+const COUNTED_FAILURES: ReadonlySet<string> = new Set(["CaptureFailed", "PromoteFailed"]);
 
 /** Whether the record is about this election now (and not being deleted). */
-export function isCurrentElection(c: ModelCacheObject, election: string): boolean {
+function isCurrentElection(c: ModelCacheObject, election: string): boolean {
   return c.spec.electionId === election && !c.metadata.deletionTimestamp;
 }
 
 export class CacheRecords {
   constructor(private readonly custom: k8s.CustomObjectsApi) {}
 
-  async get(hashOrShort: string): Promise<ModelCacheObject | undefined> {
-    try {
-      return (await this.custom.getClusterCustomObject({
-        ...ref,
-        name: shortHash(hashOrShort),
-      })) as ModelCacheObject;
-    } catch (err) {
-      if (isNotFound(err)) return undefined;
-      throw apiError(`reading ModelCache ${shortHash(hashOrShort)}`, err);
-    }
+  get(hashOrShort: string): Promise<ModelCacheObject | undefined> {
+    return getModelCache(this.custom, hashOrShort);
   }
 
   /** The record of this hash; created (with what the leader pod tells) when admission left none. */

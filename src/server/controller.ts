@@ -2,7 +2,7 @@ import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { makeApiClient } from "../common/kube.js";
 import { WorkQueue } from "../common/workqueue.js";
-import { LABEL_HASH, LABEL_STORE, MODELCACHE } from "../core/contract.js";
+import { LABEL_GATED, LABEL_HASH, LABEL_STORE, MODELCACHE } from "../core/contract.js";
 import { ResilientWatch } from "../common/watch.js";
 import { realClock } from "../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
@@ -62,7 +62,8 @@ export class ReleaseController {
       leaderGraceMs: o.leaderGraceMs ?? 30_000,
       recheckMs: o.recheckMs ?? 15_000,
       onRelease: (_h, n) => o.metrics.released.inc(n),
-      onRetire: (_h, why) => o.metrics.retired.inc({ why: why.split(":")[0]! }),
+      // The reason, never the message: a message names pods, and a label value per pod grows without bound.
+      onRetire: (_h, reason) => o.metrics.retired.inc({ why: reason }),
       onEvict: (_h, n) => o.metrics.evicted.inc(n),
       ...o.deps,
     };
@@ -161,7 +162,7 @@ export class ReleaseController {
       ]);
       for (const lease of l.items) enqueue(lease);
       for (const cache of c.items) this.queue.add(cache.metadata!.name!);
-      const gated = await core.listPodForAllNamespaces({ labelSelector: "warmstart.dev/gated=true" });
+      const gated = await core.listPodForAllNamespaces({ labelSelector: `${LABEL_GATED}=true` });
       for (const p of gated.items) enqueue(p);
     };
   }

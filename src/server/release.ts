@@ -6,17 +6,17 @@ import {
   ANN_DEADLINE,
   ANN_ELECTION_ID,
   ANN_HASH,
-  ANN_RESTORE_FROM,
   ANN_RESTORE_RECORDED,
   ANN_ROLE,
   ANN_TREE,
   FINALIZER_CLEANUP,
   LABEL_GATED,
   LABEL_HASH,
-  MODELCACHE,
   SCHEDULING_GATE,
+  leaseName,
   shortHash,
 } from "../core/contract.js";
+import { restoreFromOf } from "../core/refs.js";
 import { sourceOf, treeSubPath } from "../promote/source.js";
 import { deleteCachePass } from "../promote/rollback.js";
 import {
@@ -27,6 +27,7 @@ import {
   type RestoreRecord,
 } from "../common/modelcache.js";
 import { CacheRecords } from "../common/cache-record.js";
+import { readySeconds } from "./views.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
@@ -43,7 +44,8 @@ export interface ReleaseDeps {
   /** How often an election in progress is looked at again (deadline, leader health). */
   recheckMs: number;
   onRelease?: (short: string, pods: number) => void;
-  onRetire?: (short: string, why: string) => void;
+  /** An election retired: why, as its record says it (a bounded set), and as the log says it. */
+  onRetire?: (short: string, reason: ElectionEnd["reason"], message: string) => void;
   onEvict?: (short: string, pods: number) => void;
   onRestore?: (short: string, restores: RestoreRecord[]) => void;
   /** Tests: runs just before each follower's eviction (to replace the pod at that moment). */
@@ -65,16 +67,16 @@ const isTerminated = (p: k8s.V1Pod): boolean =>
 const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date(t).getTime() : undefined);
 
 /**
- * One level-based pass over one cache hash (SPEC 1.7): it reads the world (pods first, then the
- * Lease, then the durable cache record) and converges, whatever event woke it.
+ * One level-based pass over one cache hash: it reads the world (pods first, then the Lease, then
+ * the durable cache record) and converges, whatever event woke it.
  */
 export async function reconcileHash(short: string, d: ReleaseDeps): Promise<ReconcileResult> {
   // Pods before the Lease: a follower admitted after this list belongs to whatever election
   // exists then, and is never mistaken for an orphan of this pass.
   const pods = (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
   const followers = pods.filter(isGated);
-  const lease = await readLease(d, short);
-  let cache = await getModelCache(d.custom, short);
+  const lease = await readLease(d, leaseName(short));
+  const cache = await getModelCache(d.custom, short);
   const phase = cache?.status?.phase;
   const log = d.log.child({ hash: short, followers: followers.length, lease: lease?.metadata?.uid, phase });
 
@@ -92,15 +94,15 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
     return { requeueAfterMs: d.recheckMs };
   }
   if (cache && !(cache.metadata.finalizers ?? []).includes(FINALIZER_CLEANUP)) {
-    cache = (await addCleanupFinalizer(d, cache)) ?? cache;
+    await new CacheRecords(d.custom).addFinalizer(short, FINALIZER_CLEANUP);
   }
 
   await recordRestores(d, short, pods, log);
 
   if (phase === "Ready") {
     // Released at once, whether the claims are Bound yet or not: the scheduler's volume binder
-    // completes a pre-bound claim for the pod it places (in ~0.1-1.7 s here), where waiting for
-    // the PV controller to bind it alone costs up to its resync period (15 s by default).
+    // completes a pre-bound claim for the pod it places as it places it, where waiting for the PV
+    // controller to bind it alone costs up to its resync period (15 s by default).
     const source = cache ? sourceOf(cache) : undefined;
     const tree = source ? treeSubPath(source) : ".";
     for (const f of followers) await ungate(d, f, short, tree);
@@ -123,7 +125,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
     log.warn({ why }, "election failed: retiring its Lease and re-electing");
     if (cache && holder) await markFailed(d, short, holder, failure);
     const retired = await retireLease(d, lease, why);
-    d.onRetire?.(short, why);
+    d.onRetire?.(short, failure.reason, why);
     // Only the followers listed before the Lease was retired: replacements admitted since then
     // belong to the next election.
     if (retired !== "newer") await evictFollowers(d, followers, short, why);
@@ -189,7 +191,7 @@ function electionFailure(
 
 /**
  * The election's leader by UID, recorded when exactly one live pod wears its id: admission
- * stamps one pod, and a copy of its stamps can only appear after it (SPEC 1.4).
+ * stamps one pod, and a copy of its stamps can only appear after it.
  */
 async function recordLeader(
   d: ReleaseDeps,
@@ -215,60 +217,11 @@ async function recordLeader(
   if (!claim.ok) log.info({ why: claim.why }, "leader not recorded");
 }
 
-async function addCleanupFinalizer(
-  d: ReleaseDeps,
-  cache: ModelCacheObject,
-): Promise<ModelCacheObject | undefined> {
-  try {
-    return (await d.custom.patchClusterCustomObject(
-      {
-        group: MODELCACHE.group,
-        version: MODELCACHE.version,
-        plural: MODELCACHE.plural,
-        name: cache.metadata.name!,
-        body: {
-          metadata: {
-            resourceVersion: cache.metadata.resourceVersion,
-            finalizers: [...(cache.metadata.finalizers ?? []), FINALIZER_CLEANUP],
-          },
-        },
-      },
-      mergePatch,
-    )) as ModelCacheObject;
-  } catch (err) {
-    // Changed meanwhile: the next pass (the change woke it) adds it.
-    if (isConflict(err) || isNotFound(err)) return undefined;
-    throw apiError(`adding the cleanup finalizer to ModelCache ${cache.metadata.name}`, err);
-  }
-}
-
-/** Seconds from `from` to the pod's Ready, or undefined when either is unknown. */
-function secondsToReady(p: k8s.V1Pod, from: Date | string | undefined): number | undefined {
-  const ready = p.status?.conditions?.find((c) => c.type === "Ready" && c.status === "True");
-  const end = toMs(ready?.lastTransitionTime);
-  const start = toMs(from);
-  if (end === undefined || start === undefined) return undefined;
-  return Math.max(0, Math.round((end - start) / 100) / 10);
-}
-
-/**
- * A restore's time to Ready: a follower's from its release (it was scheduled then; its gated
- * wait is the leader's time, not its own), any other restore's from its admission.
- */
-export function restoreReadySeconds(p: k8s.V1Pod): number | undefined {
-  const role = p.metadata?.annotations?.[ANN_ROLE];
-  if (role === "follower") {
-    const scheduled = p.status?.conditions?.find((c) => c.type === "PodScheduled" && c.status === "True");
-    return secondsToReady(p, scheduled?.lastTransitionTime);
-  }
-  return secondsToReady(p, p.metadata?.creationTimestamp);
-}
-
 const RECENT_RESTORES = 20;
 
 /**
- * Counts the benefit of each restore that turned Ready on its cache's record (SPEC 1.8), so the
- * numbers outlive the pods: bytes it did not download, its time to Ready, the seconds it saved
+ * Counts the benefit of each restore that turned Ready on its cache's record, so the numbers
+ * outlive the pods: bytes it did not download, its time to Ready, the seconds it saved
  * against the leader's. A pod is counted once: the record keeps the last few UIDs and the pod
  * gets an annotation once counted.
  */
@@ -278,8 +231,9 @@ async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], 
     const role = p.metadata?.annotations?.[ANN_ROLE];
     if (role !== "restore" && role !== "follower") continue;
     if (p.metadata?.annotations?.[ANN_RESTORE_RECORDED] || isGated(p) || isTerminated(p)) continue;
-    if (restoreReadySeconds(p) === undefined) continue;
-    const from = p.metadata?.annotations?.[ANN_RESTORE_FROM] ?? p.metadata?.annotations?.[ANN_HASH] ?? short;
+    if (readySeconds(p) === undefined) continue;
+    // The cache it restored from: the one it asked for, read the way admission read it.
+    const from = restoreFromOf(p.metadata?.annotations) ?? p.metadata?.annotations?.[ANN_HASH] ?? short;
     const source = shortHash(from);
     bySource.set(source, [...(bySource.get(source) ?? []), p]);
   }
@@ -299,7 +253,7 @@ async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], 
           name: p.metadata!.name!,
           uid: p.metadata!.uid!,
           role: p.metadata!.annotations![ANN_ROLE]!,
-          readySeconds: restoreReadySeconds(p)!,
+          readySeconds: readySeconds(p)!,
           at: new Date(
             toMs(p.status?.conditions?.find((x) => x.type === "Ready")?.lastTransitionTime) ?? d.now(),
           ).toISOString(),
@@ -359,15 +313,12 @@ async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], 
   }
 }
 
-async function readLease(d: ReleaseDeps, short: string): Promise<k8s.V1Lease | undefined> {
+async function readLease(d: ReleaseDeps, name: string): Promise<k8s.V1Lease | undefined> {
   try {
-    return await d.coordination.readNamespacedLease({
-      name: `warmstart-capture-${short}`,
-      namespace: d.systemNamespace,
-    });
+    return await d.coordination.readNamespacedLease({ name, namespace: d.systemNamespace });
   } catch (err) {
     if (isNotFound(err)) return undefined;
-    throw apiError(`reading Lease warmstart-capture-${short}`, err);
+    throw apiError(`reading Lease ${name}`, err);
   }
 }
 
@@ -394,7 +345,7 @@ export async function retireLease(
     } catch (err) {
       if (isNotFound(err)) return "gone";
       if (!isConflict(err)) throw apiError(`retiring Lease ${name}`, err);
-      const fresh = await readLease(d, name!.replace(/^warmstart-capture-/, ""));
+      const fresh = await readLease(d, name!);
       if (!fresh) return "gone";
       if (fresh.metadata?.uid !== uid) return "newer";
       current = fresh;
@@ -488,7 +439,7 @@ async function evictFollowers(
  * Record how the election ended, on its own record only (the record names this election, so a
  * newer one is never touched) and only over what this pass read (a Ready written meanwhile is
  * never overwritten). Nothing is counted here: only the node agent counts a failed capture, once
- * per election, so a retried retirement, a leader deleted or a deadline never counts (SPEC 1.7).
+ * per election, so a retried retirement, a leader deleted or a deadline never counts.
  */
 async function markFailed(d: ReleaseDeps, short: string, holder: string, end: ElectionEnd): Promise<void> {
   const records = new CacheRecords(d.custom);

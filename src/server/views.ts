@@ -1,5 +1,7 @@
 import * as k8s from "@kubernetes/client-node";
 import {
+  ANN_DEADLINE,
+  ANN_LEADER_NAMESPACE,
   ANN_ROLE,
   ANN_STORE_BUDGET,
   ANN_STORE_USED,
@@ -10,7 +12,6 @@ import {
   MODELCACHE,
 } from "../core/contract.js";
 import { type ModelCacheObject } from "../common/modelcache.js";
-import { ANN_DEADLINE } from "../core/contract.js";
 import { redactUrlCredentials } from "../core/env.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster's objects. */
@@ -75,30 +76,35 @@ export interface Snapshot {
 }
 
 const iso = (t: Date | string | undefined): string => (t ? new Date(t).toISOString() : "");
+const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date(t).getTime() : undefined);
+
+/**
+ * A pod's seconds to Ready (to a tenth), or undefined while it is not Ready. A follower's run from
+ * its release (when it was scheduled): its gated wait is the leader's download, not its own start.
+ * Any other pod's run from its admission.
+ */
+export function readySeconds(p: k8s.V1Pod): number | undefined {
+  const condition = (type: string): k8s.V1PodCondition | undefined =>
+    p.status?.conditions?.find((c) => c.type === type && c.status === "True");
+  const from =
+    p.metadata?.annotations?.[ANN_ROLE] === "follower"
+      ? condition("PodScheduled")?.lastTransitionTime
+      : p.metadata?.creationTimestamp;
+  const start = toMs(from);
+  const end = toMs(condition("Ready")?.lastTransitionTime);
+  if (end === undefined || start === undefined) return undefined;
+  return Math.max(0, Math.round((end - start) / 100) / 10);
+}
 
 export function podRow(p: k8s.V1Pod): PodRow {
-  const created = p.metadata?.creationTimestamp
-    ? new Date(p.metadata.creationTimestamp).getTime()
-    : undefined;
-  const readyCond = p.status?.conditions?.find((c) => c.type === "Ready");
-  // A follower's time runs from its release (when it was scheduled): its gated wait is the
-  // leader's download, not its own start.
-  const scheduled = p.status?.conditions?.find((c) => c.type === "PodScheduled" && c.status === "True");
-  const from =
-    p.metadata?.annotations?.[ANN_ROLE] === "follower" && scheduled?.lastTransitionTime
-      ? new Date(scheduled.lastTransitionTime).getTime()
-      : created;
-  const ready = readyCond?.status === "True";
-  const readyAt =
-    ready && readyCond?.lastTransitionTime ? new Date(readyCond.lastTransitionTime).getTime() : undefined;
   return {
     namespace: p.metadata?.namespace ?? "",
     name: p.metadata?.name ?? "",
     hash: p.metadata?.labels?.[LABEL_HASH] ?? "",
     role: p.metadata?.annotations?.[ANN_ROLE] ?? "",
     phase: p.status?.phase ?? "",
-    ready,
-    readySeconds: from !== undefined && readyAt !== undefined ? Math.max(0, (readyAt - from) / 1000) : null,
+    ready: p.status?.conditions?.find((c) => c.type === "Ready")?.status === "True",
+    readySeconds: readySeconds(p) ?? null,
     node: p.spec?.nodeName ?? "",
   };
 }
@@ -114,7 +120,7 @@ export function buildSnapshot(
 ): Snapshot {
   const podRows = pods.map(podRow);
   // The benefit of each cache is what its record counted as its restores turned Ready, so it
-  // outlives the pods (SPEC 1.8); live pods only fill in a leader time the record lacks.
+  // outlives the pods; live pods only fill in a leader time the record lacks.
   const cacheRows = caches.map((c): CacheRow => {
     const short = c.metadata.name ?? "";
     const s = c.status ?? {};
@@ -154,7 +160,7 @@ export function buildSnapshot(
     return {
       hash: short,
       holder: l.spec?.holderIdentity ?? "",
-      leaderNamespace: l.metadata?.annotations?.["warmstart.dev/leader-namespace"] ?? "",
+      leaderNamespace: l.metadata?.annotations?.[ANN_LEADER_NAMESPACE] ?? "",
       acquired: iso(l.spec?.acquireTime),
       deadline: l.metadata?.annotations?.[ANN_DEADLINE] ?? "",
       followers: podRows.filter((p) => p.hash === short && p.role === "follower" && !p.ready && !p.node)
@@ -189,13 +195,13 @@ export function buildSnapshot(
  * What the API publishes: the snapshot without each election's holder id. The holder is the
  * leader pod's identity; whoever knows it can make a pod of their own look like the leader.
  */
-export type PublishedSnapshot = Omit<Snapshot, "elections"> & { elections: Omit<ElectionRow, "holder">[] };
+type PublishedSnapshot = Omit<Snapshot, "elections"> & { elections: Omit<ElectionRow, "holder">[] };
 
 export function published(s: Snapshot): PublishedSnapshot {
   return { ...s, elections: s.elections.map(({ holder: _holder, ...rest }) => rest) };
 }
 
-/** For one-shot commands (`warmstart caches`): three LISTs. Long-running servers read their caches. */
+/** For one-shot commands (`warmstart caches`): four LISTs. Long-running servers read their caches. */
 export async function fetchSnapshot(kc: k8s.KubeConfig, systemNamespace: string): Promise<Snapshot> {
   const core = kc.makeApiClient(k8s.CoreV1Api);
   const coordination = kc.makeApiClient(k8s.CoordinationV1Api);
