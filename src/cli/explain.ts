@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
-import type { Command } from "commander";
-import { compare, explain, subjectFromText, type Subject } from "../core/explain.js";
+import { Option, type Command } from "commander";
+import { compare, explain, subjectFromText, type ExplainOptions, type Subject } from "../core/explain.js";
+import { SHARING_SCOPES } from "../core/scope.js";
 
 /** Reads a manifest from a path, or stdin for `-`, with a one-line error when it cannot. */
 function readManifest(path: string): string {
@@ -28,7 +29,7 @@ export function registerExplainCommands(program: Command): void {
   program
     .command("explain")
     .description(
-      "print the admission view of a pod or workload as JSON (downloader, reason, model, hash); " +
+      "print the admission view of a pod or workload as JSON (downloader, reason, model, scope, hash); " +
         "with a second file, show which hash inputs differ and which look per-run. No cluster needed.",
     )
     .argument(
@@ -36,10 +37,25 @@ export function registerExplainCommands(program: Command): void {
       "Pod, Deployment, StatefulSet, Job, CronJob, ReplicaSet or DaemonSet; YAML or JSON; - for stdin",
     )
     .argument("[file2]", "a second pod, workload or ModelCache record to compare with")
-    .action((file: string, file2: string | undefined) => {
+    .addOption(
+      new Option("--sharing-scope <scope>", "the webhook's --sharing-scope: who shares a cache")
+        .choices(SHARING_SCOPES)
+        .default("cluster"),
+    )
+    .option(
+      "--namespace <namespace>",
+      "the namespace the pods are created in (default: the manifest's, else default)",
+    )
+    .option(
+      "--share-group <name>",
+      "that namespace's warmstart.dev/share-group label (--sharing-scope group)",
+    )
+    .action((file: string, file2: string | undefined, flags: ExplainOptions) => {
       if (file === "-" && file2 === "-") throw new Error("stdin can be read only once");
+      if (flags.shareGroup !== undefined && flags.sharingScope !== "group")
+        throw new Error("--share-group applies to --sharing-scope group only");
       const a = load(file);
-      const out = file2 === undefined ? explain(a) : compare(a, load(file2));
+      const out = file2 === undefined ? explain(a, flags) : compare(a, load(file2), flags);
       process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
     });
 }

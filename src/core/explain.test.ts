@@ -127,6 +127,7 @@ void describe("explain: one pod or workload", () => {
         downloader: false,
         reason: "no GPU requested",
         model: null,
+        scope: "cluster",
         hash: null,
         short: null,
         container: null,
@@ -153,6 +154,32 @@ void describe("explain: one pod or workload", () => {
       ],
     );
   });
+});
+
+void test("the hash is the one the webhook stamps under its sharing scope, in the pod's namespace", () => {
+  const subject = subjectFromText(
+    deploymentYaml.replace(
+      "metadata: {name: llama}\nspec:\n  replicas",
+      "metadata: {name: llama, namespace: team-a}\nspec:\n  replicas",
+    ),
+    "d.yaml",
+  );
+  if (subject.kind !== "pod") throw new Error("a pod");
+  assert.equal(subject.namespace, "team-a", "the workload's namespace");
+  const webhook = (scope: string): string => cacheHash(subject.pod, classifyPod(subject.pod), { scope }).hash;
+  const cluster = explain(subject);
+  assert.deepEqual([cluster.scope, cluster.hash], ["cluster", webhook("cluster")]);
+  const ns = explain(subject, { sharingScope: "namespace" });
+  assert.deepEqual([ns.scope, ns.hash], ["namespace:team-a", webhook("namespace:team-a")]);
+  assert.notEqual(ns.hash, cluster.hash);
+  const other = explain(subject, { sharingScope: "namespace", namespace: "team-b" });
+  assert.equal(other.hash, webhook("namespace:team-b"));
+  const group = explain(subject, { sharingScope: "group", shareGroup: "ml" });
+  assert.deepEqual([group.scope, group.hash], ["group:ml", webhook("group:ml")]);
+  // A namespace without the label is its own group, as in the webhook.
+  assert.equal(explain(subject, { sharingScope: "group" }).hash, ns.hash);
+  const bare = subjectFromText(podYaml(), "p.yaml");
+  assert.equal(explain(bare, { sharingScope: "namespace" }).scope, "namespace:default");
 });
 
 void describe("explain: comparing two", () => {
@@ -374,6 +401,30 @@ void describe("warmstart explain (the command)", () => {
     const out = JSON.parse(String(r.stdout)) as Comparison;
     assert.equal(out.equal, true);
     assert.deepEqual(out.differences, []);
+  });
+
+  void test("--sharing-scope, --namespace and --share-group give the hash the webhook stamps", () => {
+    const file = join(dir, "scoped.yaml");
+    writeFileSync(file, podYaml());
+    const subject = subjectFromText(podYaml(), "p.yaml");
+    if (subject.kind !== "pod") throw new Error("a pod");
+    const webhook = (scope: string): string =>
+      cacheHash(subject.pod, classifyPod(subject.pod), { scope }).hash;
+    const out = (...args: string[]): Explanation => {
+      const r = run(file, ...args);
+      assert.equal(r.status, 0, String(r.stderr));
+      return JSON.parse(String(r.stdout)) as Explanation;
+    };
+    assert.equal(out().hash, webhook("cluster"));
+    assert.equal(
+      out("--sharing-scope", "namespace", "--namespace", "team-a").hash,
+      webhook("namespace:team-a"),
+    );
+    assert.equal(out("--sharing-scope", "group", "--share-group", "ml").scope, "group:ml");
+    assert.notEqual(run(file, "--sharing-scope", "everyone").status, 0);
+    const misplaced = run(file, "--share-group", "ml");
+    assert.notEqual(misplaced.status, 0);
+    assert.match(String(misplaced.stderr), /--share-group applies to --sharing-scope group only/);
   });
 
   void test("bad input: non-zero exit and one line on stderr, no stack trace", () => {

@@ -5,7 +5,9 @@
 import type { V1Pod, V1PodTemplateSpec } from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
 import { classifyPod, type Classification } from "./classify.js";
-import { shortHash } from "./contract.js";
+import { LABEL_SHARE_GROUP, shortHash, type SharingScope } from "./contract.js";
+import { isRecord } from "./guards.js";
+import { scopeKey } from "./scope.js";
 import {
   hashInputs,
   hashOfInputs,
@@ -27,7 +29,12 @@ export interface Explanation {
   downloader: boolean;
   reason: string;
   model: string | null;
-  /** The cache hash the webhook would stamp; null when the pod is left alone. */
+  /**
+   * The sharing scope the hash is computed in: `cluster`, `namespace:<ns>` or `group:<name>`, as the
+   * webhook's `--sharing-scope` makes it (a cache record's own, for a record).
+   */
+  scope: string;
+  /** The cache hash the webhook would stamp, in that scope; null when the pod is left alone. */
   hash: string | null;
   short: string | null;
   container: string | null;
@@ -49,10 +56,24 @@ export interface Comparison {
   perRun: Array<PerRunFlag & { pod: "a" | "b" | "both" }>;
 }
 
-/** What explain looks at: a pod (from a Pod or a workload's template), or a cache record's inputs. */
+/**
+ * What explain looks at: a pod (from a Pod or a workload's template, with the manifest's
+ * namespace when it names one), or a cache record's inputs.
+ */
 export type Subject =
-  | { kind: "pod"; source: string; pod: V1Pod }
+  | { kind: "pod"; source: string; pod: V1Pod; namespace?: string }
   | { kind: "cache"; source: string; inputs: HashInputs; recordedHash?: string };
+
+/**
+ * The webhook's settings a pod's hash depends on: its sharing scope (`--sharing-scope`, cluster by
+ * default), the namespace the pod is created in (the manifest's, else `default`) and, under the
+ * group scope, that namespace's `warmstart.dev/share-group` label.
+ */
+export interface ExplainOptions {
+  sharingScope?: SharingScope;
+  namespace?: string;
+  shareGroup?: string;
+}
 
 const TEMPLATE_KINDS = new Set([
   "Deployment",
@@ -89,7 +110,7 @@ export function parseManifests(text: string, source: string): unknown[] {
 export function findSubject(docs: readonly unknown[], source: string): Subject {
   const kinds: string[] = [];
   const visit = (doc: unknown): Subject | undefined => {
-    if (!isObject(doc)) return undefined;
+    if (!isRecord(doc)) return undefined;
     const kind = typeof doc.kind === "string" ? doc.kind : "";
     if (kind === "List" && Array.isArray(doc.items)) {
       for (const item of doc.items as unknown[]) {
@@ -111,12 +132,15 @@ export function findSubject(docs: readonly unknown[], source: string): Subject {
 }
 
 function subjectOf(doc: Record<string, unknown>, kind: string, source: string): Subject | undefined {
-  const spec = isObject(doc.spec) ? doc.spec : undefined;
-  const name = isObject(doc.metadata) && typeof doc.metadata.name === "string" ? ` ${doc.metadata.name}` : "";
+  const spec = isRecord(doc.spec) ? doc.spec : undefined;
+  const name = isRecord(doc.metadata) && typeof doc.metadata.name === "string" ? ` ${doc.metadata.name}` : "";
   const what = `${source}: ${kind || "object"}${name}`;
-  if (kind === "Pod") return { kind: "pod", source, pod: checkPod(doc, what) };
+  // A workload's pods are created in the workload's namespace.
+  const ns = isRecord(doc.metadata) ? doc.metadata.namespace : undefined;
+  const namespace = typeof ns === "string" && ns ? { namespace: ns } : {};
+  if (kind === "Pod") return { kind: "pod", source, pod: checkPod(doc, what), ...namespace };
   if (kind === "ModelCache") {
-    const status = isObject(doc.status) ? doc.status : undefined;
+    const status = isRecord(doc.status) ? doc.status : undefined;
     const inputs = spec?.inputs ?? status?.inputs;
     if (!isHashInputs(inputs)) throw new Error(`${what} records no hash inputs`);
     const recorded = spec?.hash ?? status?.hash;
@@ -130,24 +154,25 @@ function subjectOf(doc: Record<string, unknown>, kind: string, source: string): 
   let template: unknown;
   if (TEMPLATE_KINDS.has(kind)) template = spec?.template;
   else if (kind === "CronJob") {
-    const jt = isObject(spec?.jobTemplate) ? spec.jobTemplate : undefined;
-    template = isObject(jt?.spec) ? jt.spec.template : undefined;
+    const jt = isRecord(spec?.jobTemplate) ? spec.jobTemplate : undefined;
+    template = isRecord(jt?.spec) ? jt.spec.template : undefined;
   } else if (kind === "PodTemplate") template = doc.template;
-  else if (kind && isObject(spec?.template) && isObject(spec.template.spec))
+  else if (kind && isRecord(spec?.template) && isRecord(spec.template.spec))
     template = spec.template; // other workload kinds
   else return undefined;
-  if (!isObject(template)) throw new Error(`${what} has no pod template`);
+  if (!isRecord(template)) throw new Error(`${what} has no pod template`);
   const t = template as V1PodTemplateSpec;
   return {
     kind: "pod",
     source,
     pod: checkPod({ apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec }, what),
+    ...namespace,
   };
 }
 
 function checkPod(pod: V1Pod, what: string): V1Pod {
   const containers = pod.spec?.containers as unknown;
-  if (!Array.isArray(containers) || containers.length === 0 || !containers.every(isObject)) {
+  if (!Array.isArray(containers) || containers.length === 0 || !containers.every(isRecord)) {
     throw new Error(`${what} has no containers`);
   }
   return pod;
@@ -163,7 +188,7 @@ interface Viewed {
   inputs: HashInputs;
 }
 
-function view(s: Subject): Viewed {
+function view(s: Subject, o: ExplainOptions): Viewed {
   if (s.kind === "cache") {
     // Sealed inputs cannot be re-hashed: the record's own hash stands for them.
     const hash = s.inputs.sealed && s.recordedHash ? s.recordedHash : hashOfInputs(s.inputs);
@@ -181,6 +206,7 @@ function view(s: Subject): Viewed {
         downloader: true,
         reason: "cache record",
         model: s.inputs.model,
+        scope: scopeOfInputs(s.inputs),
         hash,
         short: shortHash(hash),
         container: null,
@@ -189,7 +215,12 @@ function view(s: Subject): Viewed {
     };
   }
   const c: Classification = classifyPod(s.pod);
-  const inputs = hashInputs(s.pod, c);
+  const scope = scopeKey(
+    o.sharingScope ?? "cluster",
+    o.namespace ?? s.namespace ?? "default",
+    o.shareGroup ? { [LABEL_SHARE_GROUP]: o.shareGroup } : undefined,
+  );
+  const inputs = hashInputs(s.pod, c, { scope });
   const hash = c.downloader ? hashOfInputs(inputs) : null;
   const name = c.containerIndex !== undefined ? s.pod.spec?.containers[c.containerIndex]?.name : undefined;
   return {
@@ -198,6 +229,7 @@ function view(s: Subject): Viewed {
       downloader: c.downloader,
       reason: c.reason,
       model: c.model ?? null,
+      scope,
       hash,
       short: hash ? shortHash(hash) : null,
       container: name ?? null,
@@ -207,14 +239,14 @@ function view(s: Subject): Viewed {
 }
 
 /** The admission view of one pod or record. */
-export function explain(subject: Subject): Explanation {
-  return view(subject).view;
+export function explain(subject: Subject, o: ExplainOptions = {}): Explanation {
+  return view(subject, o).view;
 }
 
 /** The admission view of two subjects, which hash inputs differ and which look per-run. */
-export function compare(a: Subject, b: Subject): Comparison {
-  const va = view(a);
-  const vb = view(b);
+export function compare(a: Subject, b: Subject, o: ExplainOptions = {}): Comparison {
+  const va = view(a, o);
+  const vb = view(b, o);
   // A sealed record is compared with the other side sealed the same way.
   if (va.inputs.sealed || vb.inputs.sealed) {
     va.inputs = sealInputs(va.inputs);
@@ -395,13 +427,9 @@ export function perRunInputs(i: HashInputs): PerRunFlag[] {
 
 // --- helpers --------------------------------------------------------------------------------
 
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === "object" && v !== null && !Array.isArray(v);
-}
-
 function isHashInputs(v: unknown): v is HashInputs {
   return (
-    isObject(v) &&
+    isRecord(v) &&
     typeof v.image === "string" &&
     Array.isArray(v.command) &&
     Array.isArray(v.args) &&
