@@ -11,6 +11,7 @@ import { request } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Registry } from "prom-client";
+import { KubeConfig } from "@kubernetes/client-node";
 import { pino } from "pino";
 import { apiServer, checkExposure, defaultServerConfig, isLoopback, runServer } from "./run.js";
 import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard.js";
@@ -189,4 +190,37 @@ void test("a cache record holding a model URL with credentials is shown redacted
     [],
   );
   assert.equal(s.caches[0]?.model, "https://<redacted>@hub.example.com/org/m");
+});
+
+void test("a server that cannot listen stops the controller it started", async (t) => {
+  const busy = await listen(
+    apiServer({
+      host: "127.0.0.1",
+      registry: new Registry(),
+      log: pino({ level: "silent" }),
+      snapshot: () => SNAPSHOT,
+    }),
+    { host: "127.0.0.1", port: 0, role: "server" },
+  );
+  t.after(() => busy.close());
+  // A cluster that refuses every connection: the controller's watches fail and retry, its resync ticks.
+  const kc = new KubeConfig();
+  kc.loadFromOptions({
+    clusters: [{ name: "c", server: "https://127.0.0.1:1", skipTLSVerify: true }],
+    users: [{ name: "u" }],
+    contexts: [{ name: "x", cluster: "c", user: "u" }],
+    currentContext: "x",
+  });
+  const timers = (): number => process.getActiveResourcesInfo().filter((r) => r === "Timeout").length;
+  const before = timers();
+  await assert.rejects(
+    runServer(
+      { host: "127.0.0.1", port: Number(new URL(busy.url).port), systemNamespace: "x" },
+      { kubeConfig: kc, log: pino({ level: "silent" }) },
+    ),
+    /server cannot listen/,
+  );
+  // What the failed calls left settles; a running controller would keep its timers.
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(timers(), before, "no timer of the controller is left");
 });

@@ -10,7 +10,7 @@ import { ReleaseController } from "./controller.js";
 import { createServerMetrics } from "./metrics.js";
 import { buildSnapshot, published, type Snapshot } from "./views.js";
 import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard.js";
-import { listen } from "../common/http.js";
+import { listen, type Listening } from "../common/http.js";
 
 export interface ServerConfig {
   host: string;
@@ -180,7 +180,14 @@ export async function runServer(
       return c && buildSnapshot(c.caches, c.leases, c.pods, c.stores);
     },
   });
-  const listening = await listen(http, { host: cfg.host, port: cfg.port, role: "server" });
+  let listening: Listening;
+  try {
+    listening = await listen(http, { host: cfg.host, port: cfg.port, role: "server" });
+  } catch (err) {
+    // Nothing serves: the controller it started must not go on watching and reconciling.
+    await controller.stop();
+    throw err;
+  }
   const url = listening.url;
   log.info(
     { url, token: cfg.token ? "required" : "none (loopback)" },

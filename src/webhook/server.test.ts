@@ -140,3 +140,32 @@ test("with a client CA, only the API server's certificate may post reviews; prob
   );
   assert.equal(health, 200);
 });
+
+test("a server that cannot listen leaves no certificate watcher behind", async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), "webhook-busy-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const ca = await createCA("test");
+  const leaf = await issueCert(ca, { commonName: "a", ips: ["127.0.0.1"], usage: "server" });
+  const certFile = join(dir, "tls.crt");
+  const keyFile = join(dir, "tls.key");
+  await writeFile(certFile, leaf.cert);
+  await writeFile(keyFile, leaf.key);
+  const opts: Omit<Parameters<typeof startAdmissionServer>[0], "port"> = {
+    host: "127.0.0.1",
+    cert: { certFile, keyFile },
+    maxBodyBytes: 1024,
+    handler: (r) => Promise.resolve({ uid: r.request.uid, allowed: true }),
+    onHandlerError: (_e, r) => ({ uid: r.request.uid, allowed: true }),
+    log: pino({ level: "silent" }),
+  };
+  // The port's holder serves its certificate from memory: it watches no file.
+  const first = await startAdmissionServer({ ...opts, cert: leaf, port: 0 });
+  t.after(() => first.close());
+  const watchers = (): number => process.getActiveResourcesInfo().filter((r) => r === "StatWatcher").length;
+  const before = watchers();
+  await assert.rejects(
+    startAdmissionServer({ ...opts, port: Number(new URL(first.url).port) }),
+    /webhook cannot listen/,
+  );
+  assert.equal(watchers(), before, "no file watched for a server that does not serve");
+});

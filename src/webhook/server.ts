@@ -93,23 +93,6 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
     });
   });
 
-  const watched: string[] = [];
-  const files = [
-    ...("certFile" in opts.cert ? [opts.cert.certFile, opts.cert.keyFile] : []),
-    ...(opts.clientAuth ? [opts.clientAuth.caFile] : []),
-  ];
-  for (const f of files) {
-    watched.push(f);
-    watchFile(f, { interval: 2000 }, () => {
-      try {
-        server.setSecureContext(readCert());
-        opts.log.info({ file: f }, "serving certificate reloaded");
-      } catch (err) {
-        opts.log.warn({ err, file: f }, "could not reload the serving certificate; keeping the old one");
-      }
-    });
-  }
-
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = (req.url ?? "/").split("?")[0];
     if (req.method === "GET" && (path === "/healthz" || path === "/livez" || path === "/readyz")) {
@@ -193,6 +176,21 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
   });
   // The API server reuses its connections to us: keep them longer than the default.
   server.keepAliveTimeout = 30_000;
+  // Watched once serving: a server that could not listen leaves no watcher behind.
+  const watched = [
+    ...("certFile" in opts.cert ? [opts.cert.certFile, opts.cert.keyFile] : []),
+    ...(opts.clientAuth ? [opts.clientAuth.caFile] : []),
+  ];
+  for (const f of watched) {
+    watchFile(f, { interval: 2000 }, () => {
+      try {
+        server.setSecureContext(readCert());
+        opts.log.info({ file: f }, "serving certificate reloaded");
+      } catch (err) {
+        opts.log.warn({ err, file: f }, "could not reload the serving certificate; keeping the old one");
+      }
+    });
+  }
   return {
     server,
     url: listening.url,
