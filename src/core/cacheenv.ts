@@ -1,5 +1,5 @@
 /**
- * The cache-env template (SPEC 1.3): which env the webhook points into a decorated pod's cache
+ * The cache-env template: which env the webhook points into a decorated pod's cache
  * root. Built in, or ConfigMap `warmstart-cache-env` in the system namespace, one data key per env
  * name whose value is a path under `{root}`:
  *

@@ -175,7 +175,7 @@ function positional(tokens: readonly ArgvToken[], start: number): ArgvToken | un
   return undefined;
 }
 
-/** Decides whether a pod is a model downloader (SPEC 1.1). Never throws on odd specs. */
+/** Decides whether a pod is a model downloader: a GPU container that names a model. Never throws. */
 export function classifyPod(pod: V1Pod): Classification {
   const containers = (pod as V1Pod | null | undefined)?.spec?.containers;
   if (!Array.isArray(containers) || containers.length === 0)

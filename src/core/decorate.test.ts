@@ -173,7 +173,7 @@ void describe("decorateLeader", () => {
   });
 
   void test("the hash is the pod's as written: the same whatever template decorates it", () => {
-    // The hash is composed once, before decoration (SPEC 1.2); two templates decorate differently
+    // The hash is composed once, before decoration; two templates decorate differently
     // but the stamp each carries is the hash of the pod as written.
     const p = pod([{ name: "MAX_LEN", value: "4096" }]);
     const h = cacheHash(p, classifyPod(p)).hash;

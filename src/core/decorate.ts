@@ -38,7 +38,7 @@ export const DEFAULT_CACHE_ROOT = "/warmstart/cache-root";
 /** Where a restore mounts the read-only cache tree. */
 export const DEFAULT_RO_PATH = "/warmstart/ro";
 /** How long the wait-ready init container waits for the marker before failing (the kubelet then retries). */
-export const DEFAULT_WAIT_TIMEOUT_SECONDS = 600;
+const DEFAULT_WAIT_TIMEOUT_SECONDS = 600;
 export const DEFAULT_PREWARM_PARALLELISM = 6;
 
 /** Cache env to point into the cache root; `{root}` in a value is replaced by the root. */
@@ -110,7 +110,7 @@ export interface ColdOptions {
 }
 
 /** Renders a cache env template for a root. HF_HUB_OFFLINE is never produced, whatever the template says. */
-export function renderCacheEnv(template: CacheEnvTemplate, root: string): V1EnvVar[] {
+function renderCacheEnv(template: CacheEnvTemplate, root: string): V1EnvVar[] {
   return template
     .filter((e) => !NEVER_INJECT.has(e.name))
     .map((e) => ({ name: e.name, value: e.value.split("{root}").join(root) }));
@@ -128,7 +128,7 @@ export function decorateCold(pod: V1Pod, opts: ColdOptions): V1Pod {
   return p;
 }
 
-/** Leader (SPEC 1.3): the cache root on a size-limited emptyDir the node agent captures, cache env into it. */
+/** Leader: the cache root on a size-limited emptyDir the node agent captures, cache env into it. */
 export function decorateLeader(pod: V1Pod, opts: LeaderOptions): V1Pod {
   const p = structuredClone(pod);
   const root = opts.cacheRoot ?? DEFAULT_CACHE_ROOT;
@@ -145,7 +145,7 @@ export function decorateLeader(pod: V1Pod, opts: LeaderOptions): V1Pod {
 }
 
 /**
- * Restore (SPEC 1.6): the read-only tree, a writable shadow at the cache root, and init containers
+ * Restore: the read-only tree, a writable shadow at the cache root, and init containers
  * that wait for the ready marker, seed the shadow and (maybe) prewarm. The pod's command and args
  * are left exactly as written.
  */
@@ -243,7 +243,7 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
 }
 
 /** The UID and GID the workload runs as, when the pod says (its main container wins over the pod). */
-export function runAsOf(pod: V1Pod, main: V1Container): { runAsUser?: number; runAsGroup?: number } {
+function runAsOf(pod: V1Pod, main: V1Container): { runAsUser?: number; runAsGroup?: number } {
   const c = main.securityContext;
   const s = pod.spec?.securityContext;
   const runAsUser = c?.runAsUser ?? s?.runAsUser;
@@ -269,7 +269,7 @@ function initSecurityContext(id: { runAsUser?: number; runAsGroup?: number }): V
   };
 }
 
-/** Follower (SPEC 1.3): a restore against `rox-<short>`, held by the scheduling gate until the cache is Ready. */
+/** Follower: a restore against `rox-<short>`, held by the scheduling gate until the cache is Ready. */
 export function decorateFollower(pod: V1Pod, opts: FollowerOptions): V1Pod {
   const p = decorateRestore(pod, { ...opts, claimName: roxClaimName(opts.hash) });
   const { labels } = stamp(p, opts.hash, "follower", opts.reason);
@@ -282,7 +282,7 @@ export function decorateFollower(pod: V1Pod, opts: FollowerOptions): V1Pod {
 }
 
 /** Whether the prewarm init container is added, and the valueFrom env it must resolve when that decides. */
-export function prewarmDecision(
+function prewarmDecision(
   main: V1Container,
   profile: boolean,
 ): { run: boolean; runtimeEnv?: V1EnvVar; source: "profile" | "env" | "runtime" } {
@@ -344,7 +344,7 @@ function upsertMount(c: V1Container, m: V1VolumeMount): void {
 
 /**
  * Adds the cache env the container does not set itself: a name the pod sets, in any form, is the
- * pod's and wins. What was injected is known from the template alone (SPEC 1.3); nothing on the
+ * pod's and wins. What was injected is known from the template alone; nothing on the
  * pod says which names are ours, so nothing the author writes can make us remove their env.
  */
 function injectCacheEnv(c: V1Container, wanted: V1EnvVar[]): void {

@@ -40,7 +40,7 @@ export interface OtherContainerInputs extends ContainerInputs {
 }
 
 /**
- * What goes into the cache hash (SPEC 1.2), secret-free. Its stable JSON is the hash preimage, so a
+ * What goes into the cache hash, secret-free. Its stable JSON is the hash preimage, so a
  * record that keeps these inputs can be re-hashed and compared later. Fields added since v1 are
  * left out when empty, so a pod without them keeps the hash it always had.
  */
@@ -48,11 +48,14 @@ export interface HashInputs extends ContainerInputs {
   /** Bumped whenever the recipe changes, so old and new hashes never collide. */
   v: 1;
   model: string | null;
-  /** The sharing scope's key (SPEC 1.9); absent for the cluster scope. */
+  /** The sharing scope's key (scopeKey); absent for the cluster scope. */
   scope?: string;
   /** The other containers that mount the cache volume or set a cache location, in pod order. */
   containers?: OtherContainerInputs[];
-  /** Set on inputs kept in a record: every command word, arg and env value is a digest (SPEC 1.4). */
+  /**
+   * Set on inputs kept in a record, which is readable cluster-wide: every command word, arg and
+   * env value is a digest.
+   */
   sealed?: true;
 }
 
@@ -86,10 +89,10 @@ export function isExcludedEnv(name: string): boolean {
 
 /**
  * Env that points an engine's caches somewhere: a container that sets one writes where the
- * engines read (SPEC 1.2 "sets a cache location"). A fixed list, independent of the configured
+ * engines read, so it counts in the hash. A fixed list, independent of the configured
  * cache-env template, so changing the template never changes a hash.
  */
-export const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([
+const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([
   "HF_HOME",
   "HF_HUB_CACHE",
   "HUGGINGFACE_HUB_CACHE",
@@ -109,7 +112,7 @@ export const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([
  * either form: argv list items or the words of one shell string. A value flag with nothing after it
  * is simply dropped.
  */
-export function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
+function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
   const out: T[] = [];
   for (let i = 0; i < tokens.length; i++) {
     const t = tokens[i] as T;
@@ -197,7 +200,7 @@ function mainContainer(pod: V1Pod, classification?: Classification): V1Container
 }
 
 /** One container's secret-free inputs. */
-export function containerInputs(c: V1Container): ContainerInputs {
+function containerInputs(c: V1Container): ContainerInputs {
   const byName = new Map<string, EnvInput>();
   for (const e of Array.isArray(c.env) ? c.env : []) {
     if (!e || typeof e.name !== "string" || isExcludedEnv(e.name)) continue;
@@ -235,8 +238,8 @@ const touchesCache = (c: V1Container): boolean =>
     (e) => typeof e?.name === "string" && CACHE_LOCATION_ENV.has(e.name),
   );
 
-/** The containers other than the main one that can write into the captured tree (SPEC 1.2 "In"). */
-export function otherCacheContainers(pod: V1Pod, mainIndex: number): OtherContainerInputs[] {
+/** The containers other than the main one that can write into the captured tree (they count in the hash). */
+function otherCacheContainers(pod: V1Pod, mainIndex: number): OtherContainerInputs[] {
   const list = (v: unknown): V1Container[] =>
     Array.isArray(v)
       ? (v as unknown[]).filter((c): c is V1Container => typeof c === "object" && c !== null)
@@ -276,7 +279,7 @@ export function hashOfInputs(inputs: HashInputs): string {
   return createHash("sha256").update(stableJson(inputs)).digest("hex");
 }
 
-/** Composes the cache hash of a pod (SPEC 1.2). Throws only when the pod has no container at all. */
+/** Composes the cache hash of a pod (see HashInputs). Throws only when the pod has no container at all. */
 export function cacheHash(pod: V1Pod, classification: Classification, opts: HashOptions = {}): CacheHash {
   const inputs = hashInputs(pod, classification, opts);
   const hash = hashOfInputs(inputs);

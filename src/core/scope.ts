@@ -1,5 +1,5 @@
 /**
- * Sharing scopes (SPEC 1.9): a cache is shared by the pods of one hash inside one scope and never
+ * Sharing scopes: a cache is shared by the pods of one hash inside one scope and never
  * outside it. The scope key enters the hash, so two scopes never meet on one Lease, record or claim.
  */
 import { LABEL_SHARE_GROUP, type SharingScope } from "./contract.js";

@@ -40,7 +40,7 @@ export const WebhookConfig = z
     caFile: z.string().optional(),
     /**
      * CA that signs the API server's client certificate: with it, /mutate answers only callers that
-     * present a certificate it signed (SPEC 1.9); without it, anyone who reaches the port.
+     * present a certificate it signed; without it, anyone who reaches the port.
      */
     clientCaFile: z.string().optional(),
     /** Accepted client certificate names (CN or DNS SAN); empty: any certificate the CA signed. */
@@ -56,7 +56,10 @@ export const WebhookConfig = z
      * admitted cold, until `warmstart cache retry` clears the count.
      */
     maxFailedCaptures: z.coerce.number().int().min(1).default(3),
-    /** Who shares a cache (SPEC 1.9): the whole cluster, each namespace, or namespaces of one share-group. */
+    /**
+     * Who shares a cache (a cache is never seen outside its scope): the whole cluster, each
+     * namespace, or namespaces of one share-group.
+     */
     sharingScope: z.enum(SHARING_SCOPES as ["cluster", "namespace", "group"]).default("cluster"),
     systemNamespace: z.string().default(SYSTEM_NAMESPACE),
     image: z.string().default("ghcr.io/warmstart/warmstart:0.1.0"),

@@ -4,8 +4,6 @@ import { LABEL_ADMISSION_ID } from "../core/contract.js";
 import { redactUrlCredentials } from "../core/env.js";
 import { postPodEvent } from "../common/events.js";
 
-export { LABEL_ADMISSION_ID };
-
 // Admission ids per list call: a set-based selector stays well inside URL limits.
 const IDS_PER_LIST = 50;
 

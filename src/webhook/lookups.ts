@@ -110,10 +110,6 @@ export class CacheEnvConfig {
     return this.cache.get("");
   }
 
-  invalidate(): void {
-    this.cache.invalidate();
-  }
-
   private async load(): Promise<CacheEnvTemplate> {
     let data: Record<string, string> | undefined;
     try {

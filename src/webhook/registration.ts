@@ -5,7 +5,8 @@ import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
  * The MutatingWebhookConfiguration for pod CREATE. Fail open (`Ignore`) with a short timeout so a
  * dead webhook never blocks a deployment. Every namespace but kube-system is sent to us, opted-out
  * ones and our own included: the stamps a pod's author set are removed whatever the decision
- * (SPEC 1.3). Side effects (Leases, records, claims) happen only on real creates.
+ * (docs/adr/0004-admission-election-and-fail-open.md). Side effects (Leases, records, claims)
+ * happen only on real creates.
  */
 export function webhookConfiguration(opts: {
   name: string;
