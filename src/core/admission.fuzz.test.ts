@@ -4,11 +4,10 @@
  * server sends: the right types, hostile strings) and hostile JSON (any type anywhere, keys such as
  * `toString` and `__proto__`), which only the never-throw properties take.
  *
- * Every property runs with a fixed seed and a bounded number of cases, so the suite stays a few
- * seconds long. WARMSTART_FUZZ_RUNS=N runs N cases per property, WARMSTART_FUZZ_SEED=S another
- * seed; a failure reports its seed and path (fast-check's replay), and the case count is printed.
+ * Fixed seed, bounded runs (a few seconds); WARMSTART_FUZZ_RUNS=N and WARMSTART_FUZZ_SEED=S on
+ * demand (fuzz-helpers.ts). A failure reports its seed and path; the case count is printed.
  */
-import { test, type TestContext } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import jsonpatch, { type Operation } from "fast-json-patch";
@@ -41,43 +40,11 @@ import {
   SCHEDULING_GATE,
   type Role,
 } from "./contract.js";
+import { corrupt, holds, junk, text, wire } from "./fuzz-helpers.js";
 
 // ---------------------------------------------------------------------------------------------
-// Running properties: fixed seed, bounded runs, the count and the seed in the test's output.
+// Words and models (text, junk and the property runner are shared: fuzz-helpers.ts).
 
-const RUNS = Number(process.env.WARMSTART_FUZZ_RUNS) || undefined;
-const SEED = Number(process.env.WARMSTART_FUZZ_SEED) || 0x11_03;
-
-/** Runs a property (its default number of cases unless WARMSTART_FUZZ_RUNS says) and reports the count. */
-async function holds<T>(
-  t: TestContext,
-  prop: fc.IProperty<T> | fc.IAsyncProperty<T>,
-  defaultRuns: number,
-): Promise<number> {
-  const params = { seed: SEED, numRuns: RUNS ?? defaultRuns, includeErrorInReport: true };
-  const details = prop.isAsync()
-    ? await fc.check(prop as fc.IAsyncProperty<T>, params)
-    : fc.check(prop as fc.IProperty<T>, params);
-  if (details.failed) throw new Error(fc.defaultReportMessage(details) ?? "property failed");
-  t.diagnostic(`${details.numRuns} cases (seed ${SEED})`);
-  return details.numRuns;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Text: printable, full unicode (graphemes), lone surrogates, and shell-meaningful fragments.
-
-const FRAGMENTS = [
-  ...["", " ", "\t", "\n", "\r\n", "'", '"', "\\", "\\\n", "$(", "${", ")", "}", "`", "#", "--", "-", "="],
-  ...[";", "&&", "||", "|", "2>&1", "<<", "&", "$VAR", "$(A)", "$$", "\u0000", "\u202e", "\ud800", "\udfff"],
-  ...["\ufeff", "😀", "👩‍👩‍👧", "é", "e\u0301", "İ", "ß", "ﬁ", "\u3000", "\u00a0", "\u2028"],
-];
-const text = fc.oneof(
-  { weight: 3, arbitrary: fc.string({ maxLength: 12 }) },
-  { weight: 1, arbitrary: fc.string({ unit: "grapheme", maxLength: 6 }) },
-  { weight: 1, arbitrary: fc.string({ unit: "binary", maxLength: 6 }) },
-  { weight: 2, arbitrary: fc.constantFrom(...FRAGMENTS) },
-  { weight: 1, arbitrary: fc.array(fc.constantFrom(...FRAGMENTS), { maxLength: 8 }).map((a) => a.join("")) },
-);
 /** A plain shell word: no whitespace, no quoting, not a flag. */
 const word = fc.stringMatching(/^[A-Za-z0-9_.:/+][A-Za-z0-9_.:/+-]{0,15}$/);
 const model = fc
@@ -87,13 +54,11 @@ const model = fc
   )
   .map(([org, name]) => `${org}/${name}`);
 const hashOf = (p: V1Pod): string => cacheHash(p, classifyPod(p)).hash;
-/** Through JSON, as on the wire (fast-check may build objects without a prototype). */
-const wire = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
 /** Single-quotes a word for a shell script (the test's own, not the code's quoting). */
 const shq = (w: string): string => `'${w.replace(/'/g, `'\\''`)}'`;
 
 // ---------------------------------------------------------------------------------------------
-// Argv units: a model, ordinary flags, and disaggregation role flags (SPEC 1.2 "Out").
+// Argv units: a model, ordinary flags, and disaggregation role flags (which the hash leaves out).
 
 type Units = string[][];
 const MODEL_FLAGS = ["--model", "--model-path", "--model-id", "--model_id"];
@@ -151,7 +116,7 @@ function argv(
     case "list":
       return { command: launcher, args: items };
     case "pairs":
-      // A "--flag value" pair in one item: split as a shell would (SPEC 1.1's "one item").
+      // A "--flag value" pair in one item: split as a shell would, and read as the two words.
       return { command: launcher, args: units.map((u) => u.map((w, i) => (i ? shq(w) : w)).join(" ")) };
     case "shell":
       return { command: ["sh", "-c"], args: [[...launcher, ...items].map(shq).join(" ")] };
@@ -301,46 +266,6 @@ const apiPod: fc.Arbitrary<V1Pod> = fc
   }))
   .map(wire);
 
-/** JSON values no API server sends: wrong types, and keys that are Object.prototype's names. */
-const junk: fc.Arbitrary<unknown> = fc.oneof(
-  fc.jsonValue({ maxDepth: 2 }),
-  fc.constantFrom<unknown>(null, 0, 5, -1, true, "", "x", [], {}, [null], [5], [{}], [[]]),
-  fc
-    .constantFrom(
-      '{"toString":1}',
-      '{"valueOf":{},"toString":{}}',
-      '{"__proto__":{"polluted":1}}',
-      '{"constructor":{"prototype":{"x":1}}}',
-      '[{"toString":null}]',
-      '{"name":{"toString":1}}',
-    )
-    .map((s) => JSON.parse(s) as unknown),
-);
-
-/** Replaces values at random paths of a JSON tree with junk (a copy; the input is kept). */
-function corrupt(value: unknown, hits: ReadonlyArray<{ path: number[]; with: unknown }>): unknown {
-  const root: { v: unknown } = { v: structuredClone(value) };
-  for (const hit of hits) {
-    let holder: Record<string, unknown> | unknown[] = root;
-    let key: string | number = "v";
-    for (const step of hit.path) {
-      const cur = (holder as Record<string | number, unknown>)[key];
-      if (cur === null || typeof cur !== "object") break;
-      const keys = Array.isArray(cur) ? cur.map((_, i) => i) : Object.keys(cur);
-      if (keys.length === 0) break;
-      holder = cur as Record<string, unknown>;
-      key = keys[step % keys.length] as string | number;
-    }
-    // An own property even for `__proto__`, and a copy: the junk values are shared between cases.
-    Object.defineProperty(holder, key, {
-      value: JSON.parse(JSON.stringify(hit.with)) as unknown,
-      enumerable: true,
-      writable: true,
-      configurable: true,
-    });
-  }
-  return root.v;
-}
 const hostilePod: fc.Arbitrary<unknown> = fc.oneof(
   {
     weight: 4,
@@ -378,7 +303,7 @@ test("the classifier never throws on any JSON value, and cacheHash never on a po
   );
 });
 
-test("hostile pods the fuzzing found: classified or left alone, never a throw", () => {
+test("pods with the wrong types anywhere: classified or left alone, never a throw", () => {
   const gpu = { limits: { "nvidia.com/gpu": "1" } };
   const toStringKey = JSON.parse('{"toString":1}') as unknown;
   const cases: Array<[unknown, string]> = [
@@ -563,8 +488,8 @@ test("stripping never crashes on hostile args: odd unicode, dangling value flags
 });
 
 test("a role flag's `=` value with spaces in it is stripped, as a list item and inside a script", () => {
-  // Found by the fuzzing: JSON written with spaces after its colons kept the flag in the hash, so a
-  // Dynamo prefill and decode worker of one model hashed apart.
+  // JSON written with spaces after its colons is one flag value all the same: a Dynamo prefill and
+  // decode worker of one model must hash together.
   const kv = (role: string): string => `{"kv_connector": "NixlConnector", "kv_role": "${role}"}`;
   const worker = (argv: Pick<V1Container, "command" | "args">): V1Pod => ({
     metadata: {},
@@ -589,7 +514,8 @@ test("a role flag's `=` value with spaces in it is stripped, as a list item and 
 });
 
 // ---------------------------------------------------------------------------------------------
-// The hash: deterministic; blind to what SPEC 1.2 leaves out; order of env only where names differ.
+// The hash: deterministic; blind to what it leaves out (role flags, orchestration env); order of
+// env only where names differ.
 
 const downloader = apiPod.filter((p) => classifyPod(p).downloader);
 const mainOf = (p: V1Pod): V1Container => p.spec!.containers[classifyPod(p).containerIndex!]!;
@@ -625,7 +551,7 @@ test("env order never changes the hash when the names are distinct (main and cac
         const b = structuredClone(p);
         mainOf(a).env = env;
         mainOf(b).env = shuffled;
-        // An init container that writes the cache counts too (SPEC 1.2 "In").
+        // An init container that writes the cache counts too: what it writes is in the tree.
         const init = (e: V1EnvVar[]): V1Container => ({
           name: "fill",
           image: "busybox",
@@ -675,7 +601,7 @@ test("duplicate env names: the last definition wins, so only their relative orde
   );
 });
 
-test("what SPEC 1.2 leaves out never changes the hash: role flags in every form, orchestration env", async (t) => {
+test("what the hash leaves out never changes it: role flags in every form, orchestration env", async (t) => {
   const wiring = fc.record({
     name: fc.oneof(
       fc.constantFrom("ETCD_ENDPOINTS", "NATS_SERVER", "NATS_URL", ENV_PREWARM),
