@@ -155,6 +155,14 @@ test("a leader that goes away ends its election: Lease retired, followers evicte
     0,
     "a leader that goes away is not a failed capture: admission never goes cold for it",
   );
+  // The cluster's server counts the retirement by its reason, never by a message naming the pod.
+  const st = await (await import("../harness.js")).localCluster();
+  const metrics = await (await fetch(`${st!.roles.server}/metrics`)).text();
+  const whys = [...metrics.matchAll(/^warmstart_server_elections_retired_total\{why="([^"]*)"\}/gm)].map(
+    (m) => m[1],
+  );
+  assert.ok(whys.includes("LeaderGone"), `retired by reason: ${whys.join(", ")}`);
+  for (const why of whys) assert.match(why!, /^[A-Z][A-Za-z]+$/, "a bounded reason, not a message");
 });
 
 test("an orphaned follower (no Lease) is released when its cache is Ready", async (t) => {
