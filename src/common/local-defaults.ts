@@ -8,7 +8,7 @@ import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { z } from "zod";
 
-/** The local cluster's state folder; the same rule as `warmstart cluster up` uses. */
+/** The local cluster's state folder (`warmstart cluster up` keeps its state there too). */
 export function localStateDir(): string {
   return resolve(
     process.env.WARMSTART_STATE_DIR ??

@@ -1,6 +1,7 @@
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { localStateDir } from "../common/local-defaults.js";
 
 /** Pinned versions of the local control plane; see docs/local-cluster.md for why these. */
 export const VERSIONS = {
@@ -27,12 +28,7 @@ export function binDir(): string {
 }
 
 /** Where a running local cluster keeps its state (certs, etcd data, pid file, logs). */
-export function stateDir(): string {
-  return resolve(
-    process.env.WARMSTART_STATE_DIR ??
-      join(process.env.XDG_STATE_HOME ?? join(homedir(), ".local", "state"), "warmstart", "cluster"),
-  );
-}
+export const stateDir = localStateDir;
 
 export const BINARIES = [
   "etcd",
