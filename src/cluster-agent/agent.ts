@@ -20,7 +20,7 @@ import { realClock, type Clock } from "../common/clock.js";
 import type { AgentConfig } from "./config.js";
 import { SecretStore, type InstalledCredentials } from "./credentials.js";
 import { Heartbeat } from "./heartbeat.js";
-import { ResilientWatch } from "../common/watch.js";
+import { ResilientWatch, makeInformer } from "../common/watch.js";
 import { describe, fits, inventoryFromNodes, nodeGpus, type GpuInventory } from "./inventory.js";
 import { createMetrics, type AgentMetrics } from "./metrics.js";
 import { GpuMonitor } from "./monitor.js";
@@ -213,7 +213,7 @@ export class ClusterAgent {
       name: "nodes",
       clock: this.clock,
       log: log.child({ component: "node-watch" }),
-      informer: k8s.makeInformer(
+      informer: makeInformer(
         kc,
         "/api/v1/nodes",
         () => this.core.listNode({ labelSelector: selector }),
@@ -229,7 +229,7 @@ export class ClusterAgent {
           name: `pods in ${namespace}`,
           clock: this.clock,
           log: log.child({ component: "pod-watch", namespace }),
-          informer: k8s.makeInformer(
+          informer: makeInformer(
             kc,
             `/api/v1/namespaces/${namespace}/pods`,
             () => this.core.listNamespacedPod({ namespace, labelSelector: LABEL_REQUEST_ID }),

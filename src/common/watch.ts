@@ -2,7 +2,7 @@
  * A watch that keeps itself alive. client-node 1.4's informer stops on the first error and never
  * restarts; this restarts it with capped backoff, resetting once a watch has held for a while.
  */
-import type * as k8s from "@kubernetes/client-node";
+import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "./log.js";
 import { Backoff } from "../core/backoff.js";
 import { Alarm, type Clock } from "./clock.js";
@@ -82,4 +82,33 @@ export class ResilientWatch<T extends k8s.KubernetesObject> {
     );
     this.restart.set(delay);
   }
+}
+
+/**
+ * An informer (client-node's ListWatch, not started) whose watches never outlive its stop.
+ * ListWatch lists and opens its watch again on its own (on start, and whenever a watch ends) and
+ * does not look at whether it was stopped once the list or the opening returns: a stop that lands
+ * in between leaves that watch open for good, and the process alive. Here the opening looks.
+ */
+export function makeInformer<T extends k8s.KubernetesObject>(
+  kc: k8s.KubeConfig,
+  path: string,
+  listFn: k8s.ListPromise<T>,
+  labelSelector?: string,
+  fieldSelector?: string,
+): k8s.ListWatch<T> {
+  const real = new k8s.Watch(kc);
+  // Read when a watch opens, long after the informer below exists.
+  const stopped = (): boolean => (informer as unknown as { stopped: boolean }).stopped;
+  const guarded = {
+    watch: async (...args: Parameters<k8s.Watch["watch"]>): Promise<AbortController> => {
+      const request = await real.watch(...args);
+      if (stopped()) request.abort();
+      return request;
+    },
+  } as unknown as k8s.Watch;
+  const informer = new k8s.ListWatch<T>(path, guarded, listFn, false, labelSelector, fieldSelector);
+  if (typeof (informer as unknown as { stopped?: unknown }).stopped !== "boolean")
+    throw new Error("client-node's ListWatch keeps no stopped flag; client-node changed");
+  return informer;
 }

@@ -12,7 +12,7 @@
 import { performance } from "node:perf_hooks";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
-import { ResilientWatch } from "../common/watch.js";
+import { ResilientWatch, makeInformer } from "../common/watch.js";
 import { realClock } from "../common/clock.js";
 import { apiError, isAlreadyExists, isConflict, isNotFound, makeApiClient } from "../common/kube.js";
 import { postPodEvent } from "../common/events.js";
@@ -146,15 +146,14 @@ export class NodeAgent {
     });
 
     const fieldSelector = `spec.nodeName=${cfg.node}`;
-    this.informer = new k8s.ListWatch<k8s.V1Pod>(
+    this.informer = makeInformer<k8s.V1Pod>(
+      kc,
       "/api/v1/pods",
-      new k8s.Watch(kc),
       async () => {
         const list = await this.core.listPodForAllNamespaces({ fieldSelector });
         this.listed = this.everListed = true;
         return list;
       },
-      false,
       undefined,
       fieldSelector,
     );
@@ -172,7 +171,7 @@ export class NodeAgent {
       onChange: (pod, kind) => this.handle(pod, kind),
     });
     // Cache records: a record being deleted is the signal to remove this node's tree of it.
-    const caches = k8s.makeInformer(
+    const caches = makeInformer(
       kc,
       `/apis/${MODELCACHE.group}/${MODELCACHE.version}/${MODELCACHE.plural}`,
       () =>

@@ -3,7 +3,7 @@ import type { Logger } from "../common/log.js";
 import { makeApiClient } from "../common/kube.js";
 import { WorkQueue } from "../common/workqueue.js";
 import { LABEL_GATED, LABEL_HASH, LABEL_STORE, MODELCACHE } from "../core/contract.js";
-import { ResilientWatch } from "../common/watch.js";
+import { ResilientWatch, makeInformer } from "../common/watch.js";
 import { realClock } from "../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
 import type { ServerMetrics } from "./metrics.js";
@@ -93,19 +93,19 @@ export class ReleaseController {
         obj.metadata?.labels?.[LABEL_HASH] ?? (obj.kind === MODELCACHE.kind ? obj.metadata?.name : undefined);
       if (short) this.queue.add(short);
     };
-    const pods = k8s.makeInformer(
+    const pods = makeInformer(
       o.kc,
       "/api/v1/pods",
       () => core.listPodForAllNamespaces({ labelSelector: LABEL_HASH }),
       LABEL_HASH,
     );
-    const leases = k8s.makeInformer(
+    const leases = makeInformer(
       o.kc,
       `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`,
       () => coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_HASH }),
       LABEL_HASH,
     );
-    const caches = k8s.makeInformer(
+    const caches = makeInformer(
       o.kc,
       `/apis/${MODELCACHE.group}/${MODELCACHE.version}/${MODELCACHE.plural}`,
       () =>
@@ -115,7 +115,7 @@ export class ReleaseController {
           plural: MODELCACHE.plural,
         }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
     );
-    const stores = k8s.makeInformer(
+    const stores = makeInformer(
       o.kc,
       `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`,
       () => coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_STORE }),
