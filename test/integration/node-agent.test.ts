@@ -237,7 +237,8 @@ void test("transient claim errors are retried and the cache still ends Ready; a 
   assert.ok(await claimIn(nsB, short));
   assert.equal(cache.status?.files, tree.files);
   assert.equal(await metric(ta.agent, "warmstart_node_agent_captures_total", 'result="captured"'), 1);
-  assert.ok((await metric(ta.agent, "warmstart_node_agent_claims_total", 'result="retry"')) >= 2);
+  // The 500 is the agent's to retry (a create may have landed); the 429 its API client retries.
+  assert.ok((await metric(ta.agent, "warmstart_node_agent_claims_total", 'result="retry"')) >= 1);
   assert.equal(ta.agent.marks.isCommitted(pod.metadata!.uid!), true);
 
   // A resync looks at the Ready leader again: nothing is captured twice.
