@@ -86,35 +86,3 @@ void test("a watch that fails is restarted with capped backoff, and stop clears 
   inf.emit("error", new Error("late"));
   assert.equal(clock.pending, 0, "nothing restarts after stop");
 });
-
-void test("a stop that lands while the informer is still starting closes the watch that start opens", async () => {
-  // As client-node's informer does: its start lists, then opens the watch, whether it was stopped
-  // in between or not; its stop closes only a watch already open.
-  let listed: () => void = () => undefined;
-  const inf = {
-    open: false,
-    stops: 0,
-    on: () => undefined,
-    start: async () => {
-      await new Promise<void>((resolve) => (listed = resolve));
-      inf.open = true;
-    },
-    stop: () => {
-      inf.stops++;
-      inf.open = false;
-      return Promise.resolve();
-    },
-  };
-  const w = new ResilientWatch<k8s.V1Pod>({
-    name: "pods",
-    clock: new FakeClock(),
-    log: memoryLogger().log,
-    informer: inf as unknown as k8s.Informer<k8s.V1Pod>,
-    onChange: () => undefined,
-  });
-  w.start();
-  const stopping = w.stop();
-  listed();
-  await stopping;
-  assert.equal(inf.open, false, "no watch left open after stop");
-});

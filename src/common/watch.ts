@@ -26,8 +26,6 @@ export class ResilientWatch<T extends k8s.KubernetesObject> {
   private readonly restart: Alarm;
   private stopped = true;
   private startedAt = 0;
-  /** The informer's start in progress (its list, then the opening of its watch). */
-  private starting: Promise<void> | undefined;
 
   constructor(private readonly o: ResilientWatchOptions<T>) {
     this.backoff = new Backoff(o.backoff ?? { initialMs: 500, maxMs: 30_000 });
@@ -48,27 +46,15 @@ export class ResilientWatch<T extends k8s.KubernetesObject> {
   async stop(): Promise<void> {
     this.stopped = true;
     this.restart.clear();
-    const starting = this.starting;
+    // A watch the informer opens on its own after this (its list overtook the stop) is closed by
+    // the guard of makeInformer below.
     await this.o.informer.stop();
-    // client-node's informer opens its watch once a list in flight returns, stopped meanwhile or
-    // not: a stop that lands during a start is made again once that start has settled, or the
-    // watch it opens stays open for good.
-    if (starting) {
-      await starting;
-      await this.o.informer.stop();
-    }
   }
 
   private begin(): void {
     if (this.stopped) return;
     this.startedAt = this.o.clock.now();
-    const starting: Promise<void> = this.o.informer
-      .start()
-      .catch((err: unknown) => this.failed(err))
-      .finally(() => {
-        if (this.starting === starting) this.starting = undefined;
-      });
-    this.starting = starting;
+    this.o.informer.start().catch((err: unknown) => this.failed(err));
   }
 
   private failed(err: unknown): void {
