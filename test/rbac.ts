@@ -211,12 +211,24 @@ export class ApiCallDeriver {
     return out;
   }
 
-  /** `makeInformer(kc, path, listFn)` and `new ListWatch(path, watch, listFn)`: their list calls watch too. */
+  /**
+   * `makeInformer(kc, path, listFn)` (client-node's, or ours in src/common/watch.ts that wraps its
+   * ListWatch) and `new ListWatch(path, watch, listFn)`: their list calls watch too.
+   */
   private isInformer(n: ts.CallExpression | ts.NewExpression): boolean {
     const callee = ts.isPropertyAccessExpression(n.expression) ? n.expression.name : n.expression;
     const name = ts.isIdentifier(callee) ? callee.text : "";
     if (name !== "makeInformer" && name !== "ListWatch") return false;
-    return this.fromClientNode(callee);
+    return (
+      this.fromClientNode(callee) ||
+      (name === "makeInformer" && this.declaredIn(callee, "/src/common/watch.ts"))
+    );
+  }
+
+  private declaredIn(node: ts.Node, file: string): boolean {
+    let sym = this.checker.getSymbolAtLocation(node);
+    if (sym && sym.flags & ts.SymbolFlags.Alias) sym = this.checker.getAliasedSymbol(sym);
+    return (sym?.declarations ?? []).some((d) => d.getSourceFile().fileName.endsWith(file));
   }
 
   private fromClientNode(node: ts.Node): boolean {
