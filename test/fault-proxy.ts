@@ -4,9 +4,11 @@
  * (responses are streamed). The proxy listens on plain HTTP on loopback and authenticates to the
  * API server with the kubeconfig's own credentials, so a client pointed at it needs none.
  */
+import { writeFile } from "node:fs/promises";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { Agent, request as httpsRequest, type RequestOptions } from "node:https";
 import type { AddressInfo } from "node:net";
+import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 
@@ -96,8 +98,6 @@ export class FaultProxy {
 
   /** The proxy's kubeconfig as a file, for a process started with KUBECONFIG. */
   async kubeconfigFile(dir: string): Promise<string> {
-    const { writeFile } = await import("node:fs/promises");
-    const { join } = await import("node:path");
     const file = join(dir, "fault-proxy.kubeconfig");
     await writeFile(file, this.kubeConfig().exportConfig());
     return file;

@@ -30,7 +30,10 @@ export function registerNodeAgentCommands(program: Command): void {
     )
     .option("--no-durable", "do not flush captured data to disk before committing (throwaway stores only)")
     .option("--resync <duration>", "how often pods and promoted claims are looked at again (default 60s)")
-    .option("--snapshot-timeout <duration>", "snapshot-clone: how long a snapshot may take to be ready (default 10m)")
+    .option(
+      "--snapshot-timeout <duration>",
+      "snapshot-clone: how long a snapshot may take to be ready (default 10m)",
+    )
     .option("--host <host>", "metrics and health listen address (default 0.0.0.0)")
     .option("--port <port>", "metrics and health port (0 = any free port; default 9464)")
     .action(async (flags: Record<string, string | boolean | undefined>) => {
