@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { Option, type Command } from "commander";
-import { compare, explain, subjectFromText, type ExplainOptions, type Subject } from "../core/explain.js";
+import { compare, explain, subjectsFromText, type ExplainOptions, type Subject } from "../core/explain.js";
 import { SHARING_SCOPES } from "../core/scope.js";
 
 /** Reads a manifest from a path, or stdin for `-`, with a one-line error when it cannot. */
@@ -21,9 +21,12 @@ function readManifest(path: string): string {
   }
 }
 
-function load(path: string): Subject {
-  return subjectFromText(readManifest(path), path === "-" ? "stdin" : path);
+function load(path: string): Subject[] {
+  return subjectsFromText(readManifest(path), path === "-" ? "stdin" : path);
 }
+
+/** One subject's view as the object it always was; several (a multi-document file, a LeaderWorkerSet) as a list, each named. */
+const oneOrList = <T>(items: T[]): T | T[] => (items.length === 1 ? (items[0] as T) : items);
 
 export function registerExplainCommands(program: Command): void {
   program
@@ -34,7 +37,8 @@ export function registerExplainCommands(program: Command): void {
     )
     .argument(
       "<file>",
-      "Pod, Deployment, StatefulSet, Job, CronJob, ReplicaSet or DaemonSet; YAML or JSON; - for stdin",
+      "Pod, Deployment, StatefulSet, Job, CronJob, ReplicaSet, DaemonSet, LeaderWorkerSet or any workload " +
+        "with a pod template, one or many documents (each workload is explained); YAML or JSON; - for stdin",
     )
     .argument("[file2]", "a second pod, workload or ModelCache record to compare with")
     .addOption(
@@ -55,7 +59,19 @@ export function registerExplainCommands(program: Command): void {
       if (flags.shareGroup !== undefined && flags.sharingScope !== "group")
         throw new Error("--share-group applies to --sharing-scope group only");
       const a = load(file);
-      const out = file2 === undefined ? explain(a, flags) : compare(a, load(file2), flags);
+      let out: unknown;
+      if (file2 === undefined) out = oneOrList(a.map((s) => explain(s, flags)));
+      else {
+        const b = load(file2);
+        if (a.length !== b.length) {
+          const names = (l: Subject[]): string => l.map((s) => s.name).join(", ");
+          throw new Error(
+            `cannot pair ${a.length} subject(s) of ${file} (${names(a)}) with ${b.length} of ${file2} (${names(b)}): ` +
+              "compare files of one workload each",
+          );
+        }
+        out = oneOrList(a.map((s, k) => compare(s, b[k] as Subject, flags)));
+      }
       process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
     });
 }

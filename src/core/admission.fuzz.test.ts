@@ -70,11 +70,14 @@ const modelUnit: fc.Arbitrary<string[]> = fc.oneof(
 const keptUnit: fc.Arbitrary<string[]> = fc.oneof(
   fc
     .tuple(
-      fc.constantFrom("--tensor-parallel-size", "--port", "--revision", "--dtype", "--served-model-name"),
+      fc.constantFrom("--tensor-parallel-size", "--max-model-len", "--revision", "--dtype", "--max-num-batched-token"),
       word,
     )
     .map(([f, v]) => [f, v]),
-  fc.tuple(fc.stringMatching(/^--[a-z][a-z-]{0,12}$/), word).map(([f, v]) => [`${f}=${v}`]),
+  fc
+    .tuple(fc.stringMatching(/^--[a-z][a-z-]{0,12}$/), word)
+    .filter(([f]) => !["--host", "--port", "--served-model-name"].includes(f))
+    .map(([f, v]) => [`${f}=${v}`]),
   fc.constantFrom<string[]>(["--trust-remote-code"], ["--enforce-eager"], ["--enable-prefix-caching"]),
 );
 const jsonText = fc
@@ -89,6 +92,9 @@ const roleUnit: fc.Arbitrary<string[]> = fc.oneof(
   fc
     .tuple(fc.constantFrom("--kv-transfer-config", "--kv-events-config"), jsonText)
     .map(([f, v]) => [`${f}=${v}`]),
+  // Serving-endpoint flags change neither download nor compiled result.
+  fc.tuple(fc.constantFrom("--host", "--port"), word).map(([f, v]) => [f, v]),
+  fc.tuple(fc.constantFrom("--host", "--port", "--served-model-name"), word).map(([f, v]) => [`${f}=${v}`]),
 );
 const LAUNCHERS: string[][] = [
   ["python3", "-m", "vllm.entrypoints.openai.api_server"],

@@ -237,7 +237,12 @@ void describe("classifyPod: GPUs and the main container", () => {
   void test("a GPU container without a model is not a downloader even if a sidecar names one", () => {
     const sidecar: V1Container = { name: "side", image: "x", args: ["--model", "org/side"] };
     const c = classifyPod(pod(sidecar, gpu({ args: ["--port", "1"] })));
-    assert.deepEqual(c, { downloader: false, reason: REASON_NO_MODEL, containerIndex: 1 });
+    assert.deepEqual(c, {
+      downloader: false,
+      reason: REASON_NO_MODEL,
+      containerIndex: 1,
+      gpus: { "nvidia.com/gpu": "1" },
+    });
   });
 
   void test("frontends, routers, etcd and NATS (no GPU) are left alone", () => {

@@ -1,8 +1,18 @@
 import type { V1Container, V1Pod } from "@kubernetes/client-node";
 import { envSourceRef, expandKubeRefs, expandShellVars, listOf, literalEnv, textOf } from "./env.js";
-import { isScriptOption, looksLikeShell, splitShell } from "./shell.js";
+export { argvTokens, takesScript, type ArgvToken } from "./argv.js";
+import { isRecord } from "./guards.js";
+import { locationPlan, mountCovering, type LocationPlan } from "./locations.js";
+import { argvTokens, type ArgvToken } from "./argv.js";
 
 export const GPU_RESOURCE = "nvidia.com/gpu";
+/** A MIG slice is a GPU too: `nvidia.com/mig-1g.10gb`, `nvidia.com/mig-3g.40gb`, ... */
+const MIG_RESOURCE = /^nvidia\.com\/mig-[0-9a-z.+-]+$/i;
+/** DRA device classes of NVIDIA's GPU driver (whole GPUs and MIG devices). */
+const GPU_DEVICE_CLASS = /(^|\.)(gpu|mig)\.nvidia\.com$/;
+/** KServe's pod mutator writes the storage URI it will fetch here before injecting its initializer. */
+export const KSERVE_SOURCE_URI_ANNOTATION = "serving.kserve.io/storage-initializer-sourceuri";
+export const REASON_PERSISTENT_MODEL = "model on a persistent volume";
 
 /** The admission view of a pod: does it download a model, and why (or why not). */
 export interface Classification {
@@ -12,6 +22,34 @@ export interface Classification {
   model?: string;
   /** Index in `spec.containers` of the main container (the first one that requests a GPU). */
   containerIndex?: number;
+  /** The GPUs the main container asks for: kind (resource name, or `claim:<ref>`) to count. */
+  gpus?: Record<string, string>;
+  /** The local path the engine is given, when the model is a folder in the container. */
+  modelPath?: string;
+  /** Where the model comes from when it is not what the engine is given (a storage initializer's URI). */
+  source?: string;
+  /** Set when the pod downloads but must be admitted cold: the reason. */
+  cold?: string;
+  /** Where the engine writes in this pod: what a leader's capture takes. */
+  locations?: LocationPlan;
+}
+
+/**
+ * The device classes a DRA claim of the pod asks for, looked up in the cluster (the claim's
+ * template lives there, not in the pod). Undefined when it cannot be known.
+ */
+export type DeviceClassLookup = (ref: ClaimRef) => readonly string[] | undefined;
+
+/** A container's DRA claim, as the pod names it. */
+export interface ClaimRef {
+  /** The name in `spec.resourceClaims` (and `resources.claims`). */
+  name: string;
+  template?: string;
+  claim?: string;
+}
+
+export interface ClassifyOptions {
+  deviceClasses?: DeviceClassLookup;
 }
 
 /** Reasons a pod is left alone. Model-found reasons are `model from ...`. */
@@ -46,53 +84,77 @@ const BOOLEAN_FLAGS = new Set([
 // trtllm-serve subcommands that take no model positional.
 const TRTLLM_NO_MODEL = new Set(["disaggregated", "disaggregated_mpi_worker"]);
 
-/** The GPUs a container asks for, in requests or limits (the larger). */
+const quantity = (v: unknown): number => {
+  const n = typeof v === "number" ? v : typeof v === "string" ? Number.parseFloat(v) : 0;
+  return Number.isFinite(n) && n > 0 ? n : 0;
+};
+
+/** Whole GPUs and MIG slices a container asks for in requests or limits (the larger), by resource name. */
+export function gpuResources(container: V1Container): Record<string, number> {
+  const r = isRecord(container.resources) ? container.resources : {};
+  const out: Record<string, number> = {};
+  for (const m of [r.requests, r.limits]) {
+    if (!isRecord(m)) continue;
+    for (const [name, v] of Object.entries(m)) {
+      if (name !== GPU_RESOURCE && !MIG_RESOURCE.test(name)) continue;
+      const n = quantity(v);
+      if (n > (out[name] ?? 0)) out[name] = n;
+    }
+  }
+  return out;
+}
+
+/** The GPUs a container asks for: whole GPUs and MIG slices together. */
 export function gpuCount(container: V1Container): number {
-  const r = container.resources;
-  const q = (m: Record<string, unknown> | undefined): number => {
-    const v = m?.[GPU_RESOURCE];
-    const n = typeof v === "number" ? v : typeof v === "string" ? Number.parseFloat(v) : 0;
-    return Number.isFinite(n) && n > 0 ? n : 0;
-  };
-  return Math.max(q(r?.requests), q(r?.limits));
+  return Object.values(gpuResources(container)).reduce((a, b) => a + b, 0);
 }
 
-/** The main container: the first that requests a GPU; undefined when none does. */
-export function mainContainerIndex(pod: V1Pod): number | undefined {
-  const i = (pod.spec?.containers ?? []).findIndex((c) => c && typeof c === "object" && gpuCount(c) > 0);
-  return i === -1 ? undefined : i;
-}
-
-/** A word of the container's argv, after splitting any shell strings in it. */
-export interface ArgvToken {
-  text: string;
-  op: boolean;
-  /** Read out of a shell string, so `$VAR` there is the shell's. */
-  shell: boolean;
+/** The DRA claims a container uses, resolved against the pod's `spec.resourceClaims`. */
+export function containerClaims(pod: V1Pod, container: V1Container): ClaimRef[] {
+  const r = isRecord(container.resources) ? container.resources : {};
+  const used = listOf(r.claims as Array<{ name?: unknown }> | undefined)
+    .map((c) => (isRecord(c) && typeof c.name === "string" ? c.name : ""))
+    .filter(Boolean);
+  const declared = listOf(pod.spec?.resourceClaims);
+  return used.map((name) => {
+    const d = declared.find((x) => isRecord(x) && x.name === name);
+    return {
+      name,
+      ...(typeof d?.resourceClaimTemplateName === "string" ? { template: d.resourceClaimTemplateName } : {}),
+      ...(typeof d?.resourceClaimName === "string" ? { claim: d.resourceClaimName } : {}),
+    };
+  });
 }
 
 /**
- * The container's command and args as one token stream. Items with whitespace (`"--model X"`, the
- * script of `sh -c`) are split as a shell would, recursively for scripts nested in scripts.
+ * Whether a claim is for an NVIDIA GPU: by its device classes when the cluster says, else (offline,
+ * or the lookup failed) by its names, which for GPU claims say so in practice.
  */
-export function argvTokens(container: V1Container): ArgvToken[] {
-  const out: ArgvToken[] = [];
-  const split = (text: string, depth: number): void => {
-    let prev: string | undefined;
-    for (const t of splitShell(text)) {
-      if (t.op) out.push({ text: t.text, op: true, shell: true });
-      // Only the script handed to a nested shell is split again; other quoted words are values.
-      else if (isScriptOption(prev) && looksLikeShell(t.text) && depth < 3) split(t.text, depth + 1);
-      else out.push({ text: t.text, op: false, shell: true });
-      prev = t.op ? undefined : t.text;
-    }
-  };
-  for (const item of [...listOf(container.command), ...listOf(container.args)]) {
-    const text = textOf(item);
-    if (looksLikeShell(text)) split(text, 0);
-    else out.push({ text, op: false, shell: false });
+function isGpuClaim(ref: ClaimRef, lookup: DeviceClassLookup | undefined): boolean {
+  const classes = lookup?.(ref);
+  if (classes) return classes.some((c) => GPU_DEVICE_CLASS.test(c));
+  return [ref.name, ref.template, ref.claim].some((n) => n !== undefined && /gpu|mig/i.test(n));
+}
+
+/** What a container's GPUs enter the hash as: `nvidia.com/gpu: "2"`, `claim:<template>: "1"`. */
+export function gpuInputs(pod: V1Pod, container: V1Container, lookup?: DeviceClassLookup): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, n] of Object.entries(gpuResources(container))) out[k] = String(n);
+  for (const ref of containerClaims(pod, container)) {
+    if (!isGpuClaim(ref, lookup)) continue;
+    // The template (or the shared claim) says what devices and how many; the pod's own name for it does not.
+    const key = ref.template ? `claim:template/${ref.template}` : ref.claim ? `claim:${ref.claim}` : `claim:${ref.name}`;
+    out[key] = String(Number(out[key] ?? 0) + 1);
   }
   return out;
+}
+
+/** The main container: the first that requests a GPU; undefined when none does. */
+export function mainContainerIndex(pod: V1Pod, lookup?: DeviceClassLookup): number | undefined {
+  const i = listOf(pod.spec?.containers).findIndex(
+    (c) => isRecord(c) && Object.keys(gpuInputs(pod, c, lookup)).length > 0,
+  );
+  return i === -1 ? undefined : i;
 }
 
 export interface ModelHit {
@@ -175,14 +237,66 @@ function positional(tokens: readonly ArgvToken[], start: number): ArgvToken | un
   return undefined;
 }
 
+/** An absolute path, normalised; undefined for anything else (a hub id, a URI, a relative path). */
+export function localPath(model: string): string | undefined {
+  if (!model.startsWith("/")) return undefined;
+  const parts: string[] = [];
+  for (const p of model.split("/")) {
+    if (p === "" || p === ".") continue;
+    if (p === "..") parts.pop();
+    else parts.push(p);
+  }
+  return `/${parts.join("/")}`;
+}
+
+const URI = /^[a-z][a-z0-9+.-]*:\/\/\S+$/i;
+
+/**
+ * Where a model the engine reads from a local folder really comes from: an init container that
+ * writes the volume holding that folder and names a storage URI (KServe's storage initializer,
+ * `hf://org/name`, `s3://...`), or the URI KServe's pod mutator announces before it injects one.
+ */
+function storageSource(pod: V1Pod, main: V1Container, path: string): { uri: string; from: string } | undefined {
+  const mount = mountCovering(main, path);
+  if (!mount) return undefined;
+  for (const init of listOf(pod.spec?.initContainers)) {
+    if (!isRecord(init)) continue;
+    const writes = listOf(init.volumeMounts).some((m) => m?.name === mount.name && m.readOnly !== true);
+    if (!writes) continue;
+    const uri = argvTokens(init).find((t) => !t.op && URI.test(t.text));
+    if (uri) return { uri: uri.text, from: `init container ${textOf(init.name)}` };
+  }
+  const announced = pod.metadata?.annotations?.[KSERVE_SOURCE_URI_ANNOTATION];
+  if (typeof announced === "string" && URI.test(announced.trim()))
+    return { uri: announced.trim(), from: `annotation ${KSERVE_SOURCE_URI_ANNOTATION}` };
+  return undefined;
+}
+
 /** Decides whether a pod is a model downloader: a GPU container that names a model. Never throws. */
-export function classifyPod(pod: V1Pod): Classification {
+export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classification {
   const containers = (pod as V1Pod | null | undefined)?.spec?.containers;
   if (!Array.isArray(containers) || containers.length === 0)
     return { downloader: false, reason: REASON_NO_CONTAINERS };
-  const idx = mainContainerIndex(pod);
+  const idx = mainContainerIndex(pod, opts.deviceClasses);
   if (idx === undefined) return { downloader: false, reason: REASON_NO_GPU };
-  const hit = containerModel(containers[idx] as V1Container);
-  if (!hit) return { downloader: false, reason: REASON_NO_MODEL, containerIndex: idx };
-  return { downloader: true, reason: hit.reason, model: hit.model, containerIndex: idx };
+  const main = containers[idx] as V1Container;
+  const gpus = gpuInputs(pod, main, opts.deviceClasses);
+  const hit = containerModel(main);
+  if (!hit) return { downloader: false, reason: REASON_NO_MODEL, containerIndex: idx, gpus };
+  const c: Classification = { downloader: true, reason: hit.reason, model: hit.model, containerIndex: idx, gpus };
+  const path = localPath(hit.model);
+  if (path !== undefined) {
+    c.modelPath = path;
+    // The model's identity is what was fetched, never the folder every pod of a kind reads it from.
+    const src = storageSource(pod, main, path);
+    if (src) {
+      c.model = src.uri;
+      c.source = src.uri;
+      c.reason = `model from ${src.from} (${hit.reason.replace(/^model from /, "")} ${path})`;
+      if (/^pvc:\/\//i.test(src.uri)) c.cold = REASON_PERSISTENT_MODEL;
+    }
+  }
+  c.locations = locationPlan(pod, c);
+  if (c.locations.persistent && !c.cold) c.cold = REASON_PERSISTENT_MODEL;
+  return c;
 }

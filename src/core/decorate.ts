@@ -9,6 +9,7 @@ import type {
 } from "@kubernetes/client-node";
 import jsonpatch, { type Operation } from "fast-json-patch";
 import { mainContainerIndex } from "./classify.js";
+import { normalisePath, type CacheLocation } from "./locations.js";
 import {
   ANN_ELECTION_ID,
   ANN_CAPTURE_SIZE_LIMIT,
@@ -67,6 +68,11 @@ export interface DecorationOptions {
   containerIndex?: number;
   /** Stamped as `warmstart.dev/reason` when given. */
   reason?: string;
+  /**
+   * The pod's own folders its engine writes (locations.ts): the leader's capture volume is mounted
+   * there, and a restore's writable shadow, so the tree is found at the paths it was written.
+   */
+  locations?: readonly CacheLocation[];
 }
 
 export interface LeaderOptions extends DecorationOptions {
@@ -140,6 +146,7 @@ export function decorateLeader(pod: V1Pod, opts: LeaderOptions): V1Pod {
   annotations[ANN_CAPTURE_SIZE_LIMIT] = opts.sizeLimit;
   upsertVolume(p, { name: CACHE_VOLUME, emptyDir: { sizeLimit: opts.sizeLimit } });
   upsertMount(c, { name: CACHE_VOLUME, mountPath: root });
+  mountLocations(p, c, opts.locations ?? [], CACHE_VOLUME);
   injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
   return p;
 }
@@ -178,6 +185,7 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   };
   upsertMount(c, roMount);
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
+  mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME);
   upsertEnv(c, treeEnv);
   injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
 
@@ -340,6 +348,37 @@ function upsertMount(c: V1Container, m: V1VolumeMount): void {
   const i = mounts.findIndex((x) => x.name === m.name);
   if (i === -1) mounts.push(m);
   else mounts[i] = m;
+}
+
+/**
+ * Puts `volume` (the capture volume, or a restore's shadow) at each of the pod's own locations, as
+ * the location's folder of the tree: a folder of the image gets a new mount in the main container;
+ * the pod's own scratch volume is replaced in every container that mounts it (a storage initializer
+ * writing it, the engine reading it), keeping each mount's path, sub-path and read-only flag.
+ */
+function mountLocations(p: V1Pod, main: V1Container, locations: readonly CacheLocation[], volume: string): void {
+  const spec = p.spec as NonNullable<V1Pod["spec"]>;
+  const containers = [...(spec.initContainers ?? []), ...spec.containers];
+  for (const l of locations) {
+    if (l.volume !== undefined) {
+      for (const c of containers) {
+        c.volumeMounts = c.volumeMounts?.map((m) => (m.name === l.volume ? redirected(m, l.tree, volume) : m));
+      }
+      continue;
+    }
+    const mounts = (main.volumeMounts ??= []);
+    if (!mounts.some((m) => normalisePath(m.mountPath) === l.path))
+      mounts.push({ name: volume, mountPath: l.path, subPath: l.tree });
+  }
+}
+
+function redirected(m: V1VolumeMount, tree: string, volume: string): V1VolumeMount {
+  const { subPath, subPathExpr, ...rest } = m;
+  return {
+    ...rest,
+    name: volume,
+    ...(subPathExpr ? { subPathExpr: `${tree}/${subPathExpr}` } : { subPath: subPath ? `${tree}/${subPath}` : tree }),
+  };
 }
 
 /**

@@ -37,16 +37,20 @@ export function isCredentialName(name: string): boolean {
   return CREDENTIAL_NAMES.has(n) || CREDENTIAL_SUFFIXES.some((s) => n.endsWith(s));
 }
 
-/** Command-line flags that carry a credential (`--hf-token`, `--api-key`, ...), by name. */
+/**
+ * Command-line flags that carry a credential, a closed list: `--hf-token`, `--token`, `--api-key`,
+ * and names ending in `-api-key`, `-secret` or `-password` (underscores read as dashes). Never a
+ * bare `-token` suffix: engines have flags such as `--max-num-batched-token(s)` that change the
+ * compiled result and must count.
+ */
 export function isCredentialFlag(flag: string): boolean {
   const n = flag.replace(/^-+/, "").toLowerCase().replace(/_/g, "-");
   return (
+    n === "hf-token" ||
     n === "token" ||
-    n.endsWith("-token") ||
     n === "api-key" ||
     n.endsWith("-api-key") ||
     n.endsWith("-secret") ||
-    n === "password" ||
     n.endsWith("-password")
   );
 }

@@ -124,6 +124,7 @@ void describe("explain: one pod or workload", () => {
     assert.deepEqual(
       { ...out },
       {
+        name: "Pod worker",
         downloader: false,
         reason: "no GPU requested",
         model: null,
@@ -140,7 +141,7 @@ void describe("explain: one pod or workload", () => {
     const out = single(
       podYaml({
         image: "vllm/vllm-openai:latest",
-        args: '"--model", "m", "--served-model-name", "run-2024-06-01T10:22:33"',
+        args: '"--model", "m", "--override-generation-config", "run-2024-06-01T10:22:33"',
         env: "        - {name: POD_INDEX, value: '3'}\n        - {name: RUN_ID, value: 0f8e2c1a-4b5d-4e6f-8a9b-1c2d3e4f5a6b}",
       }),
     );
@@ -148,7 +149,7 @@ void describe("explain: one pod or workload", () => {
       out.warnings.map((w) => [w.input, w.value]),
       [
         ["image", "vllm/vllm-openai:latest"],
-        ["args[3]", "run-2024-06-01T10:22:33"],
+        ["argv[6]", "run-2024-06-01T10:22:33"],
         ["env.POD_INDEX", "3"],
         ["env.RUN_ID", "0f8e2c1a-4b5d-4e6f-8a9b-1c2d3e4f5a6b"],
       ],
@@ -210,8 +211,9 @@ void describe("explain: comparing two", () => {
     assert.equal(out.equal, false);
     assert.notEqual(out.a.hash, out.b.hash);
     assert.deepEqual(out.differences, [
+      { input: "locations", a: "model/at/a=/a", b: "model/at/b=/b" },
       { input: "image", a: "vllm/vllm-openai:v0.9.0", b: "vllm/vllm-openai:v0.9.1" },
-      { input: "args[3]", a: "r1", b: "r2" },
+      { input: "argv[6]", a: "r1", b: "r2" },
       { input: "env.HF_HOME", a: "/a", b: "/b" },
       { input: "env.HF_TOKEN", a: null, b: "<credential, counted by name>" },
       { input: "env.X", a: "1", b: null },
@@ -223,9 +225,13 @@ void describe("explain: comparing two", () => {
     const out = pair(podYaml({ args: '"--model", "a"' }), podYaml({ args: '"--model", "b", "--tp", "2"' }));
     assert.deepEqual(
       out.differences.map((d) => d.input),
-      ["model", "args"],
+      ["model", "argv"],
     );
-    assert.deepEqual(out.differences[1], { input: "args", a: "--model a", b: "--model b --tp 2" });
+    assert.deepEqual(out.differences[1], {
+      input: "argv",
+      a: "python3 -m dynamo.vllm --model a",
+      b: "python3 -m dynamo.vllm --model b --tp 2",
+    });
   });
 
   void test("flags per-run inputs and says which pod has them", () => {
@@ -491,7 +497,7 @@ test("a record keeps no arg or env value verbatim, and still compares with a pod
   assert.equal(other.equal, false);
   assert.ok(other.differences.some((d) => d.input === "model"));
   assert.ok(
-    other.differences.some((d) => d.input === "args[1]"),
+    other.differences.some((d) => d.input === "argv[1]"),
     "the differing arg is named, digested",
   );
 });

@@ -5,6 +5,8 @@
 import type { V1Pod, V1PodTemplateSpec } from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
 import { classifyPod, type Classification } from "./classify.js";
+import { DEFAULT_CACHE_ENV_TEMPLATE, DEFAULT_CACHE_ROOT } from "./decorate.js";
+import type { CacheLocation, SkippedLocation } from "./locations.js";
 import { LABEL_SHARE_GROUP, shortHash, type SharingScope } from "./contract.js";
 import { isRecord } from "./guards.js";
 import { scopeKey } from "./scope.js";
@@ -25,7 +27,19 @@ export interface PerRunFlag {
   why: string;
 }
 
+/** Where the engine's files land in a leader: the pod's own folders captured, and Warmstart's root for the rest. */
+export interface LocationsView {
+  /** The pod's own folders that are captured (and where a restore presents them again). */
+  captured: Array<Pick<CacheLocation, "path" | "kind" | "from" | "tree">>;
+  /** Cache env the pod does not set, pointed into Warmstart's root (defaults of the webhook's template). */
+  injected: Array<{ name: string; value: string }>;
+  /** Locations the pod names that are not captured, and why. */
+  skipped: SkippedLocation[];
+}
+
 export interface Explanation {
+  /** What was explained: `Deployment vllm`, `LeaderWorkerSet x (worker)`, `Pod p`. */
+  name: string;
   downloader: boolean;
   reason: string;
   model: string | null;
@@ -38,6 +52,9 @@ export interface Explanation {
   hash: string | null;
   short: string | null;
   container: string | null;
+  /** Set when the pod downloads but is admitted cold anyway (its model is on its own volume). */
+  cold?: string;
+  locations?: LocationsView;
   warnings: PerRunFlag[];
 }
 
@@ -61,8 +78,8 @@ export interface Comparison {
  * namespace when it names one), or a cache record's inputs.
  */
 export type Subject =
-  | { kind: "pod"; source: string; pod: V1Pod; namespace?: string }
-  | { kind: "cache"; source: string; inputs: HashInputs; recordedHash?: string };
+  | { kind: "pod"; source: string; name: string; pod: V1Pod; namespace?: string }
+  | { kind: "cache"; source: string; name: string; inputs: HashInputs; recordedHash?: string };
 
 /**
  * The webhook's settings a pod's hash depends on: its sharing scope (`--sharing-scope`, cluster by
@@ -106,50 +123,71 @@ export function parseManifests(text: string, source: string): unknown[] {
   return out;
 }
 
-/** The first Pod, workload or cache record among the documents (a `List` is looked into). */
-export function findSubject(docs: readonly unknown[], source: string): Subject {
+/** Every Pod, workload (each of its pod templates) and cache record among the documents, in order (a `List` is looked into). */
+export function findSubjects(docs: readonly unknown[], source: string): Subject[] {
   const kinds: string[] = [];
-  const visit = (doc: unknown): Subject | undefined => {
-    if (!isRecord(doc)) return undefined;
+  const out: Subject[] = [];
+  const visit = (doc: unknown): void => {
+    if (!isRecord(doc)) return;
     const kind = typeof doc.kind === "string" ? doc.kind : "";
     if (kind === "List" && Array.isArray(doc.items)) {
-      for (const item of doc.items as unknown[]) {
-        const s = visit(item);
-        if (s) return s;
-      }
-      return undefined;
+      for (const item of doc.items as unknown[]) visit(item);
+      return;
     }
-    const s = subjectOf(doc, kind, source);
-    if (!s) kinds.push(kind || "(no kind)");
-    return s;
+    const s = subjectsOf(doc, kind, source);
+    if (s.length === 0) kinds.push(kind || "(no kind)");
+    out.push(...s);
   };
-  for (const doc of docs) {
-    const s = visit(doc);
-    if (s) return s;
-  }
+  for (const doc of docs) visit(doc);
+  if (out.length) return out;
   const seen = kinds.length ? ` (found ${[...new Set(kinds)].join(", ")})` : "";
   throw new Error(`${source}: no Pod, workload or ModelCache found${seen}`);
 }
 
-function subjectOf(doc: Record<string, unknown>, kind: string, source: string): Subject | undefined {
+/** The first subject among the documents. */
+export function findSubject(docs: readonly unknown[], source: string): Subject {
+  return findSubjects(docs, source)[0] as Subject;
+}
+
+function subjectsOf(doc: Record<string, unknown>, kind: string, source: string): Subject[] {
   const spec = isRecord(doc.spec) ? doc.spec : undefined;
-  const name = isRecord(doc.metadata) && typeof doc.metadata.name === "string" ? ` ${doc.metadata.name}` : "";
-  const what = `${source}: ${kind || "object"}${name}`;
+  const metaName = isRecord(doc.metadata) && typeof doc.metadata.name === "string" ? doc.metadata.name : "";
+  const label = `${kind || "object"}${metaName ? ` ${metaName}` : ""}`;
+  const what = `${source}: ${label}`;
   // A workload's pods are created in the workload's namespace.
   const ns = isRecord(doc.metadata) ? doc.metadata.namespace : undefined;
   const namespace = typeof ns === "string" && ns ? { namespace: ns } : {};
-  if (kind === "Pod") return { kind: "pod", source, pod: checkPod(doc, what), ...namespace };
+  const fromTemplate = (template: unknown, name: string, where: string): Subject => {
+    if (!isRecord(template)) throw new Error(`${where} has no pod template`);
+    const t = template as V1PodTemplateSpec;
+    const pod = { apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec } as V1Pod;
+    return { kind: "pod", source, name, pod: checkPod(pod, where), ...namespace };
+  };
+  if (kind === "Pod") return [{ kind: "pod", source, name: label, pod: checkPod(doc, what), ...namespace }];
   if (kind === "ModelCache") {
     const status = isRecord(doc.status) ? doc.status : undefined;
     const inputs = spec?.inputs ?? status?.inputs;
     if (!isHashInputs(inputs)) throw new Error(`${what} records no hash inputs`);
     const recorded = spec?.hash ?? status?.hash;
-    return {
-      kind: "cache",
-      source,
-      inputs,
-      ...(typeof recorded === "string" ? { recordedHash: recorded } : {}),
-    };
+    return [
+      {
+        kind: "cache",
+        source,
+        name: label,
+        inputs: upgradeInputs(inputs),
+        ...(typeof recorded === "string" ? { recordedHash: recorded } : {}),
+      },
+    ];
+  }
+  if (kind === "LeaderWorkerSet") {
+    // The leader runs the leader template, or the worker template when there is none.
+    const lwt = isRecord(spec?.leaderWorkerTemplate) ? spec.leaderWorkerTemplate : undefined;
+    if (!lwt) throw new Error(`${what} has no leaderWorkerTemplate`);
+    const leader = lwt.leaderTemplate ?? lwt.workerTemplate;
+    return [
+      fromTemplate(leader, `${label} (leader)`, `${what} (leader)`),
+      fromTemplate(lwt.workerTemplate, `${label} (worker)`, `${what} (worker)`),
+    ];
   }
   let template: unknown;
   if (TEMPLATE_KINDS.has(kind)) template = spec?.template;
@@ -159,15 +197,8 @@ function subjectOf(doc: Record<string, unknown>, kind: string, source: string): 
   } else if (kind === "PodTemplate") template = doc.template;
   else if (kind && isRecord(spec?.template) && isRecord(spec.template.spec))
     template = spec.template; // other workload kinds
-  else return undefined;
-  if (!isRecord(template)) throw new Error(`${what} has no pod template`);
-  const t = template as V1PodTemplateSpec;
-  return {
-    kind: "pod",
-    source,
-    pod: checkPod({ apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec }, what),
-    ...namespace,
-  };
+  else return [];
+  return [fromTemplate(template, label, what)];
 }
 
 function checkPod(pod: V1Pod, what: string): V1Pod {
@@ -178,9 +209,23 @@ function checkPod(pod: V1Pod, what: string): V1Pod {
   return pod;
 }
 
-/** Parses a manifest's text and picks what to explain. */
+/** Parses a manifest's text and picks what to explain: its first subject. */
 export function subjectFromText(text: string, source: string): Subject {
   return findSubject(parseManifests(text, source), source);
+}
+
+/** Parses a manifest's text: every subject in it. */
+export function subjectsFromText(text: string, source: string): Subject[] {
+  return findSubjects(parseManifests(text, source), source);
+}
+
+/** A record written by recipe v1 kept command and args apart: read as one argv. */
+function upgradeInputs(inputs: HashInputs): HashInputs {
+  const old = inputs as HashInputs & { command?: string[]; args?: string[] };
+  if (Array.isArray(old.argv)) return inputs;
+  const argv = [...(old.command ?? []), ...(old.args ?? [])];
+  const containers = inputs.containers?.map((c) => upgradeInputs(c as unknown as HashInputs) as unknown as typeof c);
+  return { ...inputs, argv, ...(containers ? { containers } : {}) };
 }
 
 interface Viewed {
@@ -203,6 +248,7 @@ function view(s: Subject, o: ExplainOptions): Viewed {
     return {
       inputs: s.inputs,
       view: {
+        name: s.name,
         downloader: true,
         reason: "cache record",
         model: s.inputs.model,
@@ -222,17 +268,30 @@ function view(s: Subject, o: ExplainOptions): Viewed {
   );
   const inputs = hashInputs(s.pod, c, { scope });
   const hash = c.downloader ? hashOfInputs(inputs) : null;
-  const name = c.containerIndex !== undefined ? s.pod.spec?.containers[c.containerIndex]?.name : undefined;
+  const main = c.containerIndex !== undefined ? s.pod.spec?.containers[c.containerIndex] : undefined;
+  const plan = c.locations;
+  const podSets = new Set((main?.env ?? []).map((e) => e?.name));
+  const locations: LocationsView | undefined = plan && {
+    captured: plan.locations.map(({ path, kind, from, tree }) => ({ path, kind, from, tree })),
+    injected: DEFAULT_CACHE_ENV_TEMPLATE.filter((e) => !podSets.has(e.name)).map((e) => ({
+      name: e.name,
+      value: e.value.split("{root}").join(DEFAULT_CACHE_ROOT),
+    })),
+    skipped: plan.skipped,
+  };
   return {
     inputs,
     view: {
+      name: s.name,
       downloader: c.downloader,
       reason: c.reason,
       model: c.model ?? null,
       scope,
       hash,
       short: hash ? shortHash(hash) : null,
-      container: name ?? null,
+      container: main?.name ?? null,
+      ...(c.cold ? { cold: c.cold } : {}),
+      ...(c.downloader && locations ? { locations } : {}),
       warnings: c.downloader ? perRunInputs(inputs) : [],
     },
   };
@@ -282,6 +341,15 @@ export function diffInputs(a: HashInputs, b: HashInputs): Difference[] {
   scalar("v", String(a.v), String(b.v));
   scalar("scope", scopeOfInputs(a), scopeOfInputs(b));
   scalar("model", a.model, b.model);
+  const gpus = (g: Record<string, string> | undefined): string | null =>
+    g && Object.keys(g).length
+      ? Object.keys(g)
+          .sort()
+          .map((k) => `${k}=${g[k]}`)
+          .join(", ")
+      : null;
+  scalar("gpus", gpus(a.gpus), gpus(b.gpus));
+  scalar("locations", a.locations?.join(", ") ?? null, b.locations?.join(", ") ?? null);
   out.push(...diffContainer("", a, b));
   const ca = a.containers ?? [];
   const cb = b.containers ?? [];
@@ -305,10 +373,7 @@ export function diffInputs(a: HashInputs, b: HashInputs): Difference[] {
       if (p !== q) d.push({ input: `${prefix}${input}`, a: p, b: q });
     };
     sc("image", x.image, y.image);
-    d.push(
-      ...diffLists(`${prefix}command`, x.command, y.command),
-      ...diffLists(`${prefix}args`, x.args, y.args),
-    );
+    d.push(...diffLists(`${prefix}argv`, x.argv, y.argv));
     const ea = new Map(x.env.map((e) => [e.name, envDisplay(e)]));
     const eb = new Map(y.env.map((e) => [e.name, envDisplay(e)]));
     for (const n of [...new Set([...ea.keys(), ...eb.keys()])].sort())
@@ -346,7 +411,11 @@ const TIMESTAMP =
   /\d{4}-[01]\d-[0-3]\d[T _][0-2]\d:?[0-5]\d|(^|\D)20\d{2}[01]\d[0-3]\d[T_-]?[0-2]\d[0-5]\d([0-5]\d)?(\D|$)/;
 const EPOCH = /(^|\D)1[5-9]\d{8}(\d{3})?(\D|$)/;
 const HEX_ID = /(^|[^0-9a-z])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{12,}([^0-9a-z]|$)/i;
-const INDEX_ENV = /(^|_)(INDEX|RANK|ORDINAL|REPLICA_ID)$/;
+// A pod's place in its workload: `POD_INDEX`, `JOB_COMPLETION_INDEX`, `WORKER_INDEX`, `RANK`,
+// `NODE_RANK`, `REPLICA_ID`. A settings name that merely ends in INDEX (`NCCL_IB_GID_INDEX`,
+// a device or port index) is configuration, the same in every pod.
+const INDEX_ENV =
+  /^(?:(?:[A-Z0-9]+_)*(?:POD|REPLICA|WORKER|GROUP|COMPLETION|MEMBER|INSTANCE|NODE|SHARD)_(?:INDEX|ORDINAL|ID)|(?:[A-Z0-9]+_)*(?:NODE_|LOCAL_|GLOBAL_|WORLD_)?RANK|ORDINAL|REPLICA_ID|INDEX)$/;
 const IDENTITY_ENV = new Set(["POD_NAME", "HOSTNAME", "POD_IP", "POD_UID", "NODE_NAME"]);
 const FLOATING_TAGS = new Set([
   "latest",
@@ -396,7 +465,7 @@ export function perRunInputs(i: HashInputs): PerRunFlag[] {
     const why = perRunValue(i.model);
     if (why) out.push({ input: "model", value: i.model, why });
   }
-  const scanList = (name: "command" | "args", list: readonly string[]): void => {
+  const scanList = (name: "argv", list: readonly string[]): void => {
     list.forEach((item, k) => {
       const words = looksLikeShell(item) ? shellWords(item) : [item];
       words.forEach((w, j) => {
@@ -409,8 +478,7 @@ export function perRunInputs(i: HashInputs): PerRunFlag[] {
       });
     });
   };
-  scanList("command", i.command);
-  scanList("args", i.args);
+  scanList("argv", i.argv);
   for (const e of i.env) {
     if (e.value === undefined) continue; // references and credentials are the same in every pod
     if (INDEX_ENV.test(e.name))
@@ -431,8 +499,7 @@ function isHashInputs(v: unknown): v is HashInputs {
   return (
     isRecord(v) &&
     typeof v.image === "string" &&
-    Array.isArray(v.command) &&
-    Array.isArray(v.args) &&
+    (Array.isArray(v.argv) || (Array.isArray(v.command) && Array.isArray(v.args))) &&
     Array.isArray(v.env) &&
     Array.isArray(v.envFrom) &&
     (v.model === null || typeof v.model === "string")

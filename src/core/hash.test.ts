@@ -83,16 +83,16 @@ void describe("cacheHash: shape and determinism", () => {
       env: [{ name: "A", value: "1" }],
     });
     assert.deepEqual(inputsOf(p), {
-      v: 1,
+      v: 2,
       image: "vllm/vllm-openai:v0.9.0",
-      command: ["vllm", "serve", "Qwen/Qwen3-0.6B"],
-      args: [],
+      argv: ["vllm", "serve", "Qwen/Qwen3-0.6B"],
       env: [{ name: "A", value: "1" }],
       envFrom: [],
+      gpus: { "nvidia.com/gpu": "1" },
       model: "Qwen/Qwen3-0.6B",
     });
     // sha256 of the stable JSON, computed outside this code.
-    assert.equal(hashOf(p), "774b62ba738660ca906ed26c521d640e2421147bea9a20dab221d9faf662baf3");
+    assert.equal(hashOf(p), "0f79cda10bc63a48b1eb59ede6b5188dda58b02698fa6c38a986a74e25a22587");
   });
 
   void test("a sidecar that neither mounts the cache nor sets a cache location does not count", () => {
@@ -130,7 +130,7 @@ void describe("cacheHash: disaggregated workers of one model hash equal", () => 
       env: DYN_ENV("decode", "1"),
     });
     assert.equal(hashOf(prefill), hashOf(decode));
-    assert.deepEqual(inputsOf(prefill).args, ["--model", "Qwen/Qwen3-0.6B"]);
+    assert.deepEqual(inputsOf(prefill).argv, ["python3", "-m", "dynamo.vllm", "--model", "Qwen/Qwen3-0.6B"]);
     assert.deepEqual(
       inputsOf(prefill).env.map((e) => e.name),
       ["HF_HOME"],
@@ -154,7 +154,10 @@ void describe("cacheHash: disaggregated workers of one model hash equal", () => 
         ],
       });
     assert.equal(hashOf(mk("prefill", "30001")), hashOf(mk("decode", "30002")));
-    assert.deepEqual(inputsOf(mk("prefill", "1")).args, [
+    assert.deepEqual(inputsOf(mk("prefill", "1")).argv, [
+      "python3",
+      "-m",
+      "sglang.launch_server",
       "--model-path",
       "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
       "--tp",
@@ -190,7 +193,7 @@ void describe("cacheHash: disaggregated workers of one model hash equal", () => 
     const one = pod({ args: ["--model org/m", "--disaggregation-mode prefill", "--is-prefill-worker"] });
     const two = pod({ args: ["--model org/m", "--disaggregation-mode decode"] });
     assert.equal(hashOf(one), hashOf(two));
-    assert.deepEqual(inputsOf(one).args, ["--model org/m"]);
+    assert.deepEqual(inputsOf(one).argv, ["--model org/m"]);
   });
 
   void test("a nested sh -c script is stripped too", () => {
@@ -355,7 +358,7 @@ void describe("cacheHash: credentials count by name only and never reach the inp
     const text = JSON.stringify(inputsOf(a));
     assert.ok(!text.includes(SECRET), text);
     assert.ok(text.includes(REDACTED));
-    assert.deepEqual(inputsOf(a).args, [
+    assert.deepEqual(inputsOf(a).argv.slice(-4), [
       "--hf-token",
       REDACTED,
       `--ngc-api-key=${REDACTED}`,
@@ -458,8 +461,7 @@ void describe("cacheHash: every container that touches the cache", () => {
       {
         kind: "init",
         image: "fetch:1",
-        command: [],
-        args: [],
+        argv: [],
         env: [],
         envFrom: [],
         mounts: ["/warmstart/cache-root"],

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import type { V1Container, V1Pod } from "@kubernetes/client-node";
-import { mainContainerIndex, type Classification } from "./classify.js";
+import { gpuInputs, mainContainerIndex, type Classification } from "./classify.js";
 import { CACHE_VOLUME, ENV_PREWARM, shortHash } from "./contract.js";
 import { CLUSTER_SCOPE_KEY } from "./scope.js";
 import {
@@ -12,7 +12,9 @@ import {
   stableJson,
   textOf,
 } from "./env.js";
-import { isScriptOption, joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
+import { takesScript } from "./argv.js";
+import { COMPILE_LOCATION_ENV, MODEL_LOCATION_ENV } from "./locations.js";
+import { joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
 
 /** One env entry as it enters the hash: a literal value, a `valueFrom` reference, or a credential's name. */
 export interface EnvInput {
@@ -25,8 +27,11 @@ export interface EnvInput {
 /** What one container contributes: the main container's fields, and those of every other that touches the cache. */
 export interface ContainerInputs {
   image: string;
-  command: string[];
-  args: string[];
+  /**
+   * Command followed by args, as one list: the same argv split differently between the two is
+   * the same process. (Records of recipe v1 kept `command` and `args` apart.)
+   */
+  argv: string[];
   /** Sorted by name; the last definition of a name wins, as in the kubelet. */
   env: EnvInput[];
   envFrom: string[];
@@ -46,8 +51,16 @@ export interface OtherContainerInputs extends ContainerInputs {
  */
 export interface HashInputs extends ContainerInputs {
   /** Bumped whenever the recipe changes, so old and new hashes never collide. */
-  v: 1;
+  v: 2;
+  /** What is fetched: the hub id, or the storage URI a local model folder is filled from. */
   model: string | null;
+  /** The main container's GPUs by kind (`nvidia.com/gpu`, a MIG slice, a DRA claim's template) and count. */
+  gpus: Record<string, string>;
+  /**
+   * The pod's own folders that are captured, as `tree=path` (see locations.ts): the layout of the
+   * captured tree, which a restore must find at the same paths.
+   */
+  locations?: string[];
   /** The sharing scope's key (scopeKey); absent for the cluster scope. */
   scope?: string;
   /** The other containers that mount the cache volume or set a cache location, in pod order. */
@@ -70,42 +83,52 @@ export interface CacheHash {
 /** What replaces a credential value in the inputs. */
 export const REDACTED = "<redacted>";
 
-// Disaggregation role flags: a prefill and a decode worker of one model download the same tree.
+// Disaggregation role flags (a prefill and a decode worker of one model download the same tree)
+// and serving-endpoint flags (where it listens and what it calls itself change neither download
+// nor compiled result). Matched with underscores read as dashes, as the engines' parsers do.
 const ROLE_BOOLEAN_FLAGS = new Set(["--is-prefill-worker", "--is-decode-worker"]);
-const ROLE_VALUE_FLAGS = new Set(["--kv-transfer-config", "--kv-events-config"]);
+const ROLE_VALUE_FLAGS = new Set(["--kv-transfer-config", "--kv-events-config", "--host", "--port"]);
 const isRoleValueFlag = (f: string): boolean => ROLE_VALUE_FLAGS.has(f) || f.startsWith("--disaggregation-");
+// Takes one or more names (`--served-model-name a b`).
+const MULTI_VALUE_FLAGS = new Set(["--served-model-name"]);
 
-// Orchestration wiring (Dynamo, Grove, etcd, NATS). What the webhook injects never enters: the
-// hash is composed from the pod as its author wrote it, before any decoration. WARMSTART_PREWARM
-// only says whether a restore warms the page cache; it never changes what is downloaded, so pods
-// that differ only in it share one cache. Every other env the author set counts, WARMSTART_* too.
-const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_"];
-const EXCLUDED_ENV_NAMES = new Set(["ETCD_ENDPOINTS", "NATS_SERVER", "NATS_URL", ENV_PREWARM]);
+// Orchestration wiring: each replica, group or role gets its own (Dynamo, Grove, LeaderWorkerSet,
+// AIBrix, etcd, NATS), and none of it changes what is downloaded or compiled. What the webhook
+// injects never enters: the hash is composed from the pod as its author wrote it, before any
+// decoration. WARMSTART_PREWARM only says whether a restore warms the page cache, so pods that
+// differ only in it share one cache. Every other env the author set counts, WARMSTART_* too.
+const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_", "LWS_"];
+const KEPT_ENV_NAMES = new Set(["LWS_GROUP_SIZE"]); // a group's size is its parallel layout
+const EXCLUDED_ENV_NAMES = new Set([
+  "ETCD_ENDPOINTS",
+  "NATS_SERVER",
+  "NATS_URL",
+  "STORM_SERVICE_NAME",
+  "ROLESET_NAME",
+  "ROLESET_INDEX",
+  "ROLE_NAME",
+  "ROLE_REPLICA_INDEX",
+  "ROLE_TEMPLATE_HASH",
+  ENV_PREWARM,
+]);
+// KServe names the service in the pod; once the model is known by its storage URI, the name says nothing more.
+const SERVICE_NAME_ENV = "INFERENCE_SERVICE_NAME";
 
 /** Env names that never enter the hash. */
 export function isExcludedEnv(name: string): boolean {
+  if (KEPT_ENV_NAMES.has(name)) return false;
   return EXCLUDED_ENV_NAMES.has(name) || EXCLUDED_ENV_PREFIXES.some((p) => name.startsWith(p));
 }
+
+/** Env whose value the engine reads as more command-line args (`VLLM_ADDITIONAL_ARGS`, `EXTRA_ARGS`). */
+const isArgsEnv = (name: string): boolean => /(^|_)ARGS$/.test(name);
 
 /**
  * Env that points an engine's caches somewhere: a container that sets one writes where the
  * engines read, so it counts in the hash. A fixed list, independent of the configured
  * cache-env template, so changing the template never changes a hash.
  */
-const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([
-  "HF_HOME",
-  "HF_HUB_CACHE",
-  "HUGGINGFACE_HUB_CACHE",
-  "TRANSFORMERS_CACHE",
-  "HF_DATASETS_CACHE",
-  "NIM_CACHE_PATH",
-  "TORCHINDUCTOR_CACHE_DIR",
-  "TRITON_CACHE_DIR",
-  "VLLM_CACHE_ROOT",
-  "CUDA_CACHE_PATH",
-  "XDG_CACHE_HOME",
-  "HOME",
-]);
+const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([...MODEL_LOCATION_ENV, ...COMPILE_LOCATION_ENV, "HOME"]);
 
 /**
  * Drops disaggregation role flags (with their values) and redacts credential values, over words of
@@ -124,7 +147,7 @@ function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
     // A list item with whitespace before any `=` is a script or a "--flag value" pair; it is split and
     // stripped itself. Whitespace after the `=` is the flag's value (`--kv-transfer-config={"a": 1}`).
     const name = eq === -1 ? t.text : t.text.slice(0, eq);
-    const flag = t.text.startsWith("-") && !/\s/.test(name) ? name : "";
+    const flag = t.text.startsWith("-") && !/\s/.test(name) ? name.replace(/_/g, "-") : "";
     const next = tokens[i + 1];
     const nextIsValue = (allowDash: boolean): boolean =>
       next !== undefined &&
@@ -134,6 +157,10 @@ function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
     if (flag && ROLE_BOOLEAN_FLAGS.has(flag)) continue;
     if (flag && isRoleValueFlag(flag)) {
       if (eq === -1 && nextIsValue(true)) i++;
+      continue;
+    }
+    if (flag && MULTI_VALUE_FLAGS.has(flag)) {
+      if (eq === -1) while (i + 1 < tokens.length && nextValueAt(tokens, i + 1)) i++;
       continue;
     }
     if (flag && isCredentialFlag(flag)) {
@@ -157,6 +184,11 @@ function stripTokens<T extends ShellToken>(tokens: readonly T[]): T[] {
   return out;
 }
 
+const nextValueAt = (tokens: readonly ShellToken[], j: number): boolean => {
+  const t = tokens[j];
+  return t !== undefined && !t.op && !t.text.startsWith("-");
+};
+
 /** A shell string in canonical form with role flags stripped; "" when nothing is left. */
 function normalizeScript(text: string, depth: number): string {
   if (!looksLikeShell(text)) return text;
@@ -164,7 +196,7 @@ function normalizeScript(text: string, depth: number): string {
   // The script of a nested `sh -c` is stripped too; other quoted words are values and stay as they are.
   const nested = tokens.map((t, i) => {
     const prev = tokens[i - 1];
-    return !t.op && prev && !prev.op && isScriptOption(prev.text) && depth < 3
+    return !t.op && prev && !prev.op && takesScript(prev.text) && depth < 3
       ? { ...t, text: normalizeScript(t.text, depth + 1) }
       : t;
   });
@@ -200,14 +232,18 @@ function mainContainer(pod: V1Pod, classification?: Classification): V1Container
 }
 
 /** One container's secret-free inputs. */
-function containerInputs(c: V1Container): ContainerInputs {
+function containerInputs(c: V1Container, excluded: (name: string) => boolean = isExcludedEnv): ContainerInputs {
   const byName = new Map<string, EnvInput>();
   for (const e of Array.isArray(c.env) ? c.env : []) {
-    if (!e || typeof e.name !== "string" || isExcludedEnv(e.name)) continue;
+    if (!e || typeof e.name !== "string" || excluded(e.name)) continue;
     byName.delete(e.name); // the last definition wins
     if (isCredentialName(e.name)) byName.set(e.name, { name: e.name, credential: true });
     else if (e.valueFrom) byName.set(e.name, { name: e.name, from: envSourceRef(e.valueFrom) });
-    else byName.set(e.name, { name: e.name, value: redactUrlCredentials(textOf(e.value ?? "")) });
+    else {
+      const raw = textOf(e.value ?? "");
+      const value = isArgsEnv(e.name) ? stripArgsValue(raw) : raw;
+      byName.set(e.name, { name: e.name, value: redactUrlCredentials(value) });
+    }
   }
   const { command, args } = stripRoleArgs(
     Array.isArray(c.command) ? c.command : [],
@@ -215,42 +251,54 @@ function containerInputs(c: V1Container): ContainerInputs {
   );
   return {
     image: textOf(c.image ?? "").trim(),
-    command,
-    args,
+    argv: [...command, ...args],
     env: [...byName.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)),
     envFrom: (Array.isArray(c.envFrom) ? c.envFrom : []).filter(Boolean).map(envFromRef),
   };
 }
 
-/** Where a container mounts the cache volume (the leader's capture volume is named CACHE_VOLUME). */
-function cacheMounts(c: V1Container): string[] {
+/** Role and endpoint flags stripped from an env value the engine reads as args. */
+function stripArgsValue(value: string): string {
+  return joinShell(stripTokens(splitShell(value)));
+}
+
+/**
+ * Where a container mounts a volume that is captured: Warmstart's own (CACHE_VOLUME), or the
+ * pod's own scratch volumes at the locations its engine writes (locations.ts).
+ */
+function cacheMounts(c: V1Container, captured: ReadonlySet<string>): string[] {
   return (Array.isArray(c.volumeMounts) ? c.volumeMounts : [])
-    .filter((m) => m?.name === CACHE_VOLUME)
+    .filter((m) => m?.name === CACHE_VOLUME || captured.has(textOf(m?.name)))
     .map(
       (m) =>
         `${textOf(m.mountPath)}${m.subPath ? `:${textOf(m.subPath)}` : ""}${m.subPathExpr ? `:$(${textOf(m.subPathExpr)})` : ""}`,
     );
 }
 
-const touchesCache = (c: V1Container): boolean =>
-  cacheMounts(c).length > 0 ||
+const touchesCache = (c: V1Container, captured: ReadonlySet<string>): boolean =>
+  cacheMounts(c, captured).length > 0 ||
   (Array.isArray(c.env) ? c.env : []).some(
     (e) => typeof e?.name === "string" && CACHE_LOCATION_ENV.has(e.name),
   );
 
 /** The containers other than the main one that can write into the captured tree (they count in the hash). */
-function otherCacheContainers(pod: V1Pod, mainIndex: number): OtherContainerInputs[] {
+function otherCacheContainers(
+  pod: V1Pod,
+  mainIndex: number,
+  captured: ReadonlySet<string>,
+): OtherContainerInputs[] {
   const list = (v: unknown): V1Container[] =>
     Array.isArray(v)
       ? (v as unknown[]).filter((c): c is V1Container => typeof c === "object" && c !== null)
       : [];
   const out: OtherContainerInputs[] = [];
   for (const c of list(pod.spec?.initContainers)) {
-    if (touchesCache(c)) out.push({ kind: "init", ...containerInputs(c), mounts: cacheMounts(c) });
+    if (touchesCache(c, captured))
+      out.push({ kind: "init", ...containerInputs(c), mounts: cacheMounts(c, captured) });
   }
   list(pod.spec?.containers).forEach((c, i) => {
-    if (i !== mainIndex && touchesCache(c))
-      out.push({ kind: "container", ...containerInputs(c), mounts: cacheMounts(c) });
+    if (i !== mainIndex && touchesCache(c, captured))
+      out.push({ kind: "container", ...containerInputs(c), mounts: cacheMounts(c, captured) });
   });
   return out;
 }
@@ -264,11 +312,18 @@ export interface HashOptions {
 export function hashInputs(pod: V1Pod, classification?: Classification, opts: HashOptions = {}): HashInputs {
   const c = mainContainer(pod, classification);
   const mainIndex = (pod.spec?.containers ?? []).indexOf(c);
-  const others = otherCacheContainers(pod, mainIndex);
+  const plan = classification?.locations;
+  const captured = new Set((plan?.locations ?? []).flatMap((l) => (l.volume ? [l.volume] : [])));
+  const others = otherCacheContainers(pod, mainIndex, captured);
+  const fromStorage = classification?.source !== undefined;
+  const excluded = (name: string): boolean => isExcludedEnv(name) || (fromStorage && name === SERVICE_NAME_ENV);
+  const locations = (plan?.locations ?? []).map((l) => `${l.tree}=${l.path}`);
   return {
-    v: 1,
-    ...containerInputs(c),
+    v: 2,
+    ...containerInputs(c, excluded),
     model: classification?.model !== undefined ? redactUrlCredentials(classification.model) : null,
+    gpus: classification?.gpus ?? gpuInputs(pod, c),
+    ...(locations.length ? { locations } : {}),
     ...(opts.scope && opts.scope !== CLUSTER_SCOPE_KEY ? { scope: opts.scope } : {}),
     ...(others.length ? { containers: others } : {}),
   };
@@ -299,8 +354,7 @@ export function sealInputs(inputs: HashInputs): HashInputs {
   if (inputs.sealed) return inputs;
   const sealContainer = <T extends ContainerInputs>(c: T): T => ({
     ...c,
-    command: c.command.map(seal),
-    args: c.args.map(seal),
+    argv: c.argv.map(seal),
     env: c.env.map((e) => (e.value === undefined ? e : { ...e, value: seal(e.value) })),
   });
   return {

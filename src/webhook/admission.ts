@@ -144,6 +144,8 @@ export async function decide(
     const reason = redactUrlCredentials(why);
     return { role: "cold", reason, hash, admissionId, pod: decorateCold(stamped, { hash, reason }) };
   };
+  // Where this pod's engine writes, for the decorations: the same for every pod of the hash.
+  const placement = { containerIndex: c.containerIndex, locations: c.locations?.locations ?? [] };
   const restore = async (cache: ModelCacheObject, reason: string): Promise<Decision> => {
     const cacheHashFull = cache.spec.hash;
     // A dry run must not create the claim (the webhook declares no side effects on dry runs).
@@ -159,6 +161,7 @@ export async function decide(
       hash,
       admissionId,
       pod: decorateRestore(stamped, {
+        ...placement,
         hash,
         reason,
         claimName: claimName(cacheHashFull),
@@ -172,6 +175,9 @@ export async function decide(
       }),
     };
   };
+
+  // The user's own volume holds the model (pre-populated, or shared by design): theirs to manage.
+  if (c.cold) return cold(c.cold);
 
   const restoreFrom = restoreFromOf(pod.metadata?.annotations);
   if (restoreFrom) {
@@ -257,6 +263,7 @@ export async function decide(
         hash,
         admissionId,
         pod: decorateLeader(stamped, {
+          ...placement,
           hash,
           reason,
           electionId,
@@ -287,6 +294,7 @@ export async function decide(
     hash,
     admissionId,
     pod: decorateFollower(stamped, {
+      ...placement,
       hash,
       reason: "another pod is downloading",
       image: deps.cfg.image,

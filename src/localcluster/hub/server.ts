@@ -1,5 +1,5 @@
 /**
- * The local model hub: synthetic repositories served over the part of the Hugging Face Hub HTTP
+ * The local model hub: synthetic repositories (any `org/name`, at any revision) served over the part of the Hugging Face Hub HTTP
  * API that `huggingface_hub`'s `snapshot_download` uses (revision info, tree listing, HEAD and
  * GET of `resolve` URLs with the commit, etag and size headers it reads), at one bandwidth shared
  * by every client, counting what it served per repository and per client. Clients name
@@ -8,7 +8,7 @@
 import { once } from "node:events";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { setTimeout as sleep } from "node:timers/promises";
-import { bodyChunks, bodySize, SyntheticRepos } from "./synthetic.js";
+import { bodyChunks, bodySize, isRepoId, SyntheticRepos } from "./synthetic.js";
 
 export interface HubOptions {
   /** Size of every synthetic repository, in bytes. */
@@ -163,15 +163,15 @@ export class ModelHub {
     json(res, 404, { error: `no route for ${req.method} ${path}` });
   }
 
-  /** A known repository at a revision it has ("main" or its commit), else a Hub-style 404. */
+  /** The repository at a revision (every `org/name` and revision name exists), else a Hub-style 404. */
   private resolve(res: ServerResponse, id: string, rev: string) {
-    const repo = this.repos.get(id);
-    if (!repo) {
+    if (!isRepoId(id)) {
       res.setHeader("X-Error-Code", "RepoNotFound");
-      json(res, 404, { error: `repository ${id} not found (the local hub serves synthetic/<name>)` });
+      json(res, 404, { error: `repository ${id} not found (the local hub serves any org/name)` });
       return undefined;
     }
-    if (rev !== "main" && rev !== repo.sha) {
+    const repo = this.repos.get(id, rev);
+    if (!repo) {
       res.setHeader("X-Error-Code", "RevisionNotFound");
       json(res, 404, { error: `revision ${rev} not found in ${id}` });
       return undefined;

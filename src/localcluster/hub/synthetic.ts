@@ -1,9 +1,15 @@
 /**
- * Synthetic model repositories for the local model hub: `synthetic/<name>` holds a few
- * safetensors shards and the small files a real checkpoint has (config, tokenizer, index). Every
- * byte is derived from the repository name, so the same name always serves the same bytes and a
- * file's digest is stable, without storing anything: shard bytes are an AES-CTR keystream whose
- * key is the file's identity, so any range can be produced directly.
+ * Synthetic model repositories for the local model hub: every `org/name` (`synthetic/<name>`, and
+ * any other name a rendered chart asks for, such as `meta-llama/Llama-3.1-8B-Instruct`) holds a
+ * few safetensors shards and the small files a real checkpoint has (config, tokenizer, index).
+ * Every byte is derived from the repository name (and revision), so the same name always serves
+ * the same bytes and a file's digest is stable, without storing anything: shard bytes are an
+ * AES-CTR keystream whose key is the file's identity, so any range can be produced directly.
+ *
+ * Revisions: "main" (and its commit) is the repository itself; any other branch or tag name, or
+ * any other commit id, is a revision of its own with other bytes (a NIM profile, a pinned
+ * commit). A named revision's commit is derived from the name, and asking for that commit gives
+ * the same revision.
  */
 import { createCipheriv, createHash } from "node:crypto";
 
@@ -34,13 +40,49 @@ interface Built extends Repo {
   bodies: Map<string, Body>;
 }
 
+const NAME_PART = /^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/;
+const REVISION = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+const COMMIT = /^[0-9a-f]{40}$/;
+
 export function isSyntheticRepo(id: string): boolean {
-  return /^synthetic\/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$/.test(id);
+  return id.startsWith(`${SYNTHETIC_ORG}/`) && isRepoId(id);
 }
 
-/** Layout of a repository of about `modelBytes` bytes (before digests are known). */
-function layout(id: string, modelBytes: number): Map<string, Body> {
-  const name = id.slice(SYNTHETIC_ORG.length + 1);
+/** An `org/name` the Hub would accept (its client refuses `--` and `..` in ids). */
+export function isRepoId(id: string): boolean {
+  const parts = id.split("/");
+  return (
+    parts.length === 2 &&
+    parts.every((p) => NAME_PART.test(p)) &&
+    !id.includes("--") &&
+    !id.includes("..") &&
+    id.length <= 96
+  );
+}
+
+export function isRevision(rev: string): boolean {
+  return REVISION.test(rev) && !rev.includes("..");
+}
+
+/** The commit of "main" of a repository of this layout. */
+function mainCommit(id: string, totalBytes: number): string {
+  return createHash("sha1").update(`warmstart-hub-commit\0${id}\0${totalBytes}`).digest("hex");
+}
+
+/** The commit a named revision (not "main") resolves to; a commit id resolves to itself. */
+export function revisionCommit(id: string, rev: string): string {
+  return COMMIT.test(rev)
+    ? rev
+    : createHash("sha1").update(`warmstart-hub-revision\0${id}\0${rev}`).digest("hex");
+}
+
+/**
+ * Layout of a repository of about `modelBytes` bytes (before digests are known). `variant` is
+ * empty for "main", else the revision's commit: its bytes are keyed by it too.
+ */
+function layout(id: string, modelBytes: number, variant: string): Map<string, Body> {
+  const name = id.slice(id.indexOf("/") + 1);
+  const ident = variant ? `${id}@${variant}` : id;
   const text = (s: string): Body => ({ kind: "text", bytes: Buffer.from(s) });
   const bodies = new Map<string, Body>();
   bodies.set(
@@ -51,6 +93,7 @@ function layout(id: string, modelBytes: number): Map<string, Body> {
           architectures: ["SyntheticForCausalLM"],
           model_type: "synthetic",
           name_or_path: id,
+          ...(variant ? { revision: variant } : {}),
           hidden_size: 4096,
           num_hidden_layers: 32,
           torch_dtype: "bfloat16",
@@ -74,7 +117,7 @@ function layout(id: string, modelBytes: number): Map<string, Body> {
   const weightMap: Record<string, string> = {};
   for (let i = 1; i <= SHARDS; i++) {
     const file = `model-${String(i).padStart(5, "0")}-of-${String(SHARDS).padStart(5, "0")}.safetensors`;
-    const key = createHash("sha256").update(`warmstart-hub\0${id}\0${file}`).digest().subarray(0, 16);
+    const key = createHash("sha256").update(`warmstart-hub\0${ident}\0${file}`).digest().subarray(0, 16);
     bodies.set(file, { kind: "stream", key, size: shardBytes });
     weightMap[`model.layers.${i - 1}.weight`] = file;
   }
@@ -125,17 +168,28 @@ function digests(body: Body): { sha1: string; sha256: string } {
   return { sha1: sha1.digest("hex"), sha256: sha256.digest("hex") };
 }
 
-/** Repositories built so far (digests cost a pass over the bytes: once per name). */
+/** Repositories built so far (digests cost a pass over the bytes: once per name and revision). */
 export class SyntheticRepos {
   private readonly repos = new Map<string, Built>();
 
   constructor(private readonly modelBytes: number) {}
 
-  get(id: string): (Repo & { body(path: string): Body | undefined }) | undefined {
-    if (!isSyntheticRepo(id)) return undefined;
-    let repo = this.repos.get(id);
+  /**
+   * A repository at a revision ("main" when not given), or undefined when the id or the revision
+   * is not one the Hub could have.
+   */
+  get(id: string, rev = "main"): (Repo & { body(path: string): Body | undefined }) | undefined {
+    if (!isRepoId(id) || !isRevision(rev)) return undefined;
+    const main = this.build(id, "");
+    const repo = rev === "main" || rev === main.sha ? main : this.build(id, revisionCommit(id, rev));
+    return { ...repo, body: (path: string) => repo.bodies.get(path) };
+  }
+
+  private build(id: string, variant: string): Built {
+    const cacheKey = `${id}@${variant}`;
+    let repo = this.repos.get(cacheKey);
     if (!repo) {
-      const bodies = layout(id, this.modelBytes);
+      const bodies = layout(id, this.modelBytes, variant);
       const files: RepoFile[] = [];
       for (const [path, body] of [...bodies].sort(([a], [b]) => a.localeCompare(b))) {
         const d = digests(body);
@@ -148,11 +202,10 @@ export class SyntheticRepos {
         });
       }
       const totalBytes = files.reduce((n, f) => n + f.size, 0);
-      const sha = createHash("sha1").update(`warmstart-hub-commit\0${id}\0${totalBytes}`).digest("hex");
+      const sha = variant || mainCommit(id, totalBytes);
       repo = { id, sha, files, totalBytes, bodies };
-      this.repos.set(id, repo);
+      this.repos.set(cacheKey, repo);
     }
-    const r = repo;
-    return { ...r, body: (path: string) => r.bodies.get(path) };
+    return repo;
   }
 }

@@ -9,8 +9,13 @@
  * - deps: the package's production dependencies, keyed by package-lock.json;
  * - app: the built package (dist, bin, package.json, the CRDs), keyed by its content: a source
  *   change rebuilds only this small layer;
- * - engine: the real `huggingface_hub` client from PyPI and the engine stand-in;
+ * - engine: the real `huggingface_hub` client from PyPI and the engine stand-in, under its own
+ *   entry point and the real engines' (standins.ts);
  * - pause: a static sandbox process compiled from pause.c.
+ *
+ * Besides `warmstart.local/engine`, the base and engine layers are imported under the real
+ * serving images' names (vllm/vllm-openai, lmsysorg/sglang, NIM, KServe, ...), each with the
+ * real image's entrypoint and env (standins.ts lists the names and where their tags come from).
  */
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -32,6 +37,16 @@ import { dirname, join, relative } from "node:path";
 import { promisify } from "node:util";
 import { runStep } from "../run-step.js";
 import { PACKAGE_ROOT, cacheDir } from "../versions.js";
+import {
+  ENGINE_IMAGE_ENV,
+  ENGINE_SITE_PACKAGES,
+  REAL_IMAGES,
+  STANDIN_DIRS,
+  STANDIN_WRITABLE_DIRS,
+  qualifiedImageName,
+  standInConfig,
+  standInFiles,
+} from "./standins.js";
 
 const run = promisify(execFile);
 
@@ -67,6 +82,8 @@ export interface BuiltImages {
   engine: string;
   /** The engine image with `USER 1000`: pods that run as their image's user. */
   engineAsUser: string;
+  /** The engine stand-in under the real images' names (fully qualified), as REAL_IMAGES lists them. */
+  standIns: string[];
   /** Every image, for import. */
   refs: ImageRef[];
 }
@@ -90,8 +107,12 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     buildApp(dir, appFiles),
   );
   const engineInputs = [join(PACKAGE_ROOT, "src/localcluster/images/engine.py")];
+  const standInKey = createHash("sha256")
+    .update(JSON.stringify([standInFiles(), STANDIN_DIRS, STANDIN_WRITABLE_DIRS]))
+    .digest("hex")
+    .slice(0, 8);
   const engine = await cachedLayer(
-    `engine-${HUGGINGFACE_HUB_VERSION}-${await filesKey(engineInputs)}`,
+    `engine-${HUGGINGFACE_HUB_VERSION}-${await filesKey(engineInputs)}-${standInKey}`,
     progress,
     buildEngine,
   );
@@ -118,12 +139,7 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     User: `${WARMSTART_UID}:${WARMSTART_UID}`,
     WorkingDir: "/opt/warmstart",
   });
-  const engineEnv = [
-    PATH_ENV,
-    "PYTHONPATH=/opt/engine/site-packages",
-    "PYTHONDONTWRITEBYTECODE=1",
-    "PYTHONUNBUFFERED=1",
-  ];
+  const engineEnv = [...ENGINE_IMAGE_ENV];
   const engineImage = image("engine", [base, engine], {
     Entrypoint: ["/usr/local/bin/engine"],
     Env: engineEnv,
@@ -133,12 +149,19 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     Env: engineEnv,
     User: `${ENGINE_IMAGE_UID}:${ENGINE_IMAGE_UID}`,
   });
+  // The same layers under the real names, each with its real image's entrypoint and env.
+  const standIns: ImageRef[] = REAL_IMAGES.map((real) => ({
+    name: qualifiedImageName(real.name),
+    config: standInConfig(real),
+    layers: [base, engine],
+  }));
   return {
     pause: pauseImage.name,
     warmstart: warmstartImage.name,
     engine: engineImage.name,
     engineAsUser: engineAsUser.name,
-    refs: [pauseImage, warmstartImage, engineImage, engineAsUser],
+    standIns: standIns.map((r) => r.name),
+    refs: [pauseImage, warmstartImage, engineImage, engineAsUser, ...standIns],
   };
 }
 
@@ -349,9 +372,9 @@ async function buildApp(root: string, files: string[]): Promise<void> {
   );
 }
 
-async function buildEngine(root: string): Promise<void> {
-  const site = join(root, "opt/engine/site-packages");
-  await runStep("python3", [
+/** pip's arguments that install the hub client into `target` (for the image's Python when `image`). */
+function hubClientInstall(target: string, image: boolean): string[] {
+  return [
     "-m",
     "pip",
     "install",
@@ -359,25 +382,61 @@ async function buildEngine(root: string): Promise<void> {
     "--disable-pip-version-check",
     "--no-warn-script-location",
     "--target",
-    site,
-    "--python-version",
-    "3.11",
-    "--implementation",
-    "cp",
-    "--platform",
-    "manylinux2014_x86_64",
+    target,
+    ...(image
+      ? ["--python-version", "3.11", "--implementation", "cp", "--platform", "manylinux2014_x86_64"]
+      : []),
     "--only-binary=:all:",
     `huggingface_hub==${HUGGINGFACE_HUB_VERSION}`,
-  ]);
-  await cp(join(PACKAGE_ROOT, "src/localcluster/images/engine.py"), join(root, "opt/engine/engine.py"));
-  await mkdir(join(root, "usr/local/bin"), { recursive: true });
-  await writeFile(
-    join(root, "usr/local/bin/engine"),
-    '#!/bin/sh\nexec python3 /opt/engine/engine.py "$@"\n',
-    {
-      mode: 0o755,
-    },
-  );
+  ];
+}
+
+async function buildEngine(root: string): Promise<void> {
+  await runStep("python3", hubClientInstall(join(root, ENGINE_SITE_PACKAGES), true));
+  await writeStandIn(root);
+}
+
+/**
+ * The stand-in and its entry points under `root` (an image's root file system, or a test's
+ * folder): engine.py as /opt/engine/engine.py and as the `warmstart_engine` module, the files of
+ * standins.ts, and the folders the real images' env names.
+ */
+export async function writeStandIn(root: string): Promise<void> {
+  const source = join(PACKAGE_ROOT, "src/localcluster/images/engine.py");
+  await mkdir(join(root, ENGINE_SITE_PACKAGES), { recursive: true });
+  await cp(source, join(root, "opt/engine/engine.py"));
+  await cp(source, join(root, ENGINE_SITE_PACKAGES, "warmstart_engine.py"));
+  for (const f of standInFiles()) {
+    const to = join(root, f.path);
+    await mkdir(dirname(to), { recursive: true });
+    await writeFile(to, f.content, { mode: f.mode });
+    await chmod(to, f.mode);
+  }
+  for (const d of STANDIN_DIRS) await mkdir(join(root, d), { recursive: true });
+  for (const d of STANDIN_WRITABLE_DIRS) {
+    await mkdir(join(root, d), { recursive: true });
+    await chmod(join(root, d), 0o1777);
+  }
+}
+
+/**
+ * The hub client installed for this machine's python3 (cached under the cache folder), for tests
+ * that run the stand-in outside an image. Returns the folder to put on PYTHONPATH.
+ */
+export async function hostHubClient(): Promise<string> {
+  const { stdout } = await run("python3", ["-c", "import sys; print('%d.%d' % sys.version_info[:2])"]);
+  const dir = join(cacheDir(), "python", `huggingface_hub-${HUGGINGFACE_HUB_VERSION}-py${stdout.trim()}`);
+  if (existsSync(join(dir, "huggingface_hub", "__init__.py"))) return dir;
+  const tmp = `${dir}.tmp-${process.pid}`;
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(dirname(dir), { recursive: true });
+  await run("python3", hubClientInstall(tmp, false), { maxBuffer: 16 << 20 });
+  await rename(tmp, dir).catch(async (err: unknown) => {
+    // Another process installed it first.
+    await rm(tmp, { recursive: true, force: true });
+    if (!existsSync(join(dir, "huggingface_hub", "__init__.py"))) throw err;
+  });
+  return dir;
 }
 
 async function buildPause(root: string): Promise<void> {
