@@ -11,7 +11,7 @@ const MIG_RESOURCE = /^nvidia\.com\/mig-[0-9a-z.+-]+$/i;
 /** DRA device classes of NVIDIA's GPU driver (whole GPUs and MIG devices). */
 const GPU_DEVICE_CLASS = /(^|\.)(gpu|mig)\.nvidia\.com$/;
 /** KServe's pod mutator writes the storage URI it will fetch here before injecting its initializer. */
-export const KSERVE_SOURCE_URI_ANNOTATION = "serving.kserve.io/storage-initializer-sourceuri";
+export const KSERVE_SOURCE_URI_ANNOTATION = "internal.serving.kserve.io/storage-initializer-sourceuri";
 export const REASON_PERSISTENT_MODEL = "model on a persistent volume";
 
 /** The admission view of a pod: does it download a model, and why (or why not). */
@@ -133,7 +133,7 @@ export function containerClaims(pod: V1Pod, container: V1Container): ClaimRef[] 
 function isGpuClaim(ref: ClaimRef, lookup: DeviceClassLookup | undefined): boolean {
   const classes = lookup?.(ref);
   if (classes) return classes.some((c) => GPU_DEVICE_CLASS.test(c));
-  return [ref.name, ref.template, ref.claim].some((n) => n !== undefined && /gpu|mig/i.test(n));
+  return [ref.name, ref.template, ref.claim].some((n) => n !== undefined && /gpu|mig|nvidia/i.test(n));
 }
 
 /** What a container's GPUs enter the hash as: `nvidia.com/gpu: "2"`, `claim:<template>: "1"`. */
@@ -251,20 +251,37 @@ export function localPath(model: string): string | undefined {
 
 const URI = /^[a-z][a-z0-9+.-]*:\/\/\S+$/i;
 
+/** The first storage URI an init container names, its `$(VAR)` and shell `$VAR` resolved from its own env. */
+function initSourceUri(init: V1Container): string | undefined {
+  const env = literalEnv(init);
+  for (const t of argvTokens(init)) {
+    if (t.op) continue;
+    const k = expandKubeRefs(t.text, env);
+    const v = t.shell ? expandShellVars(k, env) : k;
+    if (URI.test(v)) return v;
+  }
+  return undefined;
+}
+
 /**
  * Where a model the engine reads from a local folder really comes from: an init container that
  * writes the volume holding that folder and names a storage URI (KServe's storage initializer,
- * `hf://org/name`, `s3://...`), or the URI KServe's pod mutator announces before it injects one.
+ * `hf://org/name`, `s3://...`, a `gcloud storage cp gs://...`), or the URI KServe's pod mutator
+ * announces before it injects its initializer.
  */
-function storageSource(pod: V1Pod, main: V1Container, path: string): { uri: string; from: string } | undefined {
+function storageSource(
+  pod: V1Pod,
+  main: V1Container,
+  path: string,
+): { uri: string; from: string } | undefined {
   const mount = mountCovering(main, path);
   if (!mount) return undefined;
   for (const init of listOf(pod.spec?.initContainers)) {
     if (!isRecord(init)) continue;
     const writes = listOf(init.volumeMounts).some((m) => m?.name === mount.name && m.readOnly !== true);
     if (!writes) continue;
-    const uri = argvTokens(init).find((t) => !t.op && URI.test(t.text));
-    if (uri) return { uri: uri.text, from: `init container ${textOf(init.name)}` };
+    const uri = initSourceUri(init);
+    if (uri) return { uri, from: `init container ${textOf(init.name)}` };
   }
   const announced = pod.metadata?.annotations?.[KSERVE_SOURCE_URI_ANNOTATION];
   if (typeof announced === "string" && URI.test(announced.trim()))
@@ -272,6 +289,18 @@ function storageSource(pod: V1Pod, main: V1Container, path: string): { uri: stri
   return undefined;
 }
 
+/**
+ * A server that names no model but loads one from a folder a storage initializer fills (KServe's
+ * Hugging Face server reads `/mnt/models` by default): the folder of the first mount so filled.
+ */
+function filledFolder(pod: V1Pod, main: V1Container): ModelHit | undefined {
+  for (const m of listOf(main.volumeMounts)) {
+    if (!isRecord(m) || typeof m.mountPath !== "string") continue;
+    const path = localPath(m.mountPath);
+    if (path && storageSource(pod, main, path)) return { model: path, reason: "model from a mounted folder" };
+  }
+  return undefined;
+}
 /** Decides whether a pod is a model downloader: a GPU container that names a model. Never throws. */
 export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classification {
   const containers = (pod as V1Pod | null | undefined)?.spec?.containers;
@@ -281,7 +310,7 @@ export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classificat
   if (idx === undefined) return { downloader: false, reason: REASON_NO_GPU };
   const main = containers[idx] as V1Container;
   const gpus = gpuInputs(pod, main, opts.deviceClasses);
-  const hit = containerModel(main);
+  const hit = containerModel(main) ?? filledFolder(pod, main);
   if (!hit) return { downloader: false, reason: REASON_NO_MODEL, containerIndex: idx, gpus };
   const c: Classification = { downloader: true, reason: hit.reason, model: hit.model, containerIndex: idx, gpus };
   const path = localPath(hit.model);

@@ -13,6 +13,7 @@ import {
   textOf,
 } from "./env.js";
 import { takesScript } from "./argv.js";
+import { isScriptOption } from "./shell.js";
 import { COMPILE_LOCATION_ENV, MODEL_LOCATION_ENV } from "./locations.js";
 import { joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
 
@@ -87,7 +88,16 @@ export const REDACTED = "<redacted>";
 // and serving-endpoint flags (where it listens and what it calls itself change neither download
 // nor compiled result). Matched with underscores read as dashes, as the engines' parsers do.
 const ROLE_BOOLEAN_FLAGS = new Set(["--is-prefill-worker", "--is-decode-worker"]);
-const ROLE_VALUE_FLAGS = new Set(["--kv-transfer-config", "--kv-events-config", "--host", "--port"]);
+// A multi-node group's rendezvous address and each node's rank are wiring too: every node of the
+// group fetches the same checkpoint and builds the same kernels.
+const ROLE_VALUE_FLAGS = new Set([
+  "--kv-transfer-config",
+  "--kv-events-config",
+  "--host",
+  "--port",
+  "--dist-init-addr",
+  "--node-rank",
+]);
 const isRoleValueFlag = (f: string): boolean => ROLE_VALUE_FLAGS.has(f) || f.startsWith("--disaggregation-");
 // Takes one or more names (`--served-model-name a b`).
 const MULTI_VALUE_FLAGS = new Set(["--served-model-name"]);
@@ -97,7 +107,8 @@ const MULTI_VALUE_FLAGS = new Set(["--served-model-name"]);
 // injects never enters: the hash is composed from the pod as its author wrote it, before any
 // decoration. WARMSTART_PREWARM only says whether a restore warms the page cache, so pods that
 // differ only in it share one cache. Every other env the author set counts, WARMSTART_* too.
-const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_", "LWS_"];
+// Tracing settings (OTEL_*, e.g. each role's service name) say where spans go, nothing more.
+const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_", "LWS_", "OTEL_"];
 const KEPT_ENV_NAMES = new Set(["LWS_GROUP_SIZE"]); // a group's size is its parallel layout
 const EXCLUDED_ENV_NAMES = new Set([
   "ETCD_ENDPOINTS",
@@ -251,10 +262,27 @@ function containerInputs(c: V1Container, excluded: (name: string) => boolean = i
   );
   return {
     image: textOf(c.image ?? "").trim(),
-    argv: [...command, ...args],
+    argv: canonicalArgv([...command, ...args]),
     env: [...byName.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)),
     envFrom: (Array.isArray(c.envFrom) ? c.envFrom : []).filter(Boolean).map(envFromRef),
   };
+}
+
+const SHELLS = new Set(["sh", "bash", "dash", "ash", "zsh"]);
+
+/**
+ * `sh -c "exec prog a b"` runs the same process as `prog a b`: a script that is one plain command
+ * (no operator, no expansion, nothing after it) is read as its words, `exec` dropped, so an
+ * operator that wraps a worker's argv in a shell does not split its cache.
+ */
+function canonicalArgv(argv: string[]): string[] {
+  const [shell, opt, script, ...rest] = argv;
+  if (shell === undefined || opt === undefined || script === undefined || rest.length > 0) return argv;
+  if (!SHELLS.has(shell.slice(shell.lastIndexOf("/") + 1)) || !isScriptOption(opt)) return argv;
+  const tokens = splitShell(script);
+  if (tokens.length === 0 || tokens.some((t) => t.op || /[$`]/.test(t.text))) return argv;
+  const words = tokens.map((t) => t.text);
+  return words[0] === "exec" ? words.slice(1) : words;
 }
 
 /** Role and endpoint flags stripped from an env value the engine reads as args. */

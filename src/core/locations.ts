@@ -65,8 +65,11 @@ export const COMPILE_LOCATION_ENV = [
 /** Flags that name a download folder: vLLM's `--download-dir`, TGI's `--huggingface-hub-cache`. */
 const DOWNLOAD_FLAGS = new Set(["--download-dir", "--huggingface-hub-cache"]);
 
-/** Volume kinds that are scratch, per pod: the only ones a capture may take over. */
-const isScratch = (v: V1Volume): boolean => isRecord(v.emptyDir);
+/**
+ * Volume kinds that are scratch, made for this one pod and gone with it: the only ones a capture
+ * may take over (an emptyDir, or a generic ephemeral volume).
+ */
+const isScratch = (v: V1Volume): boolean => isRecord(v.emptyDir) || isRecord(v.ephemeral);
 /** Volume kinds that hold configuration, never a cache. */
 const isConfig = (v: V1Volume): boolean =>
   isRecord(v.configMap) || isRecord(v.secret) || isRecord(v.downwardAPI) || isRecord(v.projected);
@@ -145,6 +148,21 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
   if (dl) named.push({ raw: dl.text, kind: "model", from: "--download-dir" });
   if (c.modelPath) named.push({ raw: c.modelPath, kind: "model", from: "model path" });
 
+  // The engines' defaults, when the pod names no hub location: a claim mounted there is a
+  // pre-populated cache the user shares on purpose (Warmstart would otherwise point the engine away from it).
+  if (!MODEL_LOCATION_ENV.some((n) => env.has(n))) {
+    const home = normalisePath(env.get("HOME") ?? "/root") ?? "/root";
+    for (const dflt of [`${home}/.cache/huggingface`, `${env.get("XDG_CACHE_HOME") ?? `${home}/.cache`}/huggingface`]) {
+      const m = listOf(main.volumeMounts).find((x) => {
+        const mp = isRecord(x) && typeof x.mountPath === "string" ? normalisePath(x.mountPath) : undefined;
+        return mp !== undefined && (within(dflt, mp) || within(mp, dflt)) && mp !== "/";
+      });
+      const vol = m ? volumes.get(textOf(m.name)) : undefined;
+      if (m && vol && !isScratch(vol) && !isConfig(vol))
+        plan.persistent ??= { path: dflt, volume: `${volumeKind(vol)} ${vol.name}`, from: "the engine's default hub cache" };
+    }
+  }
+
   for (const n of named) {
     const path = normalisePath(n.raw.includes("$") ? "" : n.raw);
     if (path === undefined) {
@@ -163,12 +181,8 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
     } else if (mount && vol && isConfig(vol)) {
       plan.skipped.push({ path, from: n.from, why: `on the ${volumeKind(vol)} volume ${vol.name}` });
     } else if (mount) {
-      const name = textOf(mount.name);
-      if (n.kind === "model") {
-        plan.persistent ??= { path, volume: `${vol ? volumeKind(vol) : "volume"} ${name}`, from: n.from };
-      } else {
-        plan.skipped.push({ path, from: n.from, why: `on the pod's own ${vol ? volumeKind(vol) : "volume"} ${name}` });
-      }
+      // Pre-populated or shared by design (a claim, a host path): the user's to manage.
+      plan.persistent ??= { path, volume: `${vol ? volumeKind(vol) : "volume"} ${textOf(mount.name)}`, from: n.from };
     } else if (n.from === "model path") {
       // A model baked into the image: nothing to download, nothing of it to capture.
       plan.skipped.push({ path, from: n.from, why: "in the image (the image is in the hash)" });
