@@ -12,6 +12,8 @@ const MIG_RESOURCE = /^nvidia\.com\/mig-[0-9a-z.+-]+$/i;
 const GPU_DEVICE_CLASS = /(^|\.)(gpu|mig)\.nvidia\.com$/;
 /** KServe's pod mutator writes the storage URI it will fetch here before injecting its initializer. */
 export const KSERVE_SOURCE_URI_ANNOTATION = "internal.serving.kserve.io/storage-initializer-sourceuri";
+/** Where KServe's storage initializer puts the model, in every runtime. */
+const KSERVE_MODEL_DIR = "/mnt/models";
 export const REASON_PERSISTENT_MODEL = "model on a persistent volume";
 
 /** The admission view of a pod: does it download a model, and why (or why not). */
@@ -283,8 +285,10 @@ function storageSource(
     const uri = initSourceUri(init);
     if (uri) return { uri, from: `init container ${textOf(init.name)}` };
   }
+  // Before KServe injects its initializer, it has announced the URI it will fetch into its fixed folder.
   const announced = pod.metadata?.annotations?.[KSERVE_SOURCE_URI_ANNOTATION];
-  if (typeof announced === "string" && URI.test(announced.trim()))
+  const inKServeFolder = path === KSERVE_MODEL_DIR || path.startsWith(`${KSERVE_MODEL_DIR}/`);
+  if (inKServeFolder && typeof announced === "string" && URI.test(announced.trim()))
     return { uri: announced.trim(), from: `annotation ${KSERVE_SOURCE_URI_ANNOTATION}` };
   return undefined;
 }

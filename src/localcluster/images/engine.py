@@ -35,9 +35,10 @@ any difference costs --compile-seconds and rewrites it):
   SGLang, TGI: Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache); SGLang with
     --enable-torch-compile also Inductor's.
 
-Then it creates /tmp/engine-ready (ENGINE_READY_FILE), the file its readiness probe reads, prints
-one line `ENGINE-REPORT {json}`, opens no port, and runs as any UID. The storage initializer
-prints the same line and exits.
+A compile costs --compile-seconds (else ENGINE_COMPILE_SECONDS, else 2). Then it prints one line
+`ENGINE-REPORT {json}` and creates /tmp/engine-ready (ENGINE_READY_FILE), the file its readiness
+probe reads; it opens no port and runs as any UID. The storage initializer prints the same line
+and exits.
 """
 import fnmatch
 import getpass
@@ -558,7 +559,7 @@ def serve(plan, args):
 
     key = compile_key(plan["model"], path)
     t1 = time.time()
-    seconds = float(args.value("--compile-seconds") or "2")
+    seconds = float(args.value("--compile-seconds") or os.environ.get("ENGINE_COMPILE_SECONDS") or "2")
     compiled = compile_caches(plan["parts"](key), key, seconds)
     compile_seconds = time.time() - t1
 
