@@ -70,7 +70,13 @@ const modelUnit: fc.Arbitrary<string[]> = fc.oneof(
 const keptUnit: fc.Arbitrary<string[]> = fc.oneof(
   fc
     .tuple(
-      fc.constantFrom("--tensor-parallel-size", "--max-model-len", "--revision", "--dtype", "--max-num-batched-token"),
+      fc.constantFrom(
+        "--tensor-parallel-size",
+        "--max-model-len",
+        "--revision",
+        "--dtype",
+        "--max-num-batched-token",
+      ),
       word,
     )
     .map(([f, v]) => [f, v]),

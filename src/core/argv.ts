@@ -40,7 +40,6 @@ export function takesScript(prev: string | undefined): boolean {
   return prev === "eval" || isScriptOption(prev);
 }
 
-
 /** The value of a flag (`--flag V` or `--flag=V`, dashes and underscores alike) among the tokens, the last one winning. */
 export function flagValue(tokens: readonly ArgvToken[], flags: ReadonlySet<string>): ArgvToken | undefined {
   let found: ArgvToken | undefined;

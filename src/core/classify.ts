@@ -139,13 +139,21 @@ function isGpuClaim(ref: ClaimRef, lookup: DeviceClassLookup | undefined): boole
 }
 
 /** What a container's GPUs enter the hash as: `nvidia.com/gpu: "2"`, `claim:<template>: "1"`. */
-export function gpuInputs(pod: V1Pod, container: V1Container, lookup?: DeviceClassLookup): Record<string, string> {
+export function gpuInputs(
+  pod: V1Pod,
+  container: V1Container,
+  lookup?: DeviceClassLookup,
+): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [k, n] of Object.entries(gpuResources(container))) out[k] = String(n);
   for (const ref of containerClaims(pod, container)) {
     if (!isGpuClaim(ref, lookup)) continue;
     // The template (or the shared claim) says what devices and how many; the pod's own name for it does not.
-    const key = ref.template ? `claim:template/${ref.template}` : ref.claim ? `claim:${ref.claim}` : `claim:${ref.name}`;
+    const key = ref.template
+      ? `claim:template/${ref.template}`
+      : ref.claim
+        ? `claim:${ref.claim}`
+        : `claim:${ref.name}`;
     out[key] = String(Number(out[key] ?? 0) + 1);
   }
   return out;
@@ -316,7 +324,13 @@ export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classificat
   const gpus = gpuInputs(pod, main, opts.deviceClasses);
   const hit = containerModel(main) ?? filledFolder(pod, main);
   if (!hit) return { downloader: false, reason: REASON_NO_MODEL, containerIndex: idx, gpus };
-  const c: Classification = { downloader: true, reason: hit.reason, model: hit.model, containerIndex: idx, gpus };
+  const c: Classification = {
+    downloader: true,
+    reason: hit.reason,
+    model: hit.model,
+    containerIndex: idx,
+    gpus,
+  };
   const path = localPath(hit.model);
   if (path !== undefined) {
     c.modelPath = path;

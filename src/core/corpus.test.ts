@@ -52,7 +52,10 @@ function corpusFiles(dir: string, out: string[] = []): string[] {
   return out.sort();
 }
 
-const files = corpusFiles(CORPUS).map((f) => ({ name: relative(CORPUS, f), file: parse(readFileSync(f, "utf8")) as CorpusFile }));
+const files = corpusFiles(CORPUS).map((f) => ({
+  name: relative(CORPUS, f),
+  file: parse(readFileSync(f, "utf8")) as CorpusFile,
+}));
 
 // --- where the engines put their files, by their own rules ---------------------------------
 
@@ -127,18 +130,28 @@ void describe("compatibility corpus", () => {
           if (e.reason) assert.ok(c.reason.includes(e.reason), `reason "${c.reason}" has "${e.reason}"`);
           if (!e.downloader) return;
           if (e.model !== undefined) assert.equal(c.model, e.model, "model identity");
-          for (const part of e.modelIncludes ?? []) assert.ok(c.model?.includes(part), `model ${c.model} has ${part}`);
+          for (const part of e.modelIncludes ?? [])
+            assert.ok(c.model?.includes(part), `model ${c.model} has ${part}`);
           assert.equal(c.cold, e.cold, "cold reason");
           if (e.cold) return;
 
           const locations = c.locations?.locations ?? [];
           const opts = { hash: HASH, containerIndex: c.containerIndex, locations };
           const leader = decorateLeader(p.pod, { ...opts, electionId: "e", sizeLimit: "100Gi" });
-          const restore = decorateRestore(p.pod, { ...opts, image: "warmstart:test", prewarm: true, prewarmParallelism: 6 });
+          const restore = decorateRestore(p.pod, {
+            ...opts,
+            image: "warmstart:test",
+            prewarm: true,
+            prewarmParallelism: 6,
+          });
           const idx = c.containerIndex ?? 0;
           const lc = leader.spec?.containers[idx] as V1Container;
           const rc = restore.spec?.containers[idx] as V1Container;
-          const check = (what: string, expected: string | undefined, actual: (x: V1Container) => string): void => {
+          const check = (
+            what: string,
+            expected: string | undefined,
+            actual: (x: V1Container) => string,
+          ): void => {
             if (expected === undefined || expected === "none") return;
             const path = normalisePath(actual(lc)) as string;
             // Where the pod names no location of its own, the engine's default is pointed into Warmstart's root.
@@ -149,8 +162,16 @@ void describe("compatibility corpus", () => {
               );
             const captured = volumeFolder(lc, CACHE_VOLUME, path);
             assert.ok(captured !== undefined, `${what} at ${path} is on the leader's capture volume`);
-            assert.equal(normalisePath(actual(rc)), path, `${what}: a restore's engine looks at the same path`);
-            assert.equal(volumeFolder(rc, SHADOW_VOLUME, path), captured, `${what}: a restore presents the same folder of the tree there`);
+            assert.equal(
+              normalisePath(actual(rc)),
+              path,
+              `${what}: a restore's engine looks at the same path`,
+            );
+            assert.equal(
+              volumeFolder(rc, SHADOW_VOLUME, path),
+              captured,
+              `${what}: a restore presents the same folder of the tree there`,
+            );
           };
           check("weights", e.weights, (x) => weightsPath(file.engine, x, c));
           if (file.engine.includes("vllm")) check("compile cache", e.compile, compilePath);

@@ -356,13 +356,20 @@ function upsertMount(c: V1Container, m: V1VolumeMount): void {
  * the pod's own scratch volume is replaced in every container that mounts it (a storage initializer
  * writing it, the engine reading it), keeping each mount's path, sub-path and read-only flag.
  */
-function mountLocations(p: V1Pod, main: V1Container, locations: readonly CacheLocation[], volume: string): void {
+function mountLocations(
+  p: V1Pod,
+  main: V1Container,
+  locations: readonly CacheLocation[],
+  volume: string,
+): void {
   const spec = p.spec as NonNullable<V1Pod["spec"]>;
   const containers = [...(spec.initContainers ?? []), ...spec.containers];
   for (const l of locations) {
     if (l.volume !== undefined) {
       for (const c of containers) {
-        c.volumeMounts = c.volumeMounts?.map((m) => (m.name === l.volume ? redirected(m, l.tree, volume) : m));
+        c.volumeMounts = c.volumeMounts?.map((m) =>
+          m.name === l.volume ? redirected(m, l.tree, volume) : m,
+        );
       }
       continue;
     }
@@ -377,7 +384,9 @@ function redirected(m: V1VolumeMount, tree: string, volume: string): V1VolumeMou
   return {
     ...rest,
     name: volume,
-    ...(subPathExpr ? { subPathExpr: `${tree}/${subPathExpr}` } : { subPath: subPath ? `${tree}/${subPath}` : tree }),
+    ...(subPathExpr
+      ? { subPathExpr: `${tree}/${subPathExpr}` }
+      : { subPath: subPath ? `${tree}/${subPath}` : tree }),
   };
 }
 

@@ -224,7 +224,9 @@ function upgradeInputs(inputs: HashInputs): HashInputs {
   const old = inputs as HashInputs & { command?: string[]; args?: string[] };
   if (Array.isArray(old.argv)) return inputs;
   const argv = [...(old.command ?? []), ...(old.args ?? [])];
-  const containers = inputs.containers?.map((c) => upgradeInputs(c as unknown as HashInputs) as unknown as typeof c);
+  const containers = inputs.containers?.map(
+    (c) => upgradeInputs(c as unknown as HashInputs) as unknown as typeof c,
+  );
   return { ...inputs, argv, ...(containers ? { containers } : {}) };
 }
 

@@ -139,7 +139,11 @@ const isArgsEnv = (name: string): boolean => /(^|_)ARGS$/.test(name);
  * engines read, so it counts in the hash. A fixed list, independent of the configured
  * cache-env template, so changing the template never changes a hash.
  */
-const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([...MODEL_LOCATION_ENV, ...COMPILE_LOCATION_ENV, "HOME"]);
+const CACHE_LOCATION_ENV: ReadonlySet<string> = new Set([
+  ...MODEL_LOCATION_ENV,
+  ...COMPILE_LOCATION_ENV,
+  "HOME",
+]);
 
 /**
  * Drops disaggregation role flags (with their values) and redacts credential values, over words of
@@ -243,7 +247,10 @@ function mainContainer(pod: V1Pod, classification?: Classification): V1Container
 }
 
 /** One container's secret-free inputs. */
-function containerInputs(c: V1Container, excluded: (name: string) => boolean = isExcludedEnv): ContainerInputs {
+function containerInputs(
+  c: V1Container,
+  excluded: (name: string) => boolean = isExcludedEnv,
+): ContainerInputs {
   const byName = new Map<string, EnvInput>();
   for (const e of Array.isArray(c.env) ? c.env : []) {
     if (!e || typeof e.name !== "string" || excluded(e.name)) continue;
@@ -344,7 +351,8 @@ export function hashInputs(pod: V1Pod, classification?: Classification, opts: Ha
   const captured = new Set((plan?.locations ?? []).flatMap((l) => (l.volume ? [l.volume] : [])));
   const others = otherCacheContainers(pod, mainIndex, captured);
   const fromStorage = classification?.source !== undefined;
-  const excluded = (name: string): boolean => isExcludedEnv(name) || (fromStorage && name === SERVICE_NAME_ENV);
+  const excluded = (name: string): boolean =>
+    isExcludedEnv(name) || (fromStorage && name === SERVICE_NAME_ENV);
   const locations = (plan?.locations ?? []).map((l) => `${l.tree}=${l.path}`);
   return {
     v: 2,

@@ -140,7 +140,11 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
       const v = env.get(name);
       if (v !== undefined && v !== "") named.push({ raw: v, kind, from: `env ${name}` });
       else if (setByValueFrom(name))
-        plan.skipped.push({ path: "?", from: `env ${name}`, why: "set from valueFrom: its folder is not known at admission" });
+        plan.skipped.push({
+          path: "?",
+          from: `env ${name}`,
+          why: "set from valueFrom: its folder is not known at admission",
+        });
     }
   }
   const tokens = argvTokens(main);
@@ -152,14 +156,21 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
   // pre-populated cache the user shares on purpose (Warmstart would otherwise point the engine away from it).
   if (!MODEL_LOCATION_ENV.some((n) => env.has(n))) {
     const home = normalisePath(env.get("HOME") ?? "/root") ?? "/root";
-    for (const dflt of [`${home}/.cache/huggingface`, `${env.get("XDG_CACHE_HOME") ?? `${home}/.cache`}/huggingface`]) {
+    for (const dflt of [
+      `${home}/.cache/huggingface`,
+      `${env.get("XDG_CACHE_HOME") ?? `${home}/.cache`}/huggingface`,
+    ]) {
       const m = listOf(main.volumeMounts).find((x) => {
         const mp = isRecord(x) && typeof x.mountPath === "string" ? normalisePath(x.mountPath) : undefined;
         return mp !== undefined && (within(dflt, mp) || within(mp, dflt)) && mp !== "/";
       });
       const vol = m ? volumes.get(textOf(m.name)) : undefined;
       if (m && vol && !isScratch(vol) && !isConfig(vol))
-        plan.persistent ??= { path: dflt, volume: `${volumeKind(vol)} ${vol.name}`, from: "the engine's default hub cache" };
+        plan.persistent ??= {
+          path: dflt,
+          volume: `${volumeKind(vol)} ${vol.name}`,
+          from: "the engine's default hub cache",
+        };
     }
   }
 
@@ -182,7 +193,11 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
       plan.skipped.push({ path, from: n.from, why: `on the ${volumeKind(vol)} volume ${vol.name}` });
     } else if (mount) {
       // Pre-populated or shared by design (a claim, a host path): the user's to manage.
-      plan.persistent ??= { path, volume: `${vol ? volumeKind(vol) : "volume"} ${textOf(mount.name)}`, from: n.from };
+      plan.persistent ??= {
+        path,
+        volume: `${vol ? volumeKind(vol) : "volume"} ${textOf(mount.name)}`,
+        from: n.from,
+      };
     } else if (n.from === "model path") {
       // A model baked into the image: nothing to download, nothing of it to capture.
       plan.skipped.push({ path, from: n.from, why: "in the image (the image is in the hash)" });
@@ -201,7 +216,9 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
 }
 
 function addLocation(plan: LocationPlan, l: Omit<CacheLocation, "tree">): void {
-  const same = plan.locations.find((o) => (l.volume ? o.volume === l.volume : !o.volume && o.path === l.path));
+  const same = plan.locations.find((o) =>
+    l.volume ? o.volume === l.volume : !o.volume && o.path === l.path,
+  );
   if (!same) {
     plan.locations.push({ ...l, tree: "" });
     return;
