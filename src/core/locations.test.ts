@@ -183,12 +183,13 @@ void describe("capture where the engine really writes", () => {
   };
   const restoreOpts = { image: "warmstart:t", prewarm: false, prewarmParallelism: 1 };
 
-  test("HF_HOME=/tmp (production-stack): the capture volume is mounted at /tmp, and a restore's shadow the same", () => {
+  test("HF_HOME=/tmp (production-stack): the capture volume is mounted at its hub cache, and a restore's shadow the same", () => {
     const p = pod({ args: ["--model", "org/m"], env: [{ name: "HF_HOME", value: "/tmp" }] });
     const leader = decorateLeader(p, { ...place(p), electionId: "e", sizeLimit: "1Gi" });
     assert.deepEqual(
-      mountsOf(leader).find(([, path]) => path === "/tmp"),
-      [CACHE_VOLUME, "/tmp", "model/at/tmp"],
+      mountsOf(leader).find(([, path]) => path.startsWith("/tmp")),
+      [CACHE_VOLUME, "/tmp/hub", "model/at/tmp/hub"],
+      "the hub cache, not the rest of /tmp (readiness files, metrics databases)",
     );
     assert.equal(
       leader.spec?.containers[0]?.env?.find((e) => e.name === "HF_HOME")?.value,
@@ -197,8 +198,8 @@ void describe("capture where the engine really writes", () => {
     );
     const restore = decorateRestore(p, { ...place(p), ...restoreOpts });
     assert.deepEqual(
-      mountsOf(restore).find(([, path]) => path === "/tmp"),
-      [SHADOW_VOLUME, "/tmp", "model/at/tmp"],
+      mountsOf(restore).find(([, path]) => path.startsWith("/tmp")),
+      [SHADOW_VOLUME, "/tmp/hub", "model/at/tmp/hub"],
     );
   });
 
@@ -234,7 +235,7 @@ void describe("capture where the engine really writes", () => {
 
   test("a system folder, or Warmstart's own, is never mounted over", () => {
     for (const v of ["/", "/etc", "/usr/lib/x", "/warmstart/ro"]) {
-      const c = classifyPod(pod({ args: ["--model", "org/m"], env: [{ name: "HF_HOME", value: v }] }));
+      const c = classifyPod(pod({ args: ["--model", "org/m"], env: [{ name: "HF_HUB_CACHE", value: v }] }));
       assert.deepEqual(c.locations?.locations, [], v);
       assert.ok(
         c.locations?.skipped.some((s) => s.path === v || v === "/"),

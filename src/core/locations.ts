@@ -138,7 +138,12 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
   ] as const) {
     for (const name of names) {
       const v = env.get(name);
-      if (v !== undefined && v !== "") named.push({ raw: v, kind, from: `env ${name}` });
+      // HF_HOME holds the hub cache in `hub/` beside things that are not the model (a token, a
+      // chunk cache) and often shares its folder with the pod's own scratch (`HF_HOME=/tmp`):
+      // only the hub cache is the engine's download.
+      if (v !== undefined && v !== "" && name === "HF_HOME")
+        named.push({ raw: `${v}/hub`, kind, from: `env ${name} (its hub cache)` });
+      else if (v !== undefined && v !== "") named.push({ raw: v, kind, from: `env ${name}` });
       else if (setByValueFrom(name))
         plan.skipped.push({
           path: "?",

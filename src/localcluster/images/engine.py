@@ -416,7 +416,7 @@ def plan_sglang(args):
     model = args.value("--model-path", "--model")
     if model is None:
         fail("no model (--model-path M)")
-    revision = args.value("--revision") or "main"
+    revision = None if is_local(model) else args.value("--revision") or "main"
     download_dir = args.value("--download-dir")
     files = args.int_value(200, "--compile-files")
 
@@ -437,7 +437,7 @@ def plan_sglang(args):
 
 def plan_tgi(args):
     model = args.value("--model-id") or os.environ.get("MODEL_ID") or "bigscience/bloom-560m"
-    revision = args.value("--revision") or os.environ.get("REVISION") or "main"
+    revision = None if is_local(model) else args.value("--revision") or os.environ.get("REVISION") or "main"
     cache_dir = args.value("--huggingface-hub-cache")
     files = args.int_value(200, "--compile-files")
 
@@ -457,7 +457,7 @@ def plan_tgi(args):
 def nim_source(args):
     """The model a NIM serves: a positional argument, NIM_MODEL_PATH, NIM_MODEL_NAME, or the one
     its image was built for (set in the image's config)."""
-    positional = next((a for a in args.argv if not a.startswith("-")), None)
+    positional = args.argv[0] if args.argv and not args.argv[0].startswith("-") else None
     for source in (
         positional,
         os.environ.get("NIM_MODEL_PATH"),
@@ -511,7 +511,7 @@ def plan_nim(args):
 def plan_kserve_runtime(args):
     model_id = args.value("--model-id")
     model = model_id or args.value("--model-dir") or "/mnt/models"
-    revision = args.value("--model-revision") or "main"
+    revision = None if is_local(model) else args.value("--model-revision") or "main"
 
     def fetch():
         if model_id and not is_local(model_id):
