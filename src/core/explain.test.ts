@@ -13,6 +13,7 @@ import {
   floatingImage,
   perRunValue,
   subjectFromText,
+  subjectsFromText,
   type Comparison,
   type Explanation,
 } from "./explain.js";
@@ -211,7 +212,7 @@ void describe("explain: comparing two", () => {
     assert.equal(out.equal, false);
     assert.notEqual(out.a.hash, out.b.hash);
     assert.deepEqual(out.differences, [
-      { input: "locations", a: "model/at/a=/a", b: "model/at/b=/b" },
+      { input: "locations", a: "model/at/a/hub=/a/hub", b: "model/at/b/hub=/b/hub" },
       { input: "image", a: "vllm/vllm-openai:v0.9.0", b: "vllm/vllm-openai:v0.9.1" },
       { input: "argv[6]", a: "r1", b: "r2" },
       { input: "env.HF_HOME", a: "/a", b: "/b" },
@@ -500,4 +501,98 @@ test("a record keeps no arg or env value verbatim, and still compares with a pod
     other.differences.some((d) => d.input === "argv[1]"),
     "the differing arg is named, digested",
   );
+});
+
+void describe("explain: the workloads real charts ship", () => {
+  const container = (args: string[]): Record<string, unknown> => ({
+    name: "vllm",
+    image: "vllm/vllm-openai:v0.10.0",
+    command: ["sh", "-c"],
+    args,
+    resources: { limits: { "nvidia.com/gpu": "8" } },
+  });
+  const lwsYaml = stringify({
+    apiVersion: "leaderworkerset.x-k8s.io/v1",
+    kind: "LeaderWorkerSet",
+    metadata: { name: "vllm" },
+    spec: {
+      replicas: 2,
+      leaderWorkerTemplate: {
+        size: 2,
+        leaderTemplate: {
+          spec: { containers: [container(["ray start --head && vllm serve org/big --tp 8 --pp 2"])] },
+        },
+        workerTemplate: {
+          spec: { containers: [container(["ray start --block --address=$(LWS_LEADER_ADDRESS):6379"])] },
+        },
+      },
+    },
+  });
+
+  void test("a LeaderWorkerSet: its leader and worker templates, each named", () => {
+    const subjects = subjectsFromText(lwsYaml, "lws.yaml");
+    assert.deepEqual(
+      subjects.map((s) => s.name),
+      ["LeaderWorkerSet vllm (leader)", "LeaderWorkerSet vllm (worker)"],
+    );
+    const [leader, worker] = subjects.map((s) => explain(s));
+    assert.equal(leader?.model, "org/big");
+    assert.equal(worker?.downloader, false, "the worker names no model: it joins the leader's group");
+  });
+
+  void test("a multi-document file: every workload, each named; the command prints them all", () => {
+    const text = `${deploymentYaml}\n---\n${lwsYaml}`;
+    assert.deepEqual(
+      subjectsFromText(text, "all.yaml").map((s) => s.name),
+      ["Deployment llama", "LeaderWorkerSet vllm (leader)", "LeaderWorkerSet vllm (worker)"],
+    );
+    const dir = mkdtempSync(join(tmpdir(), "explain-all-"));
+    after(() => rmSync(dir, { recursive: true, force: true }));
+    writeFileSync(join(dir, "all.yaml"), text);
+    const bin = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));
+    const r = spawnSync(bin, ["explain", join(dir, "all.yaml")], { encoding: "utf8" });
+    assert.equal(r.status, 0, r.stderr);
+    const out = JSON.parse(r.stdout) as Explanation[];
+    assert.deepEqual(
+      out.map((e) => [e.name, e.downloader]),
+      [
+        ["Deployment llama", true],
+        ["LeaderWorkerSet vllm (leader)", true],
+        ["LeaderWorkerSet vllm (worker)", false],
+      ],
+    );
+  });
+
+  void test("the captured locations are shown: the pod's own folders, and what points into Warmstart's root", () => {
+    const out = single(
+      podYaml({
+        env: "        - {name: HF_HOME, value: /tmp}\n        - {name: VLLM_CACHE_ROOT, value: /cache/vllm}",
+      }),
+    );
+    assert.deepEqual(
+      out.locations?.captured.map((l) => [l.path, l.kind, l.tree]),
+      [
+        ["/tmp/hub", "model", "model/at/tmp/hub"],
+        ["/cache/vllm", "cache", "cache/at/cache/vllm"],
+      ],
+    );
+    const injected = out.locations?.injected.map((e) => e.name) ?? [];
+    assert.ok(
+      !injected.includes("HF_HOME") && !injected.includes("VLLM_CACHE_ROOT"),
+      "the pod's own names are kept",
+    );
+    assert.ok(injected.includes("TORCHINDUCTOR_CACHE_DIR"));
+  });
+
+  void test("a settings name ending in INDEX is not a pod index; a pod's place in its workload is", () => {
+    const out = single(
+      podYaml({
+        env: "        - {name: NCCL_IB_GID_INDEX, value: '3'}\n        - {name: WORKER_INDEX, value: '1'}\n        - {name: NODE_RANK, value: '1'}",
+      }),
+    );
+    assert.deepEqual(
+      out.warnings.map((w) => w.input),
+      ["env.NODE_RANK", "env.WORKER_INDEX"],
+    );
+  });
 });

@@ -14,7 +14,7 @@ would, then "compiling" where that engine keeps its compile caches:
   python3 -m huggingfaceserver --model_id M | --model_dir D     (KServe's Hugging Face runtime)
   /storage-initializer/scripts/initializer-entrypoint SRC DEST  (KServe, SRC = hf://org/name[:rev])
 
-Where each downloads (the rules of the real engine; see `locations` below):
+Where each downloads (the rules of the real engine; see "Locations" below):
   vLLM, SGLang, KServe runtime: weights (and their index) into --download-dir if given, else the hub
     cache; config and tokenizer files always into the hub cache (transformers ignores
     --download-dir). The hub cache is the client's own rule: HF_HUB_CACHE, else HF_HOME/hub, else
@@ -27,11 +27,13 @@ Where each downloads (the rules of the real engine; see `locations` below):
 
 Compile caches (every one checked file by file: present, same bytes, same mtime to the nanosecond;
 any difference costs --compile-seconds and rewrites it):
-  vLLM (and NIM, KServe runtime): VLLM_CACHE_ROOT (default XDG_CACHE_HOME/vllm, ~/.cache/vllm)
+  vLLM (and KServe's runtime): VLLM_CACHE_ROOT (default XDG_CACHE_HOME/vllm, ~/.cache/vllm)
     torch_compile_cache/<hash>/rank_<r>_0/backbone; with VLLM_USE_STANDALONE_COMPILE (the
     default) Inductor's cache in TORCHINDUCTOR_CACHE_DIR (default <tmp>/torchinductor_<user>) and
     Triton's in TRITON_CACHE_DIR (default <inductor cache>/triton/0); with it "0", both inside the
     rank folder (vLLM redirects them there). `--enforce-eager` compiles nothing.
+  NIM: the vLLM rank folders (one per GPU) under VLLM_CACHE_ROOT, else NIM_CACHE_PATH/vllm (a
+    stand-in choice: NIM's own layout is not public).
   SGLang, TGI: Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache); SGLang with
     --enable-torch-compile also Inductor's.
 
