@@ -43,6 +43,13 @@ void test("which files are used in place and which are copied", () => {
   assert.equal(usedInPlace(KERNEL), false, "compile caches are copied");
   assert.equal(usedInPlace(TOP), false);
   assert.equal(usedInPlace("modelx/file"), false);
+  assert.equal(usedInPlace("model/at/mnt/models/model.safetensors"), true, "a storage initializer's folder is used in place");
+  assert.equal(
+    usedInPlace("model/at/mnt/models/.cache/huggingface/download/model.safetensors.metadata"),
+    false,
+    "a local folder's download metadata is rewritten by the hub client",
+  );
+  assert.equal(usedInPlace("model/at/mnt/models/.cache/huggingface/download/model.safetensors.lock"), false);
 });
 
 void test("seed links model files in place and copies compile caches with their times (as a non-root UID)", async (t) => {

@@ -91,11 +91,16 @@ export interface SeedResult {
   replaced: number;
 }
 
-/** Files under `model/` that are used in place; the rest of the tree is copied. */
+/**
+ * Files under `model/` that are used in place; the rest of the tree is copied. Copied too, because
+ * the hub client rewrites them: the hub cache's `.locks` and `refs`, and a local folder's own
+ * download metadata (`.cache/huggingface/`, a storage initializer's `local_dir`) and lock files.
+ */
 export function usedInPlace(rel: string): boolean {
   if (!rel.startsWith("model/")) return false;
   const parts = rel.split("/");
-  return !parts.includes(".locks") && !parts.includes("refs");
+  const localDirMeta = parts.some((p, i) => p === ".cache" && parts[i + 1] === "huggingface");
+  return !parts.includes(".locks") && !parts.includes("refs") && !localDirMeta && !rel.endsWith(".lock");
 }
 
 const CHUNK = 1 << 20;

@@ -19,7 +19,7 @@ export interface EngineChart {
   /** The local model hub (HF_ENDPOINT). */
   hub: string;
   image: string;
-  compileSeconds?: number;
+  compileSeconds: number;
   securityContext?: k8s.V1SecurityContext;
   podSecurityContext?: k8s.V1PodSecurityContext;
 }
@@ -65,13 +65,20 @@ export function engineDeployment(o: EngineChart): k8s.V1Deployment {
 
 /** What the engine reports once ready (its one `ENGINE-REPORT {json}` line). */
 export interface EngineReport {
+  /** Which entry point ran: `vllm`, `sglang`, `tgi`, `nim`, `kserve-storage-initializer`, ... */
+  engine?: string;
   model: string;
   uid: number;
   fetchedBytes: number;
   fetchSeconds: number;
-  compileCache: "hit" | "rebuilt";
+  /** Where the weights went, and every download with its folder and bytes. */
+  downloadDir?: string;
+  downloads?: Array<{ what: string; repo: string; revision: string; dir: string; bytes: number }>;
+  /** `disabled` when the engine runs eager (`--enforce-eager`): nothing is compiled. */
+  compileCache: "hit" | "rebuilt" | "disabled";
   compileDetail?: string;
   compileSeconds: number;
+  compileDirs?: string[];
   besideModel: { writable: boolean; error?: string };
   modelStore: { writable: boolean; error?: string; dir: string };
   readySeconds: number;
