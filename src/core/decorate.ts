@@ -187,6 +187,13 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
   mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME);
   upsertEnv(c, treeEnv);
+  // The pod's own containers that now see the shadow (a storage initializer filling the model
+  // folder) follow its links into the read-only tree too.
+  for (const other of [...(p.spec?.initContainers ?? []), ...(p.spec?.containers ?? [])]) {
+    if (other === c || !other.volumeMounts?.some((m) => m.name === SHADOW_VOLUME)) continue;
+    upsertMount(other, structuredClone(roMount));
+    upsertEnv(other, structuredClone(treeEnv));
+  }
   injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
 
   const cmd = opts.warmstartCommand ?? ["warmstart"];

@@ -158,6 +158,27 @@ void describe("model identity from storage sources", () => {
     );
   });
 
+  test("a restore's storage initializer sees the shadow at /mnt/models and the read-only tree its links point into", () => {
+    const p = kserve("hf://org/a", "svc");
+    const c = classifyPod(p);
+    const restore = decorateRestore(p, {
+      hash: "ab".repeat(32),
+      containerIndex: c.containerIndex,
+      locations: c.locations?.locations ?? [],
+      image: "warmstart:t",
+      prewarm: false,
+      prewarmParallelism: 1,
+    });
+    const init = restore.spec?.initContainers?.find((x) => x.name === "storage-initializer");
+    assert.deepEqual(
+      (init?.volumeMounts ?? []).map((m) => [m.name, m.mountPath]),
+      [
+        [SHADOW_VOLUME, "/mnt/models"],
+        ["warmstart-ro", "/warmstart/ro"],
+      ],
+    );
+  });
+
   test("a pvc:// source, or a model folder on a claim, is admitted cold with the reason", () => {
     assert.equal(classifyPod(kserve("pvc://models/llama", "s")).cold, REASON_PERSISTENT_MODEL);
     const onClaim = pod(

@@ -43,7 +43,11 @@ void test("which files are used in place and which are copied", () => {
   assert.equal(usedInPlace(KERNEL), false, "compile caches are copied");
   assert.equal(usedInPlace(TOP), false);
   assert.equal(usedInPlace("modelx/file"), false);
-  assert.equal(usedInPlace("model/at/mnt/models/model.safetensors"), true, "a storage initializer's folder is used in place");
+  assert.equal(
+    usedInPlace("model/at/mnt/models/model.safetensors"),
+    true,
+    "a storage initializer's folder is used in place",
+  );
   assert.equal(
     usedInPlace("model/at/mnt/models/.cache/huggingface/download/model.safetensors.metadata"),
     false,

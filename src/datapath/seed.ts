@@ -313,7 +313,17 @@ async function build(
   // One file at a time: each copy is a run of synchronous calls (compile caches are small files).
   for (const e of toCopy) {
     await yieldNow();
-    const r = copyIn(fromFd, toFd, e, digests.get(e.rel) as string, m, anyUid ? 0o666 : 0o600);
+    let r: ReturnType<typeof copyIn>;
+    try {
+      r = copyIn(fromFd, toFd, e, digests.get(e.rel) as string, m, anyUid ? 0o666 : 0o600);
+    } catch (err) {
+      // A model folder's file only its writer may read (a hub client's 0600 metadata), seeded by
+      // a process whose UID is not the workload's: the workload reads it in place, as itself.
+      if ((err as NodeJS.ErrnoException).code !== "EACCES" || !e.rel.startsWith("model/")) throw err;
+      if (placeLink(toFd, e.rel, `${from}/${e.rel}`)) res.linked += 1;
+      else res.kept += 1;
+      continue;
+    }
     if (r === "kept") res.kept += 1;
     else {
       if (r === "replaced") res.replaced += 1;

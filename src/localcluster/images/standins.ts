@@ -88,6 +88,11 @@ export const REAL_IMAGES: readonly RealImage[] = [
     source: "NVIDIA NIM Operator NIMService samples",
   },
   {
+    name: "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.1.0",
+    kind: "nim",
+    source: "NVIDIA/nim-deploy helm/nim-llm README (image.repository llama-3.1-8b-instruct, image.tag 1.1.0)",
+  },
+  {
     name: "nvcr.io/nim/meta/llama3-8b-instruct:1.0.3",
     kind: "nim",
     source: "NVIDIA/nim-deploy helm/nim-llm (image.repository default, tag = appVersion 1.0.3)",

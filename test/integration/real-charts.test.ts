@@ -1,0 +1,332 @@
+/**
+ * Rendered upstream charts on the local cluster's real node (issue "Real charts"): pods of the
+ * compatibility corpus (test/corpus/), as their charts and operators make them, run in real
+ * containers. The engine stand-in answers to the real image names and command lines, so only what
+ * a one-node cluster without a registry, GPUs or network ports needs is adapted: pull policy,
+ * placement on the real node, readiness by file instead of HTTP, CPU and memory sizes, the hub's
+ * address, sidecars whose images are not there. Each test: one download per model from the hub,
+ * restored replicas fetch nothing and find their compile caches, two models never share a tree.
+ */
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { test, type TestContext } from "node:test";
+import type * as k8s from "@kubernetes/client-node";
+import { parse } from "yaml";
+import { getModelCache } from "../../src/common/modelcache.js";
+import { ANN_ROLE, LABEL_HASH } from "../../src/core/contract.js";
+import {
+  ENGINE_READY_FILE,
+  parseEngineReport,
+  type EngineReport,
+} from "../../src/localcluster/engine-chart.js";
+import { REAL_IMAGES, qualifiedImageName } from "../../src/localcluster/images/standins.js";
+import { REAL_NODE_TAINT } from "../../src/localcluster/realnode.js";
+import { isPodReady, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import { containerLog, hubStats, modelBytes, realNodeOrSkip, type RealNode } from "../realnode.js";
+
+const READY_TIMEOUT_MS = 300_000;
+const GPU = /^nvidia\.com\/(gpu|mig-)/;
+const STAND_INS = new Set(REAL_IMAGES.map((i) => qualifiedImageName(i.name)));
+
+interface CorpusPod {
+  id: string;
+  pod: k8s.V1Pod;
+}
+function corpus(file: string): Map<string, k8s.V1Pod> {
+  const text = readFileSync(new URL(`../../../test/corpus/${file}`, import.meta.url), "utf8");
+  const doc = parse(text) as { pods: CorpusPod[] };
+  return new Map(doc.pods.map((p) => [p.id, p.pod]));
+}
+
+/**
+ * A corpus pod made runnable on the real node: nothing of what Warmstart reads (argv, env, cache
+ * volumes, init containers that fill them, GPU requests) is touched.
+ */
+function onRealNode(source: k8s.V1Pod, node: RealNode, name: string, run: string): k8s.V1Pod {
+  const p = structuredClone(source);
+  const meta = p.metadata ?? {};
+  p.metadata = {
+    name,
+    labels: { ...(meta.labels ?? {}), "real-charts": "true" },
+    ...(meta.annotations ? { annotations: meta.annotations } : {}),
+  };
+  const spec = p.spec as k8s.V1PodSpec;
+  const serviceAccountVolumes = new Set(
+    (spec.volumes ?? []).filter((v) => v.name.startsWith("kube-api-access-")).map((v) => v.name),
+  );
+  const runnable = (c: k8s.V1Container): boolean => STAND_INS.has(qualifiedImageName(c.image ?? ""));
+  const adapt = (c: k8s.V1Container, main: boolean): k8s.V1Container => {
+    const requests = Object.fromEntries(
+      Object.entries(c.resources?.requests ?? {}).filter(([k]) => GPU.test(k)),
+    );
+    const limits = Object.fromEntries(Object.entries(c.resources?.limits ?? {}).filter(([k]) => GPU.test(k)));
+    const { ports: _ports, livenessProbe: _l, startupProbe: _s, readinessProbe: _r, ...rest } = c;
+    return {
+      ...rest,
+      imagePullPolicy: "IfNotPresent",
+      // The run's own value makes its own hashes, so a rerun on the same cluster elects again.
+      env: [
+        ...(c.env ?? []),
+        { name: "HF_ENDPOINT", value: node.hub },
+        ...(main ? [{ name: "TEST_RUN", value: run }] : []),
+      ],
+      resources: {
+        ...(Object.keys(requests).length ? { requests } : {}),
+        ...(Object.keys(limits).length ? { limits } : {}),
+      },
+      volumeMounts: (c.volumeMounts ?? []).filter((m) => !serviceAccountVolumes.has(m.name)),
+      ...(main
+        ? { readinessProbe: { exec: { command: ["cat", ENGINE_READY_FILE] }, periodSeconds: 1 } }
+        : {}),
+    };
+  };
+  const main = spec.containers.find((c) =>
+    Object.keys({ ...c.resources?.limits, ...c.resources?.requests }).some((k) => GPU.test(k)),
+  );
+  p.spec = {
+    ...spec,
+    containers: spec.containers.filter(runnable).map((c) => adapt(c, c === main)),
+    initContainers: (spec.initContainers ?? []).filter(runnable).map((c) => adapt(c, false)),
+    volumes: (spec.volumes ?? []).filter((v) => !serviceAccountVolumes.has(v.name)),
+    nodeSelector: { "kubernetes.io/hostname": node.name },
+    tolerations: [{ key: REAL_NODE_TAINT.key, operator: "Exists", effect: REAL_NODE_TAINT.effect }],
+    hostNetwork: true,
+    automountServiceAccountToken: false,
+    serviceAccountName: "default",
+    terminationGracePeriodSeconds: 1,
+  };
+  for (const k of [
+    "nodeName",
+    "affinity",
+    "runtimeClassName",
+    "priorityClassName",
+    "priority",
+    "schedulerName",
+    "serviceAccount",
+    "hostname",
+    "subdomain",
+    "dnsPolicy",
+    "preemptionPolicy",
+  ] as const)
+    delete (p.spec as unknown as Record<string, unknown>)[k];
+  return p;
+}
+
+/** The secrets and config maps a pod's env and volumes refer to, created with placeholder values. */
+async function createReferenced(namespace: string, pod: k8s.V1Pod): Promise<void> {
+  const { core } = await kube();
+  for (const v of pod.spec?.volumes ?? []) {
+    const keys = (items?: k8s.V1KeyToPath[]): Record<string, string> =>
+      Object.fromEntries((items ?? []).map((i) => [i.key, "placeholder"]));
+    if (v.configMap?.name)
+      await core
+        .createNamespacedConfigMap({
+          namespace,
+          body: { metadata: { name: v.configMap.name }, data: keys(v.configMap.items) },
+        })
+        .catch(() => undefined);
+    if (v.secret?.secretName)
+      await core
+        .createNamespacedSecret({
+          namespace,
+          body: { metadata: { name: v.secret.secretName }, stringData: keys(v.secret.items) },
+        })
+        .catch(() => undefined);
+  }
+  const env = [...(pod.spec?.containers ?? []), ...(pod.spec?.initContainers ?? [])].flatMap(
+    (c) => c.env ?? [],
+  );
+  for (const e of env) {
+    const s = e.valueFrom?.secretKeyRef;
+    const m = e.valueFrom?.configMapKeyRef;
+    if (s?.name)
+      await core
+        .createNamespacedSecret({
+          namespace,
+          body: { metadata: { name: s.name }, stringData: { [s.key]: "placeholder" } },
+        })
+        .catch(() => undefined);
+    if (m?.name)
+      await core
+        .createNamespacedConfigMap({
+          namespace,
+          body: { metadata: { name: m.name }, data: { [m.key]: "placeholder" } },
+        })
+        .catch(() => undefined);
+  }
+}
+
+async function run(
+  t: TestContext,
+  node: RealNode,
+  namespace: string,
+  pods: Array<[string, k8s.V1Pod]>,
+): Promise<k8s.V1Pod[]> {
+  const { core } = await kube();
+  const runId = uniqueName("run");
+  for (const [name, source] of pods) {
+    const body = onRealNode(source, node, name, runId);
+    await createReferenced(namespace, body);
+    await core.createNamespacedPod({ namespace, body });
+  }
+  t.after(async () => {
+    for (const [name] of pods)
+      await core.deleteNamespacedPod({ namespace, name, gracePeriodSeconds: 0 }).catch(() => undefined);
+  });
+  return waitFor(
+    `${pods.length} ready pods in ${namespace}`,
+    async () => {
+      const list = (await core.listNamespacedPod({ namespace, labelSelector: "real-charts=true" })).items;
+      return list.length === pods.length && list.every(isPodReady) ? list : undefined;
+    },
+    READY_TIMEOUT_MS,
+  );
+}
+
+const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
+const hashOf = (p: k8s.V1Pod): string => p.metadata?.labels?.[LABEL_HASH] ?? "";
+
+async function report(node: RealNode, pod: k8s.V1Pod, container: string): Promise<EngineReport> {
+  const log = await containerLog(node, pod, container);
+  const r = parseEngineReport(log);
+  if (!r) throw new Error(`no engine report from ${pod.metadata?.name}/${container}:\n${log.slice(-2000)}`);
+  return r;
+}
+
+const mainName = (pod: k8s.V1Pod): string =>
+  pod.spec?.containers.find((c) => Object.keys(c.resources?.limits ?? {}).some((k) => GPU.test(k)))?.name ??
+  "";
+
+/** Bytes the hub served per repository since `before`. */
+async function served(
+  node: RealNode,
+  before: Awaited<ReturnType<typeof hubStats>>,
+  repo: string,
+): Promise<number> {
+  return ((await hubStats(node)).repos[repo]?.bytes ?? 0) - (before.repos[repo]?.bytes ?? 0);
+}
+
+/**
+ * Pods of one hash: one leader that downloaded, the rest restored (init containers seeded the
+ * tree), each restored engine fetching nothing and finding its compile cache.
+ */
+async function assertOneDownload(node: RealNode, pods: k8s.V1Pod[], what: string): Promise<void> {
+  assert.equal(new Set(pods.map(hashOf)).size, 1, `${what}: one hash`);
+  const leaders = pods.filter((p) => role(p) === "leader");
+  assert.equal(leaders.length, 1, `${what}: one leader (${pods.map(role).join(", ")})`);
+  const { custom } = await kube();
+  assert.equal(
+    (await getModelCache(custom, hashOf(pods[0] as k8s.V1Pod)))?.status?.phase,
+    "Ready",
+    `${what}: cache Ready`,
+  );
+  for (const p of pods) {
+    if (p === leaders[0]) continue;
+    assert.ok(["follower", "restore"].includes(role(p) ?? ""), `${p.metadata?.name} restored (${role(p)})`);
+    const r = await report(node, p, mainName(p));
+    assert.equal(r.fetchedBytes, 0, `${p.metadata?.name}: the engine fetched nothing`);
+    assert.notEqual(
+      r.compileCache,
+      "rebuilt",
+      `${p.metadata?.name}: found its compile cache (${r.compileDetail ?? ""})`,
+    );
+  }
+}
+
+test("vLLM production-stack (HF_HOME=/tmp): two replicas, one download into /tmp/hub, the other restored there", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node) return;
+  const ns = await tempNamespace(t, "prodstack");
+  const c = corpus("vllm-production-stack/minimal-opt125m-hf-home-tmp.yaml");
+  const before = await hubStats(node);
+  const pods = await run(t, node, ns, [
+    ["engine-a", c.get("engine-a") as k8s.V1Pod],
+    ["engine-b", c.get("engine-b") as k8s.V1Pod],
+  ]);
+  await assertOneDownload(node, pods, "production-stack");
+  const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
+  const r = await report(node, leader, mainName(leader));
+  assert.ok(
+    r.downloadDir?.startsWith("/tmp/hub"),
+    `the leader's engine wrote where its chart says: ${r.downloadDir}`,
+  );
+  const repo = r.model;
+  assert.equal(
+    await served(node, before, repo),
+    await modelBytes(node, repo),
+    "one model's worth from the hub",
+  );
+});
+
+test("llm-d modelservice: prefill and decode of one model share one download on their own emptyDir", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node) return;
+  const ns = await tempNamespace(t, "llmd");
+  const c = corpus("llm-d/pd-opt125m.yaml");
+  const pods = await run(t, node, ns, [
+    ["prefill", c.get("prefill") as k8s.V1Pod],
+    ["decode", c.get("decode") as k8s.V1Pod],
+  ]);
+  await assertOneDownload(node, pods, "llm-d prefill and decode");
+  const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
+  const r = await report(node, leader, mainName(leader));
+  assert.ok(
+    r.downloadDir?.startsWith("/model-cache/"),
+    `downloaded into the chart's emptyDir: ${r.downloadDir}`,
+  );
+});
+
+test("KServe with hf:// storageUri: two services of two models never share a tree; a replica restores with its initializer fetching nothing", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node) return;
+  const ns = await tempNamespace(t, "kserve");
+  const c = corpus("kserve/isvc-hf-storageuri-two-models.yaml");
+  const before = await hubStats(node);
+  const pods = await run(t, node, ns, [
+    ["llama3-a", c.get("llama3-a") as k8s.V1Pod],
+    ["llama3-b", c.get("llama3-b") as k8s.V1Pod],
+    ["llama2", c.get("llama2") as k8s.V1Pod],
+  ]);
+  const byName = (n: string): k8s.V1Pod => pods.find((p) => p.metadata?.name === n) as k8s.V1Pod;
+  assert.notEqual(hashOf(byName("llama3-a")), hashOf(byName("llama2")), "two models, two hashes");
+  await assertOneDownload(node, [byName("llama3-a"), byName("llama3-b")], "llama3 replicas");
+  assert.equal(role(byName("llama2")), "leader", "the other model is its own election");
+  for (const p of pods) {
+    const init = await report(node, p, "storage-initializer");
+    const restored = role(p) !== "leader";
+    assert.equal(
+      init.fetchedBytes === 0,
+      restored,
+      `${p.metadata?.name}: the initializer fetched ${init.fetchedBytes} B`,
+    );
+  }
+  for (const repo of ["meta-llama/meta-llama-3-8b-instruct", "meta-llama/Llama-2-7b-chat-hf"])
+    assert.equal(await served(node, before, repo), await modelBytes(node, repo), `${repo}: one download`);
+});
+
+test("nim-llm StatefulSet: two replicas of one NIM, one profile downloaded into NIM_CACHE_PATH", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node) return;
+  const ns = await tempNamespace(t, "nim");
+  const c = corpus("nim-llm/sts-emptydir-gpu-count.yaml");
+  const pods = await run(t, node, ns, [
+    ["my-nim-0", c.get("gpu1-0") as k8s.V1Pod],
+    ["my-nim-1", c.get("gpu1-1") as k8s.V1Pod],
+  ]);
+  await assertOneDownload(node, pods, "NIM replicas");
+  const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
+  const r = await report(node, leader, mainName(leader));
+  assert.ok(r.downloadDir?.startsWith("/model-store/"), `into the chart's NIM_CACHE_PATH: ${r.downloadDir}`);
+});
+
+test("LeaderWorkerSet: the leaders of group 0 and group 1 share one download", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node) return;
+  const ns = await tempNamespace(t, "lws");
+  const c = corpus("lws/sglang-multinode.yaml");
+  const pods = await run(t, node, ns, [
+    ["sglang-0", c.get("leader-group0") as k8s.V1Pod],
+    ["sglang-1", c.get("leader-group1") as k8s.V1Pod],
+  ]);
+  await assertOneDownload(node, pods, "LWS group leaders");
+});
