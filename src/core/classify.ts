@@ -1,9 +1,10 @@
 import type { V1Container, V1Pod } from "@kubernetes/client-node";
-import { envSourceRef, expandKubeRefs, expandShellVars, listOf, literalEnv, textOf } from "./env.js";
-export { argvTokens, takesScript, type ArgvToken } from "./argv.js";
-import { isRecord } from "./guards.js";
-import { locationPlan, mountCovering, type LocationPlan } from "./locations.js";
 import { argvTokens, type ArgvToken } from "./argv.js";
+import { envSourceRef, expandKubeRefs, expandShellVars, listOf, literalEnv, textOf } from "./env.js";
+import { isRecord } from "./guards.js";
+import { locationPlan, mountCovering, normalisePath, type LocationPlan } from "./locations.js";
+
+export { argvTokens, takesScript, type ArgvToken } from "./argv.js";
 
 export const GPU_RESOURCE = "nvidia.com/gpu";
 /** A MIG slice is a GPU too: `nvidia.com/mig-1g.10gb`, `nvidia.com/mig-3g.40gb`, ... */
@@ -247,18 +248,6 @@ function positional(tokens: readonly ArgvToken[], start: number): ArgvToken | un
   return undefined;
 }
 
-/** An absolute path, normalised; undefined for anything else (a hub id, a URI, a relative path). */
-export function localPath(model: string): string | undefined {
-  if (!model.startsWith("/")) return undefined;
-  const parts: string[] = [];
-  for (const p of model.split("/")) {
-    if (p === "" || p === ".") continue;
-    if (p === "..") parts.pop();
-    else parts.push(p);
-  }
-  return `/${parts.join("/")}`;
-}
-
 const URI = /^[a-z][a-z0-9+.-]*:\/\/\S+$/i;
 
 /** The first storage URI an init container names, its `$(VAR)` and shell `$VAR` resolved from its own env. */
@@ -308,7 +297,7 @@ function storageSource(
 function filledFolder(pod: V1Pod, main: V1Container): ModelHit | undefined {
   for (const m of listOf(main.volumeMounts)) {
     if (!isRecord(m) || typeof m.mountPath !== "string") continue;
-    const path = localPath(m.mountPath);
+    const path = normalisePath(m.mountPath);
     if (path && storageSource(pod, main, path)) return { model: path, reason: "model from a mounted folder" };
   }
   return undefined;
@@ -331,7 +320,7 @@ export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classificat
     containerIndex: idx,
     gpus,
   };
-  const path = localPath(hit.model);
+  const path = normalisePath(hit.model);
   if (path !== undefined) {
     c.modelPath = path;
     // The model's identity is what was fetched, never the folder every pod of a kind reads it from.

@@ -185,15 +185,14 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   };
   upsertMount(c, roMount);
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
-  mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME);
-  upsertEnv(c, treeEnv);
   // The pod's own containers that now see the shadow (a storage initializer filling the model
   // folder) follow its links into the read-only tree too.
-  for (const other of [...(p.spec?.initContainers ?? []), ...(p.spec?.containers ?? [])]) {
-    if (other === c || !other.volumeMounts?.some((m) => m.name === SHADOW_VOLUME)) continue;
+  for (const other of mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME)) {
+    if (other === c) continue;
     upsertMount(other, structuredClone(roMount));
     upsertEnv(other, structuredClone(treeEnv));
   }
+  upsertEnv(c, treeEnv);
   injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
 
   const cmd = opts.warmstartCommand ?? ["warmstart"];
@@ -362,28 +361,32 @@ function upsertMount(c: V1Container, m: V1VolumeMount): void {
  * the location's folder of the tree: a folder of the image gets a new mount in the main container;
  * the pod's own scratch volume is replaced in every container that mounts it (a storage initializer
  * writing it, the engine reading it), keeping each mount's path, sub-path and read-only flag.
+ * Returns the containers whose mounts it changed.
  */
 function mountLocations(
   p: V1Pod,
   main: V1Container,
   locations: readonly CacheLocation[],
   volume: string,
-): void {
+): Set<V1Container> {
   const spec = p.spec as NonNullable<V1Pod["spec"]>;
   const containers = [...(spec.initContainers ?? []), ...spec.containers];
+  const touched = new Set<V1Container>();
   for (const l of locations) {
     if (l.volume !== undefined) {
       for (const c of containers) {
-        c.volumeMounts = c.volumeMounts?.map((m) =>
-          m.name === l.volume ? redirected(m, l.tree, volume) : m,
-        );
+        if (!c.volumeMounts?.some((m) => m.name === l.volume)) continue;
+        c.volumeMounts = c.volumeMounts.map((m) => (m.name === l.volume ? redirected(m, l.tree, volume) : m));
+        touched.add(c);
       }
       continue;
     }
     const mounts = (main.volumeMounts ??= []);
     if (!mounts.some((m) => normalisePath(m.mountPath) === l.path))
       mounts.push({ name: volume, mountPath: l.path, subPath: l.tree });
+    touched.add(main);
   }
+  return touched;
 }
 
 function redirected(m: V1VolumeMount, tree: string, volume: string): V1VolumeMount {
