@@ -13,9 +13,8 @@ import {
   textOf,
 } from "./env.js";
 import { takesScript } from "./argv.js";
-import { isScriptOption } from "./shell.js";
 import { COMPILE_LOCATION_ENV, MODEL_LOCATION_ENV } from "./locations.js";
-import { joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
+import { isScriptOption, joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
 
 /** One env entry as it enters the hash: a literal value, a `valueFrom` reference, or a credential's name. */
 export interface EnvInput {
