@@ -4,8 +4,6 @@ import { envSourceRef, expandKubeRefs, expandShellVars, listOf, literalEnv, text
 import { isRecord } from "./guards.js";
 import { locationPlan, mountCovering, normalisePath, type LocationPlan } from "./locations.js";
 
-export { argvTokens, takesScript, type ArgvToken } from "./argv.js";
-
 export const GPU_RESOURCE = "nvidia.com/gpu";
 /** A MIG slice is a GPU too: `nvidia.com/mig-1g.10gb`, `nvidia.com/mig-3g.40gb`, ... */
 const MIG_RESOURCE = /^nvidia\.com\/mig-[0-9a-z.+-]+$/i;
@@ -93,7 +91,7 @@ const quantity = (v: unknown): number => {
 };
 
 /** Whole GPUs and MIG slices a container asks for in requests or limits (the larger), by resource name. */
-export function gpuResources(container: V1Container): Record<string, number> {
+function gpuResources(container: V1Container): Record<string, number> {
   const r = isRecord(container.resources) ? container.resources : {};
   const out: Record<string, number> = {};
   for (const m of [r.requests, r.limits]) {
@@ -113,7 +111,7 @@ export function gpuCount(container: V1Container): number {
 }
 
 /** The DRA claims a container uses, resolved against the pod's `spec.resourceClaims`. */
-export function containerClaims(pod: V1Pod, container: V1Container): ClaimRef[] {
+function containerClaims(pod: V1Pod, container: V1Container): ClaimRef[] {
   const r = isRecord(container.resources) ? container.resources : {};
   const used = listOf(r.claims as Array<{ name?: unknown }> | undefined)
     .map((c) => (isRecord(c) && typeof c.name === "string" ? c.name : ""))

@@ -265,3 +265,26 @@ void describe("capture where the engine really writes", () => {
     }
   });
 });
+
+void describe("what a pod's author controls cannot rename or relocate a model", () => {
+  test("KServe's announced source names only its own folder: an annotation cannot rename a model elsewhere", () => {
+    const p = pod(
+      { args: ["--model", "/data/mine"], volumeMounts: [{ name: "d", mountPath: "/data" }] },
+      { volumes: [{ name: "d", emptyDir: {} }] },
+    );
+    p.metadata = {
+      annotations: { "internal.serving.kserve.io/storage-initializer-sourceuri": "hf://org/victim" },
+    };
+    const c = classifyPod(p);
+    assert.equal(c.model, "/data/mine", "the annotation does not speak for /data");
+    assert.equal(c.source, undefined);
+  });
+
+  test("a location reaching through `..` into a system folder is refused like the folder itself", () => {
+    const c = classifyPod(
+      pod({ args: ["--model", "org/m"], env: [{ name: "VLLM_CACHE_ROOT", value: "/tmp/../etc/x" }] }),
+    );
+    assert.deepEqual(c.locations?.locations, []);
+    assert.ok(c.locations?.skipped.some((s) => s.path === "/etc/x"));
+  });
+});

@@ -22,7 +22,14 @@ import {
 import { REAL_IMAGES, qualifiedImageName } from "../../src/localcluster/images/standins.js";
 import { REAL_NODE_TAINT } from "../../src/localcluster/realnode.js";
 import { isPodReady, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
-import { containerLog, hubStats, modelBytes, realNodeOrSkip, type RealNode } from "../realnode.js";
+import {
+  containerLog,
+  hubStats,
+  modelBytes,
+  realNodeOrSkip,
+  type HubStats,
+  type RealNode,
+} from "../realnode.js";
 
 const READY_TIMEOUT_MS = 300_000;
 const GPU = /^nvidia\.com\/(gpu|mig-)/;
@@ -183,7 +190,37 @@ async function run(
   );
 }
 
+/**
+ * Runs corpus pods (file, then our name for each and its id there) on the real node in a fresh
+ * namespace, until all are Ready; undefined (the test skipped) without a real node.
+ */
+async function runCorpus(
+  t: TestContext,
+  prefix: string,
+  file: string,
+  ids: Record<string, string>,
+): Promise<{ node: RealNode; pods: k8s.V1Pod[]; before: HubStats } | undefined> {
+  const node = await realNodeOrSkip(t);
+  if (!node) return undefined;
+  const ns = await tempNamespace(t, prefix);
+  const c = corpus(file);
+  const before = await hubStats(node);
+  const pods = await run(
+    t,
+    node,
+    ns,
+    Object.entries(ids).map(([name, id]) => [name, c.get(id) as k8s.V1Pod]),
+  );
+  return { node, pods, before };
+}
+
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
+
+/** Where the leader's engine put its weights. */
+async function leaderDownloadDir(node: RealNode, pods: k8s.V1Pod[]): Promise<string | undefined> {
+  const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
+  return (await report(node, leader, mainName(leader))).downloadDir;
+}
 const hashOf = (p: k8s.V1Pod): string => p.metadata?.labels?.[LABEL_HASH] ?? "";
 
 async function report(node: RealNode, pod: k8s.V1Pod, container: string): Promise<EngineReport> {
@@ -198,11 +235,7 @@ const mainName = (pod: k8s.V1Pod): string =>
   "";
 
 /** Bytes the hub served per repository since `before`. */
-async function served(
-  node: RealNode,
-  before: Awaited<ReturnType<typeof hubStats>>,
-  repo: string,
-): Promise<number> {
+async function served(node: RealNode, before: HubStats, repo: string): Promise<number> {
   return ((await hubStats(node)).repos[repo]?.bytes ?? 0) - (before.repos[repo]?.bytes ?? 0);
 }
 
@@ -234,15 +267,12 @@ async function assertOneDownload(node: RealNode, pods: k8s.V1Pod[], what: string
 }
 
 test("vLLM production-stack (HF_HOME=/tmp): two replicas, one download into /tmp/hub, the other restored there", async (t) => {
-  const node = await realNodeOrSkip(t);
-  if (!node) return;
-  const ns = await tempNamespace(t, "prodstack");
-  const c = corpus("vllm-production-stack/minimal-opt125m-hf-home-tmp.yaml");
-  const before = await hubStats(node);
-  const pods = await run(t, node, ns, [
-    ["engine-a", c.get("engine-a") as k8s.V1Pod],
-    ["engine-b", c.get("engine-b") as k8s.V1Pod],
-  ]);
+  const ran = await runCorpus(t, "prodstack", "vllm-production-stack/minimal-opt125m-hf-home-tmp.yaml", {
+    "engine-a": "engine-a",
+    "engine-b": "engine-b",
+  });
+  if (!ran) return;
+  const { node, pods, before } = ran;
   await assertOneDownload(node, pods, "production-stack");
   const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
   const r = await report(node, leader, mainName(leader));
@@ -259,34 +289,21 @@ test("vLLM production-stack (HF_HOME=/tmp): two replicas, one download into /tmp
 });
 
 test("llm-d modelservice: prefill and decode of one model share one download on their own emptyDir", async (t) => {
-  const node = await realNodeOrSkip(t);
-  if (!node) return;
-  const ns = await tempNamespace(t, "llmd");
-  const c = corpus("llm-d/pd-opt125m.yaml");
-  const pods = await run(t, node, ns, [
-    ["prefill", c.get("prefill") as k8s.V1Pod],
-    ["decode", c.get("decode") as k8s.V1Pod],
-  ]);
-  await assertOneDownload(node, pods, "llm-d prefill and decode");
-  const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
-  const r = await report(node, leader, mainName(leader));
-  assert.ok(
-    r.downloadDir?.startsWith("/model-cache/"),
-    `downloaded into the chart's emptyDir: ${r.downloadDir}`,
-  );
+  const ran = await runCorpus(t, "llmd", "llm-d/pd-opt125m.yaml", { prefill: "prefill", decode: "decode" });
+  if (!ran) return;
+  await assertOneDownload(ran.node, ran.pods, "llm-d prefill and decode");
+  const dir = await leaderDownloadDir(ran.node, ran.pods);
+  assert.ok(dir?.startsWith("/model-cache/"), `downloaded into the chart's emptyDir: ${dir}`);
 });
 
 test("KServe with hf:// storageUri: two services of two models never share a tree; a replica restores with its initializer fetching nothing", async (t) => {
-  const node = await realNodeOrSkip(t);
-  if (!node) return;
-  const ns = await tempNamespace(t, "kserve");
-  const c = corpus("kserve/isvc-hf-storageuri-two-models.yaml");
-  const before = await hubStats(node);
-  const pods = await run(t, node, ns, [
-    ["llama3-a", c.get("llama3-a") as k8s.V1Pod],
-    ["llama3-b", c.get("llama3-b") as k8s.V1Pod],
-    ["llama2", c.get("llama2") as k8s.V1Pod],
-  ]);
+  const ran = await runCorpus(t, "kserve", "kserve/isvc-hf-storageuri-two-models.yaml", {
+    "llama3-a": "llama3-a",
+    "llama3-b": "llama3-b",
+    llama2: "llama2",
+  });
+  if (!ran) return;
+  const { node, pods, before } = ran;
   const byName = (n: string): k8s.V1Pod => pods.find((p) => p.metadata?.name === n) as k8s.V1Pod;
   assert.notEqual(hashOf(byName("llama3-a")), hashOf(byName("llama2")), "two models, two hashes");
   await assertOneDownload(node, [byName("llama3-a"), byName("llama3-b")], "llama3 replicas");
@@ -305,28 +322,21 @@ test("KServe with hf:// storageUri: two services of two models never share a tre
 });
 
 test("nim-llm StatefulSet: two replicas of one NIM, one profile downloaded into NIM_CACHE_PATH", async (t) => {
-  const node = await realNodeOrSkip(t);
-  if (!node) return;
-  const ns = await tempNamespace(t, "nim");
-  const c = corpus("nim-llm/sts-emptydir-gpu-count.yaml");
-  const pods = await run(t, node, ns, [
-    ["my-nim-0", c.get("gpu1-0") as k8s.V1Pod],
-    ["my-nim-1", c.get("gpu1-1") as k8s.V1Pod],
-  ]);
-  await assertOneDownload(node, pods, "NIM replicas");
-  const leader = pods.find((p) => role(p) === "leader") as k8s.V1Pod;
-  const r = await report(node, leader, mainName(leader));
-  assert.ok(r.downloadDir?.startsWith("/model-store/"), `into the chart's NIM_CACHE_PATH: ${r.downloadDir}`);
+  const ran = await runCorpus(t, "nim", "nim-llm/sts-emptydir-gpu-count.yaml", {
+    "my-nim-0": "gpu1-0",
+    "my-nim-1": "gpu1-1",
+  });
+  if (!ran) return;
+  await assertOneDownload(ran.node, ran.pods, "NIM replicas");
+  const dir = await leaderDownloadDir(ran.node, ran.pods);
+  assert.ok(dir?.startsWith("/model-store/"), `into the chart's NIM_CACHE_PATH: ${dir}`);
 });
 
 test("LeaderWorkerSet: the leaders of group 0 and group 1 share one download", async (t) => {
-  const node = await realNodeOrSkip(t);
-  if (!node) return;
-  const ns = await tempNamespace(t, "lws");
-  const c = corpus("lws/sglang-multinode.yaml");
-  const pods = await run(t, node, ns, [
-    ["sglang-0", c.get("leader-group0") as k8s.V1Pod],
-    ["sglang-1", c.get("leader-group1") as k8s.V1Pod],
-  ]);
-  await assertOneDownload(node, pods, "LWS group leaders");
+  const ran = await runCorpus(t, "lws", "lws/sglang-multinode.yaml", {
+    "sglang-0": "leader-group0",
+    "sglang-1": "leader-group1",
+  });
+  if (!ran) return;
+  await assertOneDownload(ran.node, ran.pods, "LWS group leaders");
 });
