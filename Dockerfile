@@ -1,13 +1,13 @@
 # syntax=docker/dockerfile:1
 # The one Warmstart image: every role (webhook, server, node-agent, cluster-agent, control-plane)
 # and every init step (wait-ready, seed, prewarm) is `warmstart <subcommand>`. The same layout as
-# the local cluster's image build (src/localcluster/images/build.ts): a Debian minbase with
+# the local cluster's image build (tools/localcluster/images/build.ts): a Debian minbase with
 # python3, Node.js at /usr/local/bin/node, the production node_modules, then the app in
 # /opt/warmstart; non-root, and nothing written outside mounted volumes (read-only root works).
 #
 #   docker build -t ghcr.io/warmstart/warmstart:0.1.0 .
 
-# Keep in step with IMAGE_NODE_VERSION in src/localcluster/images/build.ts (a test compares them).
+# Keep in step with IMAGE_NODE_VERSION in tools/localcluster/images/build.ts (a test compares them).
 ARG NODE_VERSION=20.20.2
 ARG DEBIAN_SUITE=bookworm
 
@@ -17,12 +17,14 @@ COPY package.json package-lock.json ./
 # Dependencies without the package's own `prepare` (the sources come next), then the native
 # modules' install steps (better-sqlite3 builds or fetches its binding for this platform).
 RUN npm ci --no-audit --no-fund --ignore-scripts && npm rebuild
-COPY tsconfig.json ./
+# The product only: src/ without its tests (tsconfig.product.json). The tools (tools/: the local
+# cluster, the demo), the tests and the benchmarks never enter the image.
+COPY tsconfig.json tsconfig.product.json ./
 COPY src ./src
 COPY bin ./bin
 COPY deploy/crds ./deploy/crds
-RUN npx tsc -p tsconfig.json \
- && find dist \( -name '*.test.js' -o -name '*.map' \) -delete \
+RUN npx tsc -p tsconfig.product.json \
+ && find dist -name '*.map' -delete \
  && npm prune --omit=dev --no-audit --no-fund \
  && rm -rf node_modules/better-sqlite3/deps node_modules/better-sqlite3/src \
       node_modules/better-sqlite3/build/Release/obj node_modules/better-sqlite3/build/Release/obj.target

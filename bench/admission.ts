@@ -9,8 +9,8 @@ import { join } from "node:path";
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
-import { PACKAGE_ROOT } from "../src/localcluster/versions.js";
-import { status as clusterStatus } from "../src/localcluster/cluster.js";
+import { PACKAGE_ROOT } from "../tools/localcluster/versions.js";
+import { status as clusterStatus } from "../tools/localcluster/cluster.js";
 import { SYSTEM_NAMESPACE } from "../src/common/kube.js";
 
 const RATE = Number(process.env.BENCH_ADMISSION_RATE ?? 500); // requests/s in the fixed-rate phase

@@ -17,7 +17,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { capture } from "../src/datapath/capture.js";
 import { DEFAULT_DIGEST } from "../src/datapath/digest.js";
-import { runPool } from "../src/datapath/pool.js";
+import { runPool } from "./pool.js";
 import { prewarm } from "../src/datapath/prewarm.js";
 
 const BIN = fileURLToPath(new URL("../../bin/warmstart", import.meta.url));

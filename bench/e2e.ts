@@ -20,10 +20,10 @@ import * as vega from "vega";
 import { compile } from "vega-lite";
 import { getModelCache } from "../src/common/modelcache.js";
 import { ANN_ROLE, INIT_PREWARM, SKIP } from "../src/core/contract.js";
-import { up, type ClusterState } from "../src/localcluster/cluster.js";
-import { containerLogDir, engineDeployment, parseEngineReport } from "../src/localcluster/engine-chart.js";
-import { setNodeGpus } from "../src/localcluster/nodes.js";
-import { processStartTime } from "../src/localcluster/processes.js";
+import { up, type ClusterState } from "../tools/localcluster/cluster.js";
+import { containerLogDir, engineDeployment, parseEngineReport } from "../tools/localcluster/engine-chart.js";
+import { setNodeGpus } from "../tools/localcluster/nodes.js";
+import { processStartTime } from "../tools/localcluster/processes.js";
 
 const run = promisify(execFile);
 const MiB = 2 ** 20;

@@ -3,7 +3,7 @@
 // integration tests against a real local cluster (started here unless KUBECONFIG points at one).
 // Usage: node scripts/test.mjs [--unit | --integration] [name-filter...]
 import { spawn, spawnSync } from "node:child_process";
-import { readdirSync, statSync } from "node:fs";
+import { existsSync, readdirSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 
 const root = new URL("..", import.meta.url).pathname;
@@ -12,6 +12,7 @@ const only = args.find((a) => a === "--unit" || a === "--integration");
 const filters = args.filter((a) => !a.startsWith("--"));
 
 function find(dir, out = []) {
+  if (!existsSync(dir)) return out;
   for (const e of readdirSync(dir)) {
     const p = join(dir, e);
     if (statSync(p).isDirectory()) find(p, out);
@@ -19,9 +20,15 @@ function find(dir, out = []) {
   }
   return out;
 }
+// A compiled test whose source is gone (moved or deleted since an earlier build) is stale output.
+const hasSource = (f) => existsSync(join(root, relative(join(root, "dist"), f).replace(/\.js$/, ".ts")));
 const pick = (files) =>
-  files.filter((f) => filters.length === 0 || filters.some((x) => f.includes(x))).sort();
-const unit = pick(find(join(root, "dist/src")));
+  files
+    .filter(hasSource)
+    .filter((f) => filters.length === 0 || filters.some((x) => f.includes(x)))
+    .sort();
+// Unit tests sit beside what they test: the product's under src/, the tools' under tools/.
+const unit = pick([...find(join(root, "dist/src")), ...find(join(root, "dist/tools"))]);
 const integration = pick(find(join(root, "dist/test")));
 
 const totals = { pass: 0, fail: 0, skipped: 0 };

@@ -23,7 +23,7 @@ import {
 } from "../src/core/contract.js";
 import { SYSTEM_NAMESPACE, isNotFound } from "../src/common/kube.js";
 import { createLogger } from "../src/common/log.js";
-import { ensureSimulatedNode } from "../src/localcluster/nodes.js";
+import { ensureSimulatedNode } from "../tools/localcluster/nodes.js";
 import { NodeAgent, type NodeAgentHooks } from "../src/node-agent/agent.js";
 import { loadNodeAgentConfig } from "../src/node-agent/config.js";
 import { emptyDirPath } from "../src/node-agent/store.js";

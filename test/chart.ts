@@ -7,8 +7,8 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import * as k8s from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
-import { ensureBinaries } from "../src/localcluster/build.js";
-import { PACKAGE_ROOT } from "../src/localcluster/versions.js";
+import { ensureBinaries } from "../tools/localcluster/build.js";
+import { PACKAGE_ROOT } from "../tools/localcluster/versions.js";
 import { callKey, type ApiCall, type Scope } from "./rbac.js";
 
 const run = promisify(execFile);

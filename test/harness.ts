@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { TestContext } from "node:test";
 import * as k8s from "@kubernetes/client-node";
-import { readState, status as clusterStatus, type ClusterState } from "../src/localcluster/cluster.js";
+import { readState, status as clusterStatus, type ClusterState } from "../tools/localcluster/cluster.js";
 import { isNotFound } from "../src/common/kube.js";
 
 export interface Kube {

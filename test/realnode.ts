@@ -12,7 +12,7 @@ import {
   engineDeployment,
   parseEngineReport,
   type EngineReport,
-} from "../src/localcluster/engine-chart.js";
+} from "../tools/localcluster/engine-chart.js";
 import { kube, localCluster } from "./harness.js";
 
 export type { EngineReport };

@@ -7,8 +7,8 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { openSync, closeSync } from "node:fs";
 import { request } from "node:https";
 import type { TestContext } from "node:test";
-import { readState, startClusterProcessAgain, stopClusterProcess } from "../src/localcluster/cluster.js";
-import { isAlive } from "../src/localcluster/processes.js";
+import { readState, startClusterProcessAgain, stopClusterProcess } from "../tools/localcluster/cluster.js";
+import { isAlive } from "../tools/localcluster/processes.js";
 import { waitFor } from "./harness.js";
 
 type After = Pick<TestContext, "after">;

@@ -1,6 +1,46 @@
+import { existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { Command, CommanderError } from "commander";
 
 type Register = (program: Command) => void;
+
+/**
+ * The development tools (`cluster`, `demo`) are a build of their own under tools/, beside the
+ * product's in dist/: present in a checkout after `npm install`, absent from the product image.
+ * Loaded by a computed URL so that the product's build never compiles them.
+ */
+const TOOLS = new URL("../../tools/", import.meta.url);
+
+async function loadTool(module: string, name: string, command: string): Promise<Register | undefined> {
+  const url = new URL(module, TOOLS);
+  if (!existsSync(fileURLToPath(url))) return undefined;
+  const mod = (await import(url.href)) as Record<string, Register | undefined>;
+  const register = mod[name];
+  if (!register) throw new Error(`${command}: ${fileURLToPath(url)} does not export ${name}`);
+  return register;
+}
+
+/** Registers a stand-in that explains, when run, that the tools are not in this installation. */
+function absentTool(command: string): Register {
+  return (program) => {
+    program
+      .command(command, { hidden: true })
+      .allowUnknownOption()
+      .allowExcessArguments()
+      .helpOption(false)
+      .action(() => {
+        throw new Error(
+          `\`${command}\` is development tooling, not part of this installation (the product image ` +
+            "carries only the product); run it from a checkout of the repository after `npm install`",
+        );
+      });
+  };
+}
+
+const tool =
+  (module: string, name: string, command: string): (() => Promise<Register>) =>
+  async () =>
+    (await loadTool(module, name, command)) ?? absentTool(command);
 
 /**
  * Every subcommand, by the module that registers it. Only the module of the command being run is
@@ -10,7 +50,7 @@ type Register = (program: Command) => void;
 const MODULES: { commands: string[]; load: () => Promise<Register> }[] = [
   {
     commands: ["cluster"],
-    load: async () => (await import("../localcluster/cli.js")).registerClusterCommands,
+    load: tool("localcluster/cli.js", "registerClusterCommands", "cluster"),
   },
   { commands: ["explain"], load: async () => (await import("./explain.js")).registerExplainCommands },
   { commands: ["webhook"], load: async () => (await import("../webhook/cli.js")).registerWebhookCommands },
@@ -18,7 +58,7 @@ const MODULES: { commands: string[]; load: () => Promise<Register> }[] = [
     commands: ["server", "caches", "elections", "pods", "cache"],
     load: async () => (await import("../server/cli.js")).registerServerCommands,
   },
-  { commands: ["demo"], load: async () => (await import("../demo/cli.js")).registerDemoCommands },
+  { commands: ["demo"], load: tool("demo/cli.js", "registerDemoCommands", "demo") },
   {
     commands: ["control-plane", "submit", "requests", "clusters", "terminate"],
     load: async () => (await import("../control-plane/cli.js")).registerControlPlaneCommands,

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { HeartbeatRequest } from "../control-plane/api.js";
 import { Gate } from "../core/gate.js";
-import { FakeClock, memoryLogger, settle } from "../common/testing.js";
+import { FakeClock, memoryLogger, settle } from "../../test/support/testing.js";
 import { Heartbeat } from "./heartbeat.js";
 
 function beating(gate: Gate, capacity: () => number): { hb: Heartbeat; sent: number[]; clock: FakeClock } {

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { EMPTY_INVENTORY, summarize, type GpuInventory } from "./inventory.js";
 import { GpuMonitor } from "./monitor.js";
-import { deferred, FakeClock, memoryLogger, settle } from "../common/testing.js";
+import { deferred, FakeClock, memoryLogger, settle } from "../../test/support/testing.js";
 
 const gpus = (count: number, gpuType = "H100"): GpuInventory =>
   count === 0 ? EMPTY_INVENTORY : summarize([{ node: "n1", gpuType, count }]);

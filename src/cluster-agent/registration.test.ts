@@ -11,7 +11,7 @@ import {
   type RegistrationOptions,
   type RegistrationState,
 } from "./registration.js";
-import { deferred, FakeClock, memoryLogger, settle } from "../common/testing.js";
+import { deferred, FakeClock, memoryLogger, settle } from "../../test/support/testing.js";
 
 const gpus = (count: number, gpuType = "H100"): GpuInventory =>
   count === 0 ? EMPTY_INVENTORY : summarize([{ node: "n1", gpuType, count }]);

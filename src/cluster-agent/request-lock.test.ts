@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { RequestLock } from "./request-lock.js";
-import { deferred, settle } from "../common/testing.js";
+import { deferred, settle } from "../../test/support/testing.js";
 
 void test("operations on one request run one at a time, in arrival order; other requests do not wait", async () => {
   const waited: string[] = [];

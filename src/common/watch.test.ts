@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
 import { ResilientWatch } from "./watch.js";
-import { FakeClock, memoryLogger, settle } from "./testing.js";
+import { FakeClock, memoryLogger, settle } from "../../test/support/testing.js";
 
 /**
  * Stands in for client-node's informer object (not for the API server): it fails the way the real

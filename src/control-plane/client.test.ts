@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { createServer, type RequestListener } from "node:http";
 import type { AddressInfo } from "node:net";
 import { ControlPlaneClient, ControlPlaneError, type AuthKind } from "./client.js";
-import { CLUSTER_TOKEN, OPERATOR_TOKEN, startHarness } from "./testing.js";
+import { CLUSTER_TOKEN, OPERATOR_TOKEN, startHarness } from "../../test/support/control-plane.js";
 
 /** A real HTTP server that answers like a broken or overloaded control plane would. */
 async function upstream(t: TestContext, handler: RequestListener): Promise<string> {

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { registerAgent, sleep, startHarness } from "./testing.js";
+import { registerAgent, sleep, startHarness } from "../../test/support/control-plane.js";
 import { ControlPlaneClient } from "./client.js";
 
 void test("requests are queued only for GPU types a cluster registered; Pending until one does", async (t) => {
@@ -283,7 +283,7 @@ void test("restart: clusters, credentials, queued and unacknowledged messages su
   const agent = new ControlPlaneClient({ baseUrl: cp2.url, token: a.credential });
   const operator = new ControlPlaneClient({
     baseUrl: cp2.url,
-    token: (await import("./testing.js")).OPERATOR_TOKEN,
+    token: (await import("../../test/support/control-plane.js")).OPERATOR_TOKEN,
   });
 
   // The credential issued before the restart still works; the cluster is still registered.

@@ -14,9 +14,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { ControlPlaneClient, ControlPlaneError } from "./client.js";
-import { OPERATOR_TOKEN, call, clusterToken, registerAgent, startHarness } from "./testing.js";
+import { OPERATOR_TOKEN, call, clusterToken, registerAgent, startHarness } from "../../test/support/control-plane.js";
 import { createCA, issueCert } from "../common/certs.js";
-import { memoryLogger } from "../common/testing.js";
+import { memoryLogger } from "../../test/support/testing.js";
 import type { DeploymentRequest } from "./api.js";
 
 const H100 = [{ gpuType: "H100", count: 8 }];

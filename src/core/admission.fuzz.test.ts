@@ -40,7 +40,7 @@ import {
   SCHEDULING_GATE,
   type Role,
 } from "./contract.js";
-import { corrupt, holds, junk, text, wire } from "./fuzz-helpers.js";
+import { corrupt, holds, junk, text, wire } from "../../test/support/fuzz.js";
 
 // ---------------------------------------------------------------------------------------------
 // Words and models (text, junk and the property runner are shared: fuzz-helpers.ts).

@@ -29,7 +29,7 @@ import {
   snapshot,
   tempDir,
   TOP,
-} from "./testing.js";
+} from "../../test/support/datapath.js";
 
 const RESERVED = [READY_MARKER, MANIFEST_FILE];
 

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { ENV_PREWARM } from "../core/contract.js";
 import { prewarm } from "./prewarm.js";
-import { canSwitchUid, runCli, tempDir } from "./testing.js";
+import { canSwitchUid, runCli, tempDir } from "../../test/support/datapath.js";
 
 /** `n` files of known sizes in nested dirs, plus a symlink (not read twice). Returns total bytes. */
 async function tree(root: string, n: number, size: (i: number) => number): Promise<number> {

@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { READY_MARKER } from "../core/contract.js";
 import { isReady, waitForReady, writeReadyMarker } from "./ready.js";
-import { runCli, tempDir, WARMSTART_BIN } from "./testing.js";
+import { runCli, tempDir, WARMSTART_BIN } from "../../test/support/datapath.js";
 
 void test("waitForReady times out when the marker never comes", async (t) => {
   const dir = tempDir(t);

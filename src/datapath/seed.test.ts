@@ -22,7 +22,7 @@ import {
   tempDir,
   TOP,
   type CacheTree,
-} from "./testing.js";
+} from "../../test/support/datapath.js";
 
 const UID = 12345;
 

@@ -42,7 +42,7 @@ import {
   USER_ANNOTATIONS,
 } from "../core/contract.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../core/decorate.js";
-import { corrupt, holds, junk, text as hostileText, wire } from "../core/fuzz-helpers.js";
+import { corrupt, holds, junk, text as hostileText, wire } from "../../test/support/fuzz.js";
 import { isRecord } from "../core/guards.js";
 import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
 import { loadWebhookConfig } from "./config.js";

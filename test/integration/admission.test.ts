@@ -51,7 +51,7 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseAllDocuments } from "yaml";
 import { pino } from "pino";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { recordElection } from "../../src/webhook/election.js";
 import { runWebhook } from "../../src/webhook/run.js";
 import { loadWebhookConfig } from "../../src/webhook/config.js";

@@ -26,7 +26,7 @@ import {
   shortHash,
 } from "../../src/core/contract.js";
 import { SYSTEM_NAMESPACE } from "../../src/common/kube.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import {
   bound,
   claimIn,

@@ -13,7 +13,7 @@ import { parse as parseYaml } from "yaml";
 import { kube, tempNamespace } from "../harness.js";
 import { CHART, objectName, renderChart, runHelm } from "../chart.js";
 import { webhookConfiguration } from "../../src/webhook/registration.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 
 const EVERYTHING = {
   "clusterAgent.enabled": true,

@@ -22,7 +22,7 @@ import { isPodReady, kube, listPods, localCluster, tempNamespace, uniqueName, wa
 // (election on in the local cluster) out of their namespaces, or followers would stay gated.
 const SKIP_CACHE = { "warmstart.dev/skip": "true" };
 import { isNotFound } from "../../src/common/kube.js";
-import { setNodeGpus, simulatedNode } from "../../src/localcluster/nodes.js";
+import { setNodeGpus, simulatedNode } from "../../tools/localcluster/nodes.js";
 import { parseAllDocuments } from "yaml";
 import { ControlPlaneClient } from "../../src/control-plane/client.js";
 import { startControlPlane, type ControlPlane } from "../../src/control-plane/server.js";
@@ -30,7 +30,7 @@ import type { RequestStatus } from "../../src/control-plane/api.js";
 import { ClusterAgent, type AgentHooks } from "../../src/cluster-agent/agent.js";
 import { loadConfig, type AgentConfigInput } from "../../src/cluster-agent/config.js";
 import { LABEL_REQUEST_ID, recordName } from "../../src/cluster-agent/workloads.js";
-import { deferred, memoryLogger, type LogEntry } from "../../src/common/testing.js";
+import { deferred, memoryLogger, type LogEntry } from "../support/testing.js";
 import { createCA, issueCert } from "../../src/common/certs.js";
 
 const OPERATOR_TOKEN = "agent-it-operator-token-0001";

@@ -20,10 +20,10 @@ import {
   waitFor,
   createWorkers,
 } from "../harness.js";
-import { ensureSimulatedNode, setNodeGpus } from "../../src/localcluster/nodes.js";
-import { processStartTime } from "../../src/localcluster/processes.js";
-import { findTasks, realNodePaths } from "../../src/localcluster/realnode.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { ensureSimulatedNode, setNodeGpus } from "../../tools/localcluster/nodes.js";
+import { processStartTime } from "../../tools/localcluster/processes.js";
+import { findTasks, realNodePaths } from "../../tools/localcluster/realnode.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 

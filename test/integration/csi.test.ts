@@ -21,11 +21,11 @@ import {
   STORAGE_PROFILES_CONFIGMAP,
   claimName,
 } from "../../src/core/contract.js";
-import { readState, startClusterProcessAgain, stopClusterProcess } from "../../src/localcluster/cluster.js";
-import { CSI_DRIVER_NAME, FolderDriver } from "../../src/localcluster/csi/driver.js";
-import { BLOCK_CLASS, csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../src/localcluster/csi/stack.js";
-import { freePort } from "../../src/localcluster/processes.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { readState, startClusterProcessAgain, stopClusterProcess } from "../../tools/localcluster/cluster.js";
+import { CSI_DRIVER_NAME, FolderDriver } from "../../tools/localcluster/csi/driver.js";
+import { BLOCK_CLASS, csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../tools/localcluster/csi/stack.js";
+import { freePort } from "../../tools/localcluster/processes.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
   createEngines,

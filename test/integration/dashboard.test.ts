@@ -21,7 +21,7 @@ import { listen } from "../../src/common/http.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";
 import { CACHE_VOLUME, LABEL_HASH, MODELCACHE } from "../../src/core/contract.js";
 import { emptyDirPath } from "../../src/node-agent/store.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 
 const SCREENSHOT = join(PACKAGE_ROOT, "docs/dashboard.png");
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);

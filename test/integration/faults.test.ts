@@ -16,7 +16,7 @@ import { promisify } from "node:util";
 import * as k8s from "@kubernetes/client-node";
 import { getModelCache } from "../../src/common/modelcache.js";
 import { ANN_ROLE, LABEL_HASH, MANIFEST_FILE, SCHEDULING_GATE } from "../../src/core/contract.js";
-import { readState, startClusterProcessAgain, stopClusterProcess } from "../../src/localcluster/cluster.js";
+import { readState, startClusterProcessAgain, stopClusterProcess } from "../../tools/localcluster/cluster.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {

@@ -1,18 +1,19 @@
 /**
- * The Dockerfile and the local cluster's image build (src/localcluster/images/build.ts) make the
+ * The Dockerfile and the local cluster's image build (tools/localcluster/images/build.ts) make the
  * same image: the same Node.js, entrypoint, user, working directory and environment, and the same
- * layout of files (the app in /opt/warmstart without tests or source maps, the production
- * dependencies only). The local build is what the install test runs on a real node, with a
+ * layout of files (the product alone in /opt/warmstart, without tools, tests or source maps; the
+ * production dependencies only). The local build is what the install test runs on a real node, with a
  * read-only root file system; this test holds the Dockerfile to it.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { IMAGE_NODE_VERSION, WARMSTART_UID, buildImages } from "../../src/localcluster/images/build.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { IMAGE_NODE_VERSION, WARMSTART_UID, buildImages } from "../../tools/localcluster/images/build.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 
 const run = promisify(execFile);
 
@@ -82,6 +83,13 @@ void test("the Dockerfile builds the image the local cluster builds", async () =
       `${top}: the Dockerfile copies it too`,
     );
   assert.ok(!app!.some((p) => p.endsWith(".test.js") || p.endsWith(".map")), "no tests or source maps");
+  // The product only: every built file is the output of a source under src/ (no tools, no tests).
+  for (const p of app!.filter((f) => f.startsWith("opt/warmstart/dist/") && !f.endsWith("/")))
+    assert.ok(
+      p.startsWith("opt/warmstart/dist/src/") &&
+        existsSync(join(PACKAGE_ROOT, p.slice("opt/warmstart/dist/".length).replace(/\.js$/, ".ts"))),
+      `${p}: built from the product's sources`,
+    );
   assert.ok(
     !deps!.some((p) => p.startsWith("opt/warmstart/node_modules/typescript/")),
     "production dependencies only",

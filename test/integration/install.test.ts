@@ -20,10 +20,10 @@ import * as k8s from "@kubernetes/client-node";
 import { isPodReady, uniqueName, waitFor } from "../harness.js";
 import { engineReport, hubStats, initExits, modelBytes, type RealNode } from "../realnode.js";
 import { parseManifests, runHelm, CHART, objectName } from "../chart.js";
-import { engineDeployment } from "../../src/localcluster/engine-chart.js";
-import { freePort } from "../../src/localcluster/processes.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
-import { REAL_NODE_TAINT } from "../../src/localcluster/realnode.js";
+import { engineDeployment } from "../../tools/localcluster/engine-chart.js";
+import { freePort } from "../../tools/localcluster/processes.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
+import { REAL_NODE_TAINT } from "../../tools/localcluster/realnode.js";
 import { ControlPlaneClient } from "../../src/control-plane/client.js";
 import { isNotFound } from "../../src/common/kube.js";
 import {

@@ -13,7 +13,7 @@ import * as k8s from "@kubernetes/client-node";
 import { kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { pauseRole } from "../roles.js";
-import { readState } from "../../src/localcluster/cluster.js";
+import { readState } from "../../tools/localcluster/cluster.js";
 import {
   ANN_CACHE_SOURCE,
   LABEL_HASH,
@@ -24,7 +24,7 @@ import {
 } from "../../src/core/contract.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists, isNotFound } from "../../src/common/kube.js";
 import { createLogger } from "../../src/common/log.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
 import {
   SNAPSHOT_GROUP,

@@ -12,7 +12,7 @@ import type * as k8s from "@kubernetes/client-node";
 import { parseAllDocuments } from "yaml";
 import { ApiCallDeriver, type ApiCall, type RoleEntry } from "../rbac.js";
 import { compareRbac, grants, renderChart, type Grant } from "../chart.js";
-import { PACKAGE_ROOT } from "../../src/localcluster/versions.js";
+import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 
 const ROLES: RoleEntry[] = [
   { role: "webhook", file: "src/webhook/cli.ts", command: "webhook" },

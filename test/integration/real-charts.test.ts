@@ -18,9 +18,9 @@ import {
   ENGINE_READY_FILE,
   parseEngineReport,
   type EngineReport,
-} from "../../src/localcluster/engine-chart.js";
-import { REAL_IMAGES, qualifiedImageName } from "../../src/localcluster/images/standins.js";
-import { REAL_NODE_TAINT } from "../../src/localcluster/realnode.js";
+} from "../../tools/localcluster/engine-chart.js";
+import { REAL_IMAGES, qualifiedImageName } from "../../tools/localcluster/images/standins.js";
+import { REAL_NODE_TAINT } from "../../tools/localcluster/realnode.js";
 import { isPodReady, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
   containerLog,

@@ -28,7 +28,7 @@ export async function ensureBinaries(progress: (line: string) => void): Promise<
     );
   }
   progress(`building ${missing.join(", ")} into ${dir} (once; later runs reuse it)`);
-  await runStep("bash", [join(PACKAGE_ROOT, "src/localcluster/build-binaries.sh"), "all"], {
+  await runStep("bash", [join(PACKAGE_ROOT, "tools/localcluster/build-binaries.sh"), "all"], {
     env: {
       K8S_VERSION: VERSIONS.kubernetes,
       ETCD_VERSION: VERSIONS.etcd,

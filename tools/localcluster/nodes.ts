@@ -1,6 +1,6 @@
 import * as k8s from "@kubernetes/client-node";
-import { isAlreadyExists } from "../common/kube.js";
-import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "../core/gpu.js";
+import { isAlreadyExists } from "../../src/common/kube.js";
+import { GPU_PRODUCT_LABEL, GPU_RESOURCE } from "../../src/core/gpu.js";
 
 // Defined with the product code; re-exported for the tooling and tests that import them here.
 export { GPU_PRODUCT_LABEL, GPU_RESOURCE };

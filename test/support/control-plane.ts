@@ -3,10 +3,10 @@ import type { TestContext } from "node:test";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ControlPlaneClient } from "./client.js";
-import { startControlPlane, type ControlPlane, type ControlPlaneOptions } from "./server.js";
+import { ControlPlaneClient } from "../../src/control-plane/client.js";
+import { startControlPlane, type ControlPlane, type ControlPlaneOptions } from "../../src/control-plane/server.js";
 import { pino } from "pino";
-import type { Inventory, RegisterResponse } from "./api.js";
+import type { Inventory, RegisterResponse } from "../../src/control-plane/api.js";
 
 /** The registration token of each cluster the in-process tests register. */
 export const clusterToken = (clusterId: string): string => `cluster-token-for-tests-${clusterId}`;

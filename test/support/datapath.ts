@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import type { TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
-import { setTimesNs } from "./native.js";
+import { setTimesNs } from "../../src/datapath/native.js";
 
 export const REPO_ROOT = join(dirname(fileURLToPath(import.meta.url)), "../../..");
 export const WARMSTART_BIN = join(REPO_ROOT, "bin/warmstart");

@@ -8,8 +8,8 @@
 import { access, constants, readFile, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
-import { isAlreadyExists, SYSTEM_NAMESPACE } from "../../common/kube.js";
-import { STORAGE_PROFILES_CONFIGMAP } from "../../core/contract.js";
+import { isAlreadyExists, SYSTEM_NAMESPACE } from "../../../src/common/kube.js";
+import { STORAGE_PROFILES_CONFIGMAP } from "../../../src/core/contract.js";
 import { PACKAGE_ROOT, cacheDir } from "../versions.js";
 import type { ProcessRecord } from "../processes.js";
 import { buildScriptSteps, runStep } from "../run-step.js";
@@ -52,7 +52,7 @@ export async function ensureCsiBinaries(progress: (line: string) => void): Promi
   );
   if (have.every(Boolean)) return dir;
   progress(`building the CSI sidecars into ${dir} (once; later runs reuse them)`);
-  await runStep("bash", [join(PACKAGE_ROOT, "src/localcluster/build-csi.sh")], {
+  await runStep("bash", [join(PACKAGE_ROOT, "tools/localcluster/build-csi.sh")], {
     env: {
       SNAPSHOTTER_VERSION: CSI_VERSIONS.snapshotter,
       PROVISIONER_VERSION: CSI_VERSIONS.provisioner,
@@ -94,7 +94,7 @@ export async function startCsi(ctx: CsiContext): Promise<CsiState> {
   ctx.progress(`starting the CSI driver stand-in (${CSI_DRIVER_NAME}) and the Kubernetes CSI sidecars`);
   await applyObjects(ctx.kc, bins);
   await ctx.launch("csi-driver", process.execPath, [
-    join(PACKAGE_ROOT, "dist/src/localcluster/csi/main.js"),
+    join(PACKAGE_ROOT, "dist/tools/localcluster/csi/main.js"),
     `--socket=${socket}`,
     `--data=${dataDir}`,
     `--node-id=${ctx.node}`,

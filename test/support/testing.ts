@@ -1,5 +1,5 @@
 import { pino, type Logger } from "pino";
-import type { Clock } from "./clock.js";
+import type { Clock } from "../../src/common/clock.js";
 
 /**
  * A manual clock for unit tests: time moves only when the test says so, timers fire in deadline

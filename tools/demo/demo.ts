@@ -11,9 +11,9 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import Table from "cli-table3";
-import { isNotFound, makeApiClient } from "../common/kube.js";
-import { getModelCache } from "../common/modelcache.js";
-import { ANN_ROLE, LABEL_HASH, SCHEDULING_GATE } from "../core/contract.js";
+import { isNotFound, makeApiClient } from "../../src/common/kube.js";
+import { getModelCache } from "../../src/common/modelcache.js";
+import { ANN_ROLE, LABEL_HASH, SCHEDULING_GATE } from "../../src/core/contract.js";
 import { up, type ClusterState } from "../localcluster/cluster.js";
 import {
   containerLogDir,

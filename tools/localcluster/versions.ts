@@ -1,7 +1,7 @@
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { localStateDir } from "../common/local-defaults.js";
+import { localStateDir } from "../../src/common/local-defaults.js";
 
 /** Pinned versions of the local control plane; see docs/local-cluster.md for why these. */
 export const VERSIONS = {

@@ -4,7 +4,7 @@
  * fetching from the local model hub, on the host network, tolerating the real-node taint.
  */
 import type * as k8s from "@kubernetes/client-node";
-import { GPU_RESOURCE } from "../core/gpu.js";
+import { GPU_RESOURCE } from "../../src/core/gpu.js";
 import { REAL_NODE_TAINT } from "./realnode.js";
 
 export const ENGINE_READY_FILE = "/tmp/engine-ready";
