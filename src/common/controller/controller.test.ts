@@ -29,8 +29,9 @@ test("workers start only after every informer has listed", async () => {
   let listed = false;
   const seen: string[] = [];
   const { c, clock } = controller(
-    async (k) => {
+    (k) => {
       seen.push(k);
+      return Promise.resolve();
     },
     { synced: [() => true, () => listed] },
   );
@@ -51,9 +52,10 @@ test("workers start only after every informer has listed", async () => {
 test("a failing reconcile is requeued with backoff, not retried in place; success forgets it", async () => {
   let failures = 2;
   const attempts: number[] = [];
-  const { c, clock, registry, logs } = controller(async () => {
+  const { c, clock, registry, logs } = controller(() => {
     attempts.push(clock.now());
-    if (failures-- > 0) throw new Error("api down", { cause: new Error("ECONNREFUSED") });
+    if (failures-- > 0) return Promise.reject(new Error("api down", { cause: new Error("ECONNREFUSED") }));
+    return Promise.resolve();
   });
   await c.start();
   const t0 = clock.now();
@@ -83,9 +85,9 @@ test("a failing reconcile is requeued with backoff, not retried in place; succes
 
 test("a terminal error is logged and not requeued", async () => {
   let calls = 0;
-  const { c, clock, registry, logs } = controller(async () => {
+  const { c, clock, registry, logs } = controller(() => {
     calls++;
-    throw new TerminalError("bad spec");
+    return Promise.reject(new TerminalError("bad spec"));
   });
   await c.start();
   c.add("k");
@@ -106,9 +108,9 @@ test("a terminal error is logged and not requeued", async () => {
 
 test("requeueAfter brings the key back at that time, and an earlier add wins", async () => {
   const at: number[] = [];
-  const { c, clock } = controller(async () => {
+  const { c, clock } = controller(() => {
     at.push(clock.now());
-    return { requeueAfterMs: 60_000 };
+    return Promise.resolve({ requeueAfterMs: 60_000 });
   });
   await c.start();
   const t0 = clock.now();

@@ -63,7 +63,7 @@ test("add makes a delayed key ready now; addAfter on a ready key changes nothing
   assert.equal(q.depth, 0);
 });
 
-test("failures back off per key, doubling to the cap; forget starts over", async () => {
+test("failures back off per key, doubling to the cap; forget starts over", () => {
   const clock = new FakeClock();
   const q = new WorkQueue({ clock, backoffInitialMs: 5, backoffMaxMs: 40 });
   assert.deepEqual(
