@@ -2,57 +2,10 @@ import { createHash } from "node:crypto";
 import type * as k8s from "@kubernetes/client-node";
 import { FINALIZER_STORE_PREFIX, MODELCACHE, shortHash } from "../core/contract.js";
 import { apiError, isNotFound } from "./kube.js";
+import { parseModelCache, type ModelCacheObject } from "../api/modelcache.js";
 
-/** One restore counted on its cache's record (the last few are kept, for the views and for dedupe). */
-export interface RestoreRecord {
-  namespace: string;
-  name: string;
-  uid: string;
-  role: string;
-  /** Release (follower) or admission (restore) to Ready. */
-  readySeconds: number;
-  at: string;
-}
-
-/** The durable record of one cache (CRD `modelcaches.warmstart.dev`), as every role reads it. */
-export interface ModelCacheObject {
-  apiVersion: string;
-  kind: string;
-  metadata: k8s.V1ObjectMeta;
-  spec: {
-    hash: string;
-    model?: string;
-    inputs?: unknown;
-    electionId?: string;
-    leader?: { namespace?: string; name?: string; uid?: string; node?: string };
-  };
-  status?: {
-    phase?: string;
-    reason?: string;
-    message?: string;
-    backend?: string;
-    namespaces?: string[];
-    node?: string;
-    /** The election the status was written for; what it says about any other election is void. */
-    electionId?: string;
-    /** The UID of that election's leader, recorded when it was first seen. */
-    leaderUid?: string;
-    /** Elections of this hash whose capture (or promote) failed; admission goes cold past a limit. */
-    failedCaptures?: number;
-    /** The last election counted in failedCaptures (one election never counts twice). */
-    lastFailedElection?: string;
-    sizeBytes?: number;
-    modelBytes?: number;
-    leaderReadySeconds?: number;
-    restores?: number;
-    savedBytes?: number;
-    savedSeconds?: number;
-    restoredReadySecondsTotal?: number;
-    lastRestoredAt?: string;
-    recentRestores?: RestoreRecord[];
-    [k: string]: unknown;
-  };
-}
+// The record's type is its schema's (src/api); re-exported for the roles that import it from here.
+export type { ModelCacheObject, RestoreRecord } from "../api/modelcache.js";
 
 /** Whether the record's status speaks for this election (written for it, or for the one in its spec). */
 export function statusOf(cache: ModelCacheObject, electionId: string | undefined): boolean {
@@ -75,20 +28,22 @@ export function storeFinalizer(node: string): string {
   return `${FINALIZER_STORE_PREFIX}${fits ? node : `h-${createHash("sha256").update(node).digest("hex").slice(0, 40)}`}`;
 }
 
-/** The cache record of a hash (full or short), or undefined when there is none. */
+/** The cache record of a hash (full or short), checked against its schema; undefined when there is none. */
 export async function getModelCache(
   custom: k8s.CustomObjectsApi,
   hashOrShort: string,
 ): Promise<ModelCacheObject | undefined> {
+  let found: unknown;
   try {
-    return (await custom.getClusterCustomObject({
+    found = await custom.getClusterCustomObject({
       group: MODELCACHE.group,
       version: MODELCACHE.version,
       plural: MODELCACHE.plural,
       name: shortHash(hashOrShort),
-    })) as ModelCacheObject;
+    });
   } catch (err) {
     if (isNotFound(err)) return undefined;
     throw apiError(`reading ModelCache ${shortHash(hashOrShort)}`, err);
   }
+  return parseModelCache(found);
 }

@@ -2,7 +2,7 @@
  * The public names of Warmstart (SPEC section 0). Tests, the chart and operators rely on these;
  * keep them stable.
  */
-export const GROUP = "warmstart.dev";
+export { GROUP, MODELCACHE, CACHE_PHASES, type CachePhase } from "../api/names.js";
 
 export const ANN_HASH = "warmstart.dev/hash"; // annotation: full sha256 hex
 export const LABEL_HASH = "warmstart.dev/hash"; // label: first 16 hex chars
@@ -26,15 +26,7 @@ export const INIT_WAIT_READY = "warmstart-wait-ready";
 
 export const STORAGE_PROFILES_CONFIGMAP = "warmstart-storage-profiles";
 
-export const MODELCACHE = {
-  group: GROUP,
-  version: "v1alpha1",
-  plural: "modelcaches",
-  kind: "ModelCache",
-} as const;
-
 export type Role = "leader" | "follower" | "restore" | "cold";
-export type CachePhase = "Electing" | "Capturing" | "Promoting" | "Ready" | "Failed";
 
 export const shortHash = (hash: string): string => hash.slice(0, 16);
 export const leaseName = (hash: string): string => `warmstart-capture-${shortHash(hash)}`;

@@ -31,6 +31,7 @@ import {
   ANN_ELECTION_ID,
   ANN_HASH,
   ANN_ROLE,
+  type CachePhase,
   GROUP,
   LABEL_ADMISSION_ID,
   LABEL_CAPTURE,
@@ -203,7 +204,7 @@ function clusterFor(now: () => Scenario, leases: Leases): ClusterView {
   const fail = (what: string): Promise<never> => Promise.reject(new Error(`${what}: connection refused`));
   const cache = (
     hash: string,
-    phase: string,
+    phase: CachePhase,
     extra: Partial<ModelCacheObject["status"]> = {},
   ): ModelCacheObject => {
     const s = now();

@@ -8,7 +8,14 @@ import { createWebhookMetrics } from "./metrics.js";
 import type { AdmissionReview } from "./server.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import jsonpatch from "fast-json-patch";
-import { ANN_CACHE_ENV, ANN_REASON, ANN_ROLE, LABEL_ADMISSION_ID, LABEL_CAPTURE } from "../core/contract.js";
+import {
+  ANN_CACHE_ENV,
+  ANN_REASON,
+  ANN_ROLE,
+  type CachePhase,
+  LABEL_ADMISSION_ID,
+  LABEL_CAPTURE,
+} from "../core/contract.js";
 import type { AdmissionResponse } from "./server.js";
 import type { PendingEvent } from "./events.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../core/decorate.js";
@@ -324,7 +331,7 @@ test("the count of failed captures decides cold; other failed elections are re-e
 
 test("restore-from reaches only a cache of the pod's own sharing scope", async () => {
   const A = "aa".repeat(32);
-  const cache = (scope: string | undefined, phase = "Ready"): ModelCacheObject => ({
+  const cache = (scope: string | undefined, phase: CachePhase = "Ready"): ModelCacheObject => ({
     apiVersion: "warmstart.dev/v1alpha1",
     kind: "ModelCache",
     metadata: { name: A.slice(0, 16) },
@@ -531,7 +538,7 @@ test("a follower gets its leader's recorded cache env; without a record of this 
   const mine = [{ name: "HF_HOME", value: "{root}/model/hub" }];
   const envOf = (p: V1Pod | undefined): string[] =>
     (p?.spec?.containers[0]?.env ?? []).map((e) => `${e.name}=${e.value ?? "(ref)"}`);
-  const record = (phase: string): ModelCacheObject => ({
+  const record = (phase: CachePhase): ModelCacheObject => ({
     apiVersion: "warmstart.dev/v1alpha1",
     kind: "ModelCache",
     metadata: {
@@ -554,7 +561,7 @@ test("a follower gets its leader's recorded cache env; without a record of this 
         )
       ).pod,
     );
-  for (const phase of ["Electing", "Capturing", "Promoting"])
+  for (const phase of ["Electing", "Capturing", "Promoting"] as const)
     assert.ok((await follower(record(phase))).includes("HF_HOME=/warmstart/cache-root/model/leader"), phase);
   // A Failed record speaks for the previous election; the new leader resets it with the template in force.
   assert.ok((await follower(record("Failed"))).includes("HF_HOME=/warmstart/cache-root/model/hub"));
