@@ -1,19 +1,7 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
+import { durationMs } from "../common/duration.js";
 import { SYSTEM_NAMESPACE } from "../common/kube.js";
-
-/** Durations like "30s", "1500ms", "2m" or plain seconds, in milliseconds. */
-export const durationMs = z.union([z.number(), z.string()]).transform((v, ctx) => {
-  if (typeof v === "number") return Math.round(v * 1000);
-  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(v.trim());
-  if (!m) {
-    ctx.addIssue({ code: "custom", message: `not a duration: "${v}" (use e.g. 500ms, 30s, 2m)` });
-    return z.NEVER;
-  }
-  return Math.round(
-    Number(m[1]) * { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? "s") as "ms" | "s" | "m" | "h"],
-  );
-});
 
 const UNITS: Record<string, number> = {
   "": 1,
