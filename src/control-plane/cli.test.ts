@@ -7,7 +7,12 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { ClusterView, RequestView } from "./api.js";
-import { OPERATOR_TOKEN, clusterToken, registerAgent, startHarness } from "../../test/support/control-plane.js";
+import {
+  OPERATOR_TOKEN,
+  clusterToken,
+  registerAgent,
+  startHarness,
+} from "../../test/support/control-plane.js";
 import { clusterTokenEntries } from "./cli.js";
 
 const BIN = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));

@@ -1,7 +1,14 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { ControlPlaneError } from "./client.js";
-import { CLUSTER_TOKEN, OPERATOR_TOKEN, call, registerAgent, sleep, startHarness } from "../../test/support/control-plane.js";
+import {
+  CLUSTER_TOKEN,
+  OPERATOR_TOKEN,
+  call,
+  registerAgent,
+  sleep,
+  startHarness,
+} from "../../test/support/control-plane.js";
 
 void test("registration is idempotent, updates the inventory and issues credentials", async (t) => {
   const h = await startHarness(t, { credentialTtlSeconds: 600, heartbeatIntervalSeconds: 15 });

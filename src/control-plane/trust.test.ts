@@ -14,7 +14,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { ControlPlaneClient, ControlPlaneError } from "./client.js";
-import { OPERATOR_TOKEN, call, clusterToken, registerAgent, startHarness } from "../../test/support/control-plane.js";
+import {
+  OPERATOR_TOKEN,
+  call,
+  clusterToken,
+  registerAgent,
+  startHarness,
+} from "../../test/support/control-plane.js";
 import { createCA, issueCert } from "../common/certs.js";
 import { memoryLogger } from "../../test/support/testing.js";
 import type { DeploymentRequest } from "./api.js";

@@ -5,7 +5,7 @@
  * `toString` and `__proto__`), which only the never-throw properties take.
  *
  * Fixed seed, bounded runs (a few seconds); WARMSTART_FUZZ_RUNS=N and WARMSTART_FUZZ_SEED=S on
- * demand (fuzz-helpers.ts). A failure reports its seed and path; the case count is printed.
+ * demand (test/support/fuzz.ts). A failure reports its seed and path; the case count is printed.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -43,7 +43,7 @@ import {
 import { corrupt, holds, junk, text, wire } from "../../test/support/fuzz.js";
 
 // ---------------------------------------------------------------------------------------------
-// Words and models (text, junk and the property runner are shared: fuzz-helpers.ts).
+// Words and models (text, junk and the property runner are shared: test/support/fuzz.ts).
 
 /** A plain shell word: no whitespace, no quoting, not a flag. */
 const word = fc.stringMatching(/^[A-Za-z0-9_.:/+][A-Za-z0-9_.:/+-]{0,15}$/);

@@ -29,7 +29,15 @@ import { digestOf } from "./digest.js";
 import { nameOf, readManifest } from "./manifest.js";
 import { isReady, waitForReady } from "./ready.js";
 import { seed } from "./seed.js";
-import { KERNEL, KERNEL_META, LINK_A, makeCacheTree, runCli, tempDir, TOP } from "../../test/support/datapath.js";
+import {
+  KERNEL,
+  KERNEL_META,
+  LINK_A,
+  makeCacheTree,
+  runCli,
+  tempDir,
+  TOP,
+} from "../../test/support/datapath.js";
 
 const PASSWD = readFileSync("/etc/passwd");
 const stagingDirs = (parent: string, base: string): string[] =>

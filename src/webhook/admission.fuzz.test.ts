@@ -11,7 +11,7 @@
  * command and args are never touched.
  *
  * Fixed seed, bounded runs (a few seconds); WARMSTART_FUZZ_RUNS=N and WARMSTART_FUZZ_SEED=S on
- * demand (src/core/fuzz-helpers.ts). A failure reports its seed and path; the case count and
+ * demand (test/support/fuzz.ts). A failure reports its seed and path; the case count and
  * outcomes are printed.
  */
 import { test, type TestContext } from "node:test";

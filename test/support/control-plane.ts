@@ -4,7 +4,11 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ControlPlaneClient } from "../../src/control-plane/client.js";
-import { startControlPlane, type ControlPlane, type ControlPlaneOptions } from "../../src/control-plane/server.js";
+import {
+  startControlPlane,
+  type ControlPlane,
+  type ControlPlaneOptions,
+} from "../../src/control-plane/server.js";
 import { pino } from "pino";
 import type { Inventory, RegisterResponse } from "../../src/control-plane/api.js";
 

@@ -11,7 +11,7 @@ export const VERSIONS = {
   helm: "v3.22.0",
 } as const;
 
-/** The package root (works from src/ via tsc output in dist/src/). */
+/** The package root (this file runs from dist/tools/localcluster/). */
 export const PACKAGE_ROOT = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../..");
 
 /** What the local cluster builds is cached outside the work tree, so every checkout and CI run reuses it. */
