@@ -63,7 +63,7 @@ void test("the CRD keeps the names, scope, version, status subresource and colum
       "Age=.metadata.creationTimestamp",
     ],
   );
-  const { spec, status } = v!.schema.openAPIV3Schema.properties as Record<string, Record<string, unknown>>;
+  const { spec, status } = v!.schema.openAPIV3Schema.properties;
   const specProps = spec!.properties as Record<string, Record<string, unknown>>;
   assert.equal(specProps.inputs!["x-kubernetes-preserve-unknown-fields"], true);
   assert.equal(specProps.inputs!.type, "object");

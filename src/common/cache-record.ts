@@ -3,12 +3,16 @@
  * moves it: Capturing, Promoting, then Ready or Failed. Every status write is conditional on the
  * resourceVersion it was computed from, so a Ready written by anyone is never overwritten by a
  * stale transition; and every write about an election is conditional on the record still being
- * about that election, so a retired election's late word never lands on its successor.
+ * about that election, so a retired election's late word never lands on its successor. Which
+ * phase may follow which is the table in src/api/transitions.ts; the conditions and the phase's
+ * time are added to every phase written (src/api/conditions.ts).
  */
 import * as k8s from "@kubernetes/client-node";
 import { apiError, isAlreadyExists, isConflict, isNotFound } from "./kube.js";
 import { LABEL_HASH, MODELCACHE, type CachePhase, shortHash } from "../core/contract.js";
 import { getModelCache, recordedLeader, type ModelCacheObject } from "./modelcache.js";
+import { stampStatus } from "../api/conditions.js";
+import { next as nextPhase, transition as phaseAfter, type CacheEvent } from "../api/transitions.js";
 
 const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
@@ -92,11 +96,7 @@ export class CacheRecords {
             name,
             body: {
               metadata: { resourceVersion: current.metadata.resourceVersion },
-              // The time of the phase: kept when only other fields change.
-              status:
-                patch.phase !== undefined && patch.phase !== current.status?.phase
-                  ? { ...patch, lastTransitionTime: new Date().toISOString() }
-                  : patch,
+              status: stampStatus(current, patch, new Date()),
             },
           },
           merge,
@@ -128,6 +128,25 @@ export class CacheRecords {
   }
 
   /**
+   * Moves the record of `election` by `event` through the phase table (`next` in
+   * src/api/transitions.ts: same election when the status names it, and a `captured` after this
+   * election's own PromoteFailed is its retry), writing the phase with `fields`. Nothing is
+   * written when the table says ignore, or when the record is about another election or being
+   * deleted. The result says whether it was written, and the record as written or found.
+   */
+  advance(
+    hashOrShort: string,
+    election: string | undefined,
+    event: CacheEvent,
+    fields: Omit<StatusPatch, "phase">,
+  ): Promise<{ cache: ModelCacheObject; written: boolean } | undefined> {
+    return this.forElection(hashOrShort, election, (c) => {
+      const phase = nextPhase(c.status, event, election!);
+      return phase === "ignore" ? undefined : { ...fields, phase };
+    });
+  }
+
+  /**
    * Failed for this election, unless the cache is Ready or this election already failed. A failed
    * capture or promote counts once per election in `failedCaptures`; a leader that went away, a
    * cancelled capture or an unsupported backend do not count.
@@ -140,10 +159,9 @@ export class CacheRecords {
   ): Promise<{ cache: ModelCacheObject; written: boolean } | undefined> {
     return this.forElection(hashOrShort, election, (c) => {
       const s = c.status ?? {};
-      if (s.phase === "Ready") return undefined;
-      // The first word on how an election ended stands (a capture stopped because its leader went
-      // is the leader going, not a failed capture).
-      if (s.phase === "Failed" && s.electionId === election) return undefined;
+      // Never over Ready; the first word on how an election ended stands (a capture stopped
+      // because its leader went is the leader going, not a failed capture).
+      if (phaseAfter(s.phase, "failed", s.electionId === election) === "ignore") return undefined;
       const counts = COUNTED_FAILURES.has(reason) && s.lastFailedElection !== election;
       return {
         phase: "Failed",
@@ -174,7 +192,12 @@ export class CacheRecords {
         };
         return undefined;
       }
-      if (c.status?.phase === "Ready") {
+      const s = c.status ?? {};
+      // A status left by an earlier election (its phase, its node) says nothing about this one; a
+      // status that names no election is taken for this one's.
+      const stale = s.electionId !== undefined && s.electionId !== election;
+      const phase = phaseAfter(s.phase, "leaderSeen", !stale);
+      if (phase === "ignore") {
         verdict = { ok: false, why: "cache Ready", cache: c };
         return undefined;
       }
@@ -187,13 +210,11 @@ export class CacheRecords {
         return undefined;
       }
       verdict = undefined;
-      const s = c.status ?? {};
-      // A status left by an earlier election (its phase, its node) says nothing about this one.
-      const stale = s.electionId !== undefined && s.electionId !== election;
+      // The phase stays when the table keeps it: only the leader is recorded then.
       return {
         electionId: election,
         leaderUid: uid,
-        ...(stale || !s.phase ? { phase: "Electing", reason: "LeaderElected", message: "" } : {}),
+        ...(phase !== s.phase ? { phase, reason: "LeaderElected", message: "" } : {}),
       };
     });
     if (verdict) return verdict;

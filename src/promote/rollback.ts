@@ -11,6 +11,7 @@
  */
 import * as k8s from "@kubernetes/client-node";
 import { CacheRecords } from "../common/cache-record.js";
+import { transition } from "../api/transitions.js";
 import { apiError, isConflict, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import { getModelCache, storeFinalizer, type ModelCacheObject } from "../common/modelcache.js";
@@ -319,11 +320,14 @@ export async function deleteCachePass(
  * being deleted while it may still be restored from.
  */
 async function markDeleting(c: PromoteClients, name: string): Promise<void> {
-  await new CacheRecords(c.custom).transition(name, (cache) =>
-    cache.status?.reason === "Deleting"
+  await new CacheRecords(c.custom).transition(name, (cache) => {
+    const s = cache.status;
+    // Deletion is not about an election: any phase moves, and once marked it is left alone.
+    const phase = transition(s?.phase, "deleting", false);
+    return s?.reason === "Deleting" || phase === "ignore"
       ? undefined
-      : { phase: "Failed", reason: "Deleting", message: "the cache is being deleted" },
-  );
+      : { phase, reason: "Deleting", message: "the cache is being deleted" };
+  });
 }
 
 /** One line per thing left, for operators. */

@@ -27,6 +27,7 @@ import {
   type RestoreRecord,
 } from "../common/modelcache.js";
 import { CacheRecords } from "../common/cache-record.js";
+import { transition } from "../api/transitions.js";
 import { readySeconds } from "./views.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
@@ -201,7 +202,8 @@ async function recordLeader(
   pods: k8s.V1Pod[],
   log: Logger,
 ): Promise<void> {
-  if (cache.spec.electionId !== holder || recordedLeader(cache) || cache.status?.phase === "Ready") return;
+  if (cache.spec.electionId !== holder || recordedLeader(cache)) return;
+  if (transition(cache.status?.phase, "leaderSeen", statusOf(cache, holder)) === "ignore") return;
   const wearing = pods.filter(
     (p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder && !isTerminated(p),
   );
@@ -444,9 +446,7 @@ async function evictFollowers(
 async function markFailed(d: ReleaseDeps, short: string, holder: string, end: ElectionEnd): Promise<void> {
   const records = new CacheRecords(d.custom);
   await records.forElection(short, holder, (c) => {
-    const s = c.status ?? {};
-    if (s.phase === "Ready") return undefined;
-    if (s.phase === "Failed" && statusOf(c, holder)) return undefined;
-    return { phase: "Failed", reason: end.reason, message: end.message };
+    const phase = transition(c.status?.phase, "electionEnded", statusOf(c, holder));
+    return phase === "ignore" ? undefined : { phase, reason: end.reason, message: end.message };
   });
 }

@@ -10,6 +10,8 @@ import {
   shortHash,
 } from "../core/contract.js";
 import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
+import { conditionsFor } from "../api/conditions.js";
+import { transition } from "../api/transitions.js";
 import { sealInputs, type HashInputs } from "../core/hash.js";
 import { redactUrlCredentials } from "../core/env.js";
 import type { CacheEnvTemplate } from "../core/decorate.js";
@@ -121,18 +123,25 @@ export async function recordElection(
   // The leader's template, replayed by restores of this cache.
   const annotations = opts.cacheEnv ? { [ANN_CACHE_ENV]: JSON.stringify(opts.cacheEnv) } : undefined;
   const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
-  const electing = (resourceVersion?: string): Promise<ModelCacheObject> =>
-    custom.patchClusterCustomObjectStatus(
+  // `current`: the record the conditions follow on; the write is conditional on its
+  // resourceVersion only when `conditional` (not right after this webhook created it).
+  const electing = (current: ModelCacheObject, conditional: boolean): Promise<ModelCacheObject> => {
+    const now = new Date();
+    const status = { phase: "Electing", reason: "LeaderElected", message: "" } as const;
+    const resourceVersion = conditional ? current.metadata.resourceVersion : undefined;
+    return custom.patchClusterCustomObjectStatus(
       {
         ...ref,
         name,
         body: {
           ...(resourceVersion ? { metadata: { resourceVersion } } : {}),
           status: {
-            phase: "Electing",
-            reason: "LeaderElected",
-            message: "",
-            lastTransitionTime: new Date().toISOString(),
+            ...status,
+            lastTransitionTime: now.toISOString(),
+            conditions: conditionsFor(status, current.status?.conditions, {
+              now,
+              generation: current.metadata.generation,
+            }),
             // This status speaks for the new election; no leader of it has been seen yet.
             electionId: opts.electionId,
             leaderUid: null,
@@ -141,8 +150,9 @@ export async function recordElection(
       },
       merge,
     ) as Promise<ModelCacheObject>;
+  };
   try {
-    await custom.createClusterCustomObject({
+    const created = (await custom.createClusterCustomObject({
       ...ref,
       body: {
         apiVersion: `${MODELCACHE.group}/${MODELCACHE.version}`,
@@ -150,8 +160,8 @@ export async function recordElection(
         metadata: { name, labels: { [LABEL_HASH]: name }, ...(annotations ? { annotations } : {}) },
         spec,
       },
-    });
-    await electing();
+    })) as ModelCacheObject;
+    await electing(created, false);
     return undefined;
   } catch (err) {
     if (!isAlreadyExists(err)) throw apiError(`creating ModelCache ${name}`, err);
@@ -160,12 +170,13 @@ export async function recordElection(
     const existing = await getModelCache(custom, name);
     if (!existing) throw new Error(`ModelCache ${name} vanished while a new election was recorded`);
     if (existing.metadata.deletionTimestamp) return undefined;
-    if (existing.status?.phase === "Ready") return existing;
+    const s = existing.status;
+    if (transition(s?.phase, "elect", s?.electionId === opts.electionId) === "ignore") return existing;
     await hooks.afterRead?.(existing);
     try {
       // Status before spec: for a moment the record must never read "Failed" with the new
       // election's id, which the release controller would take for this election failing.
-      const reset = await electing(existing.metadata.resourceVersion);
+      const reset = await electing(existing, true);
       await custom.patchClusterCustomObject(
         {
           ...ref,
