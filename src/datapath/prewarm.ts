@@ -5,7 +5,7 @@
  */
 import { readdirSync } from "node:fs";
 import { Worker } from "node:worker_threads";
-import { workerExecArgv } from "./capture.js";
+import { workerExecArgv } from "./copy-files.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
 
 export const DEFAULT_PREWARM_PARALLEL = 6;
