@@ -7,6 +7,10 @@
  * late must never release the fresh mark a newer event has since put on the same pod.
  */
 
+import type { Logger } from "../common/log.js";
+import { shortHash } from "../core/contract.js";
+import type { NodeAgentMetrics } from "./metrics.js";
+
 export type Stage = "warmup" | "waiting-slot" | "capturing" | "promoting";
 
 export type ReleaseReason =
@@ -93,8 +97,7 @@ export class CaptureMarks {
     if (this.inProgress.get(mark.uid) !== mark) return false;
     this.inProgress.delete(mark.uid);
     if (!mark.controller.signal.aborted) mark.controller.abort(reason);
-    this.released.push({ uid: mark.uid, key: mark.key, reason, at: now });
-    if (this.released.length > this.historySize) this.released.shift();
+    this.remember(mark.uid, mark.key, reason, now);
     this.onEvent({ type: "released", mark, reason });
     return true;
   }
@@ -113,11 +116,26 @@ export class CaptureMarks {
     this.committed.delete(uid);
   }
 
+  /** The pods of this namespace/name are gone: drop what is kept about them. */
+  forgetKey(key: string): void {
+    for (const [uid, c] of this.committed) if (c.key === key) this.committed.delete(uid);
+  }
+
+  /** A pod settled without ever being marked (it cannot lead): remembered as its last release. */
+  settle(uid: string, key: string, reason: ReleaseReason, now = Date.now()): void {
+    this.remember(uid, key, reason, now);
+  }
+
   /** The most recent release of a pod, if any (for logs, tests and debugging). */
   lastRelease(uid: string): ReleaseReason | undefined {
     for (let i = this.released.length - 1; i >= 0; i--)
       if (this.released[i]!.uid === uid) return this.released[i]!.reason;
     return undefined;
+  }
+
+  private remember(uid: string, key: string, reason: ReleaseReason, at: number): void {
+    this.released.push({ uid, key, reason, at });
+    if (this.released.length > this.historySize) this.released.shift();
   }
 
   get inProgressCount(): number {
@@ -131,4 +149,18 @@ export class CaptureMarks {
   marks(): Mark[] {
     return [...this.inProgress.values()];
   }
+}
+
+/** Marks whose changes show in the agent's metrics and log. */
+export function observedMarks(metrics: NodeAgentMetrics, log: Logger): CaptureMarks {
+  const marks: CaptureMarks = new CaptureMarks((ev) => {
+    metrics.marksInProgress.set(marks.inProgressCount);
+    if (ev.type !== "released") return;
+    metrics.marksReleased.inc({ reason: ev.reason ?? "error" });
+    log.info(
+      { pod: ev.mark.key, uid: ev.mark.uid, hash: shortHash(ev.mark.hash), reason: ev.reason },
+      "mark released",
+    );
+  });
+  return marks;
 }

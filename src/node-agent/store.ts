@@ -64,6 +64,14 @@ export class CacheStore {
     return m;
   }
 
+  /** The committed tree of a short hash, whatever its full hash (undefined when there is none). */
+  async stored(short: string): Promise<StoredTree | undefined> {
+    const dir = this.treeDir(short);
+    if (!(await isReady(dir).catch(() => false))) return undefined;
+    const manifest = await readManifest(dir).catch(() => undefined);
+    return manifest ? { short, manifest } : undefined;
+  }
+
   /** Every committed tree (name = short hash). */
   async list(): Promise<StoredTree[]> {
     let names: string[];

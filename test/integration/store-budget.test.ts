@@ -12,6 +12,7 @@ import { createLogger, type Logger } from "../../src/common/log.js";
 import { shortHash } from "../../src/core/contract.js";
 import { capture } from "../../src/datapath/capture.js";
 import { NodeAgent } from "../../src/node-agent/agent.js";
+import type { StoreBudget } from "../../src/node-agent/budget.js";
 import { NodeAgentConfig } from "../../src/node-agent/config.js";
 import { kube } from "../harness.js";
 
@@ -19,18 +20,12 @@ const X = randomBytes(32).toString("hex");
 const Y = randomBytes(32).toString("hex");
 const BYTES = 4096;
 
-/** The private parts of the agent these tests drive. */
-interface Room {
-  reserved: Map<string, number>;
-  doMakeRoom(short: string, needed: number, log: Logger): Promise<void>;
-}
-
 /** An agent whose store holds the committed tree of X (BYTES of file data), its capture's
  * pipeline still running: committed, reserved, not yet promoting. */
 async function agentWithCommittedTree(
   t: TestContext,
   budget: number,
-): Promise<{ agent: NodeAgent; room: Room; log: Logger }> {
+): Promise<{ agent: NodeAgent; room: StoreBudget; log: Logger }> {
   const dir = await mkdtemp(join(tmpdir(), "ws-agent-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
   const src = join(dir, "src");
@@ -46,7 +41,7 @@ async function agentWithCommittedTree(
   const agent = new NodeAgent({ cfg, kc: (await kube()).kc, log });
   await agent.store.init();
   await capture({ src, dest: agent.store.treeDir(X), hash: X, progress: false, durable: false });
-  const room = agent as unknown as Room;
+  const room = agent.budget;
   room.reserved.set(shortHash(X), BYTES);
   return { agent, room, log };
 }

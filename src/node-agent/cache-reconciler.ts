@@ -1,0 +1,109 @@
+/**
+ * The cache reconciler (key: short hash): one level-based look at one cache as this node holds
+ * it. A record being deleted (or gone) takes this node's tree with it once no pod mounts it; a
+ * committed tree whose record's current election was captured here is promoted (after a capture
+ * job, an agent restart, or at the next resync after a failed promote); a Ready cache promoted here gets its claim in
+ * namespaces that gained pods since. A status left by an earlier election is never resumed for a
+ * newer one.
+ */
+import type * as k8s from "@kubernetes/client-node";
+import type { ReconcileContext, ReconcileResult } from "../common/controller/controller.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
+import { sourceOf, type CacheSource } from "../promote/source.js";
+import type { AgentParts } from "./parts.js";
+import type { PromoteContext, PromoteOutcome, Promoter } from "./promoter.js";
+import type { StoredTree } from "./store.js";
+
+export interface CacheReconcilerDeps {
+  node: string;
+  finalizer: string;
+  /** When the last resync began: a promote that failed before it is tried again. */
+  lastResync(): number;
+  /** The record as the informer holds it. */
+  record(short: string): ModelCacheObject | undefined;
+  /** The record read afresh (before anything is removed on the informer's word). */
+  readRecord(short: string): Promise<ModelCacheObject | undefined>;
+  stored(short: string): Promise<StoredTree | undefined>;
+  /** Whether a capture of this cache runs here now (it enqueues the cache when it ends). */
+  capturing(short: string): boolean;
+  pod(namespace: string, name: string): k8s.V1Pod | undefined;
+  removeTree(short: string, why: string): Promise<void>;
+  promote(hash: string, ctx: PromoteContext): Promise<PromoteOutcome>;
+  keepClaims(short: string, source: CacheSource): Promise<boolean>;
+}
+
+export function cacheReconciler(
+  d: CacheReconcilerDeps,
+): (key: string, ctx: ReconcileContext) => Promise<ReconcileResult> {
+  return async (short, { log }) => {
+    let cache = d.record(short);
+    if (cache?.metadata.deletionTimestamp) {
+      if (cache.metadata.finalizers?.includes(d.finalizer))
+        await d.removeTree(short, "the cache is being deleted");
+      return;
+    }
+    const tree = await d.stored(short);
+    if (!tree) return;
+    if (!cache) {
+      cache = await d.readRecord(short);
+      if (!cache || cache.metadata.deletionTimestamp) {
+        await d.removeTree(short, cache ? "the cache is being deleted" : "the cache has no record");
+        return;
+      }
+    }
+    if (d.capturing(short)) return;
+    const status = cache.status;
+    if (status?.node !== d.node || !tree.manifest.hash) return;
+    const election = cache.spec.electionId;
+    const ours = Boolean(election) && status.electionId === election;
+
+    if (status.phase === "Ready") {
+      const source = sourceOf(cache);
+      if (source) await d.keepClaims(short, source);
+      return;
+    }
+    if (!ours) return;
+    if (status.phase === "Failed" && status.reason === "PromoteFailed") {
+      // Retried once per resync, never on the record change its own failure made.
+      const at = typeof status.lastTransitionTime === "string" ? status.lastTransitionTime : "";
+      if (Date.parse(at) >= d.lastResync()) return;
+    } else if (status.phase !== "Capturing" && status.phase !== "Promoting") return;
+
+    log.info({ phase: status.phase, election }, "promoting the committed tree of the record's election");
+    const leader = cache.spec.leader;
+    const pod = leader?.namespace && leader.name ? d.pod(leader.namespace, leader.name) : undefined;
+    const isLeader = pod && (!status.leaderUid || pod.metadata?.uid === status.leaderUid);
+    await d.promote(tree.manifest.hash, {
+      manifest: tree.manifest,
+      election: election!,
+      ...(isLeader ? { pod } : {}),
+    });
+  };
+}
+
+/** The cache reconciler's needs, met by the agent's parts. */
+export function cacheReconcilerDeps(
+  p: AgentParts,
+  o: Pick<CacheReconcilerDeps, "capturing" | "removeTree" | "lastResync"> & { promoter: Promoter },
+): CacheReconcilerDeps {
+  return {
+    node: p.cfg.node,
+    finalizer: p.finalizer,
+    record: p.record,
+    readRecord: (short) => p.records.get(short),
+    stored: (short) => p.store.stored(short),
+    pod: p.pod,
+    promote: async (hash, ctx) => {
+      try {
+        return await o.promoter.promote(hash, ctx);
+      } catch (err) {
+        p.metrics.promotes.inc({ result: "failed" });
+        throw err;
+      }
+    },
+    keepClaims: (short, source) => o.promoter.keepClaims(short, source),
+    capturing: o.capturing,
+    removeTree: o.removeTree,
+    lastResync: o.lastResync,
+  };
+}

@@ -1,0 +1,231 @@
+/**
+ * Promote: a committed tree becomes claim `rox-<short>` in every namespace that needs it, and the
+ * record goes Promoting, then Ready (or Failed for this election only). Called by the cache
+ * reconciler, so one promote per cache runs at a time.
+ */
+import { performance } from "node:perf_hooks";
+import type * as k8s from "@kubernetes/client-node";
+import { ANN_CACHE_SOURCE, claimName, shortHash } from "../core/contract.js";
+import type { Manifest } from "../datapath/manifest.js";
+import { formatBytes } from "../datapath/progress.js";
+import { describeFailures, ensureClaimsForStampedPods, type ClaimsResult } from "../promote/promote.js";
+import type { StorageProfile } from "../promote/profiles.js";
+import { publishSource } from "../promote/publish.js";
+import { encodeSource, sourceOf, type CacheSource } from "../promote/source.js";
+import { timeToReadySeconds } from "./decide.js";
+import { recordFailure, type AgentParts } from "./parts.js";
+import type { StoreStorageInfo } from "./store-lease.js";
+
+export type PromoteOutcome = "ready" | "failed" | "unsupported" | "skipped";
+
+export interface PromoteContext {
+  manifest: Manifest;
+  /** The election the tree was captured for: every record write of this promote is about it alone. */
+  election: string;
+  /** The leader the tree was captured from, when known (events, its namespace). */
+  pod?: k8s.V1Pod;
+}
+
+export class Promoter {
+  constructor(
+    private readonly p: AgentParts,
+    private readonly storage: StoreStorageInfo,
+  ) {}
+
+  async promote(hash: string, ctx: PromoteContext): Promise<PromoteOutcome> {
+    const { p } = this;
+    const { cfg } = p;
+    const short = shortHash(hash);
+    const { election, pod } = ctx;
+    const log = p.log.child({ hash: short, election });
+    const t0 = performance.now();
+    const profile = await this.storage.profile();
+    if (profile.backend === "per-pod-clone") return unsupportedStorage(p, hash, election, profile, pod);
+
+    const m = ctx.manifest;
+    const tree = p.store.treeDir(hash);
+    const stats: Record<string, unknown> = {
+      node: cfg.node,
+      path: tree,
+      backend: profile.backend,
+      sizeBytes: m.totalBytes,
+      sizeHuman: formatBytes(m.totalBytes),
+      files: m.fileCount,
+      modelBytes: m.split.model.bytes,
+      cacheBytes: m.split.cache.bytes,
+      captureSeconds: Math.round(m.timings.totalMs) / 1000,
+    };
+    const ttr = pod ? timeToReadySeconds(pod) : undefined;
+    if (ttr !== undefined) stats.leaderReadySeconds = ttr;
+
+    await p.hooks.beforeStatus?.(short, "Promoting");
+    const moved = await p.records.forElection(short, election, (c) => {
+      const s = c.status ?? {};
+      if (s.phase === "Ready") return undefined;
+      // An election that ended is not promoted, except to retry its own failed promote.
+      if (s.phase === "Failed" && s.electionId === election && s.reason !== "PromoteFailed") return undefined;
+      return {
+        phase: "Promoting",
+        reason: "Captured",
+        message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
+        ...stats,
+      };
+    });
+    if (!moved) {
+      log.info("skipped promote: the cache has no record (removed on purpose)");
+      return "skipped";
+    }
+    const wasReady = moved.cache.status?.phase === "Ready" && !moved.cache.metadata.deletionTimestamp;
+    if (!moved.written && !wasReady) {
+      log.info(
+        { recordElection: moved.cache.spec.electionId, phase: moved.cache.status?.phase },
+        "skipped promote: the record is about another election, or this one ended",
+      );
+      return "skipped";
+    }
+    let source: CacheSource | undefined = wasReady ? sourceOf(moved.cache) : undefined;
+    if (!source) {
+      try {
+        source = await publishSource(p.clients, {
+          short,
+          store: this.storage.location(),
+          storage: await this.storage.storage(),
+          profile,
+          tree,
+          sizeBytes: m.totalBytes,
+          snapshotTimeoutMs: cfg.snapshotTimeoutMs,
+        });
+        await p.records.annotate(short, ANN_CACHE_SOURCE, encodeSource(source));
+      } catch (err) {
+        if (wasReady) throw err;
+        const message = `publishing the captured tree failed: ${(err as Error).message}`;
+        log.error({ err }, "failed: promote");
+        await recordFailure(p, hash, election, "PromoteFailed", message, pod);
+        p.metrics.promotes.inc({ result: "failed" });
+        return "failed";
+      }
+    }
+
+    const claims = await this.ensureClaims(short, source, pod?.metadata?.namespace);
+    if (!claims.ok) {
+      const message = claims.unsupported ?? describeFailures(claims);
+      if (wasReady) {
+        log.warn(
+          { err: message },
+          "cache stays Ready, but a namespace still lacks its claim; the resync retries",
+        );
+        return "ready";
+      }
+      log.error({ err: message }, "failed: promote (a namespace with pods of this cache has no claim)");
+      await recordFailure(
+        p,
+        hash,
+        election,
+        claims.unsupported ? "Unsupported" : "PromoteFailed",
+        message,
+        pod,
+      );
+      p.metrics.promotes.inc({ result: "failed" });
+      return "failed";
+    }
+    if (wasReady) {
+      await this.recordNamespaces(short, claims.namespaces);
+      return "ready";
+    }
+    await p.hooks.beforeStatus?.(short, "Ready");
+    const done = await p.records.forElection(short, election, (c) =>
+      c.status?.phase === "Ready" || c.status?.phase !== "Promoting" || c.status.electionId !== election
+        ? undefined
+        : {
+            phase: "Ready",
+            reason: "Promoted",
+            message: `${claimName(short)} in ${claims.namespaces.length} namespace(s) (${profile.backend} on ${cfg.node})`,
+            namespaces: claims.namespaces,
+          },
+    );
+    if (!done?.written && done?.cache.status?.phase !== "Ready") {
+      log.warn(
+        { recordElection: done?.cache.spec.electionId, phase: done?.cache.status?.phase },
+        "not published: the record moved on to another election (or was deleted) during the promote",
+      );
+      p.metrics.promotes.inc({ result: "superseded" });
+      return "skipped";
+    }
+    const seconds = Math.round(performance.now() - t0) / 1000;
+    p.metrics.promoteSeconds.observe(seconds);
+    p.metrics.promotes.inc({ result: "ready" });
+    log.info(
+      { namespaces: claims.namespaces, seconds, backend: profile.backend, written: done?.written },
+      "promoted: cache Ready",
+    );
+    // Followers admitted while this ran (after the namespaces were listed) get theirs now; the
+    // cache's periodic look covers anything later still.
+    await this.keepClaims(short, source);
+    return "ready";
+  }
+
+  /** A Ready cache's claims in every namespace with stamped pods, added to the record's list. */
+  async keepClaims(short: string, source: CacheSource): Promise<boolean> {
+    const claims = await this.ensureClaims(short, source, undefined);
+    if (claims.ok) await this.recordNamespaces(short, claims.namespaces);
+    else
+      this.p.log.warn(
+        { hash: short, err: describeFailures(claims) },
+        "claims still missing; next look retries",
+      );
+    return claims.ok;
+  }
+
+  private ensureClaims(
+    short: string,
+    source: CacheSource,
+    leaderNamespace: string | undefined,
+  ): Promise<ClaimsResult> {
+    const { cfg, metrics } = this.p;
+    const storeNamespace = this.storage.claimNamespace;
+    return ensureClaimsForStampedPods({
+      clients: this.p.clients,
+      short,
+      source,
+      log: this.p.log.child({ hash: short }),
+      extraNamespaces: leaderNamespace ? [leaderNamespace] : [],
+      ...(storeNamespace ? { storeNamespace } : {}),
+      retry: {
+        attempts: cfg.claimAttempts,
+        initialMs: cfg.claimBackoffMs,
+        maxMs: Math.max(cfg.claimBackoffMs, 5_000),
+      },
+      onAttempt: (_ns, result) => metrics.claims.inc({ result }),
+    });
+  }
+
+  /** Adds namespaces to a Ready record's list (never removes: a claim outlives its pods). */
+  private async recordNamespaces(short: string, namespaces: string[]): Promise<void> {
+    await this.p.records.transition(short, (c) => {
+      const have = new Set(c.status?.namespaces ?? []);
+      if (c.status?.phase !== "Ready" || c.metadata.deletionTimestamp || namespaces.every((n) => have.has(n)))
+        return undefined;
+      return { namespaces: [...new Set([...have, ...namespaces])].sort() };
+    });
+  }
+}
+
+/** Storage that clones a volume per pod: no claim can be named ahead, so the cache is Unsupported. */
+export async function unsupportedStorage(
+  p: AgentParts,
+  hash: string,
+  election: string,
+  profile: StorageProfile,
+  pod: k8s.V1Pod | undefined,
+): Promise<PromoteOutcome> {
+  const message =
+    profile.note ??
+    `storage of provisioner ${profile.provisioner}${profile.volumeType ? ` (${profile.volumeType})` : ""} clones a volume per pod: no read-only claim can be named ahead of time, so pods of this cache start cold`;
+  p.log.warn(
+    { hash: shortHash(hash), provisioner: profile.provisioner },
+    "skipped: storage cannot be shared (Unsupported)",
+  );
+  p.metrics.promotes.inc({ result: "unsupported" });
+  await recordFailure(p, hash, election, "Unsupported", message, pod);
+  return "unsupported";
+}
