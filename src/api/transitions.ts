@@ -6,7 +6,12 @@
  *
  * Conditions that are not about the phase stay with the writer: that the record is about the
  * event's election at all (`CacheRecords.forElection`), that it is not being deleted, what the
- * write counts (`failedCaptures`).
+ * write counts (`failedCaptures`). Putting back the status a `deleting` mark replaced (a store
+ * that made room, when a restore was admitted meanwhile) is an undo of that write, not a
+ * transition.
+ *
+ * Writers: `CacheRecords.advance(hash, election, event, fields)` applies `next` for one election
+ * and writes the phase with the writer's fields; `CacheRecords.fail` is `failed` plus the count.
  */
 import type { CachePhase } from "./names.js";
 import type { ModelCacheStatus } from "./modelcache.js";
