@@ -1,10 +1,10 @@
 import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { makeApiClient } from "../common/kube.js";
-import { WorkQueue } from "../common/workqueue.js";
+import { Controller } from "../common/controller/controller.js";
+import { Informer } from "../common/controller/informer.js";
 import { LABEL_GATED, LABEL_HASH, LABEL_STORE, MODELCACHE } from "../core/contract.js";
-import { ResilientWatch, makeInformer } from "../common/watch.js";
-import { realClock } from "../common/clock.js";
+import { realClock, type Clock } from "../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
 import type { ServerMetrics } from "./metrics.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
@@ -23,6 +23,7 @@ export interface ReleaseControllerOptions {
   systemNamespace: string;
   log: Logger;
   metrics: ServerMetrics;
+  clock?: Clock;
   workers?: number;
   leaderGraceMs?: number;
   recheckMs?: number;
@@ -33,22 +34,23 @@ export interface ReleaseControllerOptions {
 
 /**
  * Watches everything that can change an election's outcome (the stamped pods, the election
- * Leases, the cache records) and reconciles per cache hash. Restart-safe: all state is re-derived
- * from the cluster on start and on every resync.
+ * Leases, the cache records) and reconciles per cache hash on the controller runtime.
+ * Restart-safe: all state is re-derived from the cluster on start and on every resync.
  */
 export class ReleaseController {
-  private readonly queue: WorkQueue;
-  private readonly watches: ResilientWatch<k8s.KubernetesObject>[] = [];
+  private readonly controller: Controller;
   private readonly informers: {
-    pods: k8s.ObjectCache<k8s.V1Pod> & { latestResourceVersion(): string };
-    leases: k8s.ObjectCache<k8s.V1Lease> & { latestResourceVersion(): string };
-    caches: k8s.ObjectCache<k8s.KubernetesObject> & { latestResourceVersion(): string };
-    stores: k8s.ObjectCache<k8s.V1Lease> & { latestResourceVersion(): string };
+    pods: Informer<k8s.V1Pod>;
+    leases: Informer<k8s.V1Lease>;
+    caches: Informer<ModelCacheObject>;
+    stores: Informer<k8s.V1Lease>;
   };
-  private resync: NodeJS.Timeout | undefined;
-  private running: Promise<void> | undefined;
+  private readonly clock: Clock;
+  private cancelResync: (() => void) | undefined;
+  private stopped = false;
 
   constructor(private readonly o: ReleaseControllerOptions) {
+    const clock = (this.clock = o.clock ?? realClock);
     const core = makeApiClient(o.kc, k8s.CoreV1Api);
     const coordination = makeApiClient(o.kc, k8s.CoordinationV1Api);
     const custom = makeApiClient(o.kc, k8s.CustomObjectsApi);
@@ -58,7 +60,7 @@ export class ReleaseController {
       custom,
       systemNamespace: o.systemNamespace,
       log: o.log,
-      now: Date.now,
+      now: () => clock.now(),
       leaderGraceMs: o.leaderGraceMs ?? 30_000,
       recheckMs: o.recheckMs ?? 15_000,
       onRelease: (_h, n) => o.metrics.released.inc(n),
@@ -67,107 +69,63 @@ export class ReleaseController {
       onEvict: (_h, n) => o.metrics.evicted.inc(n),
       ...o.deps,
     };
-    this.queue = new WorkQueue(
-      async (short) => {
-        const end = o.metrics.reconcileSeconds.startTimer();
-        try {
-          return await reconcileHash(short, deps);
-        } finally {
-          end();
-        }
-      },
-      {
-        workers: o.workers ?? 4,
-        onError: (key, err) => {
-          o.metrics.reconcileErrors.inc();
-          o.log.warn(
-            { hash: key, err: err instanceof Error ? err.message : String(err) },
-            "reconcile failed; will retry",
-          );
-        },
-      },
-    );
-
-    const enqueue = (obj: k8s.KubernetesObject): void => {
-      const short =
-        obj.metadata?.labels?.[LABEL_HASH] ?? (obj.kind === MODELCACHE.kind ? obj.metadata?.name : undefined);
-      if (short) this.queue.add(short);
-    };
-    const pods = makeInformer(
-      o.kc,
-      "/api/v1/pods",
-      () => core.listPodForAllNamespaces({ labelSelector: LABEL_HASH }),
-      LABEL_HASH,
-    );
-    const leases = makeInformer(
-      o.kc,
-      `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`,
-      () => coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_HASH }),
-      LABEL_HASH,
-    );
-    const caches = makeInformer(
-      o.kc,
-      `/apis/${MODELCACHE.group}/${MODELCACHE.version}/${MODELCACHE.plural}`,
-      () =>
-        custom.listClusterCustomObject({
-          group: MODELCACHE.group,
-          version: MODELCACHE.version,
-          plural: MODELCACHE.plural,
-        }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
-    );
-    const stores = makeInformer(
-      o.kc,
-      `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`,
-      () => coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_STORE }),
-      LABEL_STORE,
-    );
+    const common = { kc: o.kc, clock, log: o.log };
+    const leasesPath = `/apis/coordination.k8s.io/v1/namespaces/${o.systemNamespace}/leases`;
+    const listLeases = (labelSelector: string) => () =>
+      coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector });
     this.informers = {
-      pods: listWatch(pods, "pods"),
-      leases: listWatch(leases, "leases"),
-      caches: listWatch(caches, "modelcaches"),
-      stores: listWatch(stores, "store leases"),
-    };
-    // The stores are only shown, never reconciled.
-    this.watches.push(
-      new ResilientWatch<k8s.KubernetesObject>({
-        name: "store leases",
-        clock: realClock,
-        log: o.log,
-        informer: stores,
-        onChange: () => undefined,
+      pods: new Informer<k8s.V1Pod>({
+        ...common,
+        name: "pods",
+        path: "/api/v1/pods",
+        list: () => core.listPodForAllNamespaces({ labelSelector: LABEL_HASH }),
+        labelSelector: LABEL_HASH,
       }),
-    );
-    for (const [name, informer] of [
-      ["pods", pods],
-      ["leases", leases],
-      ["modelcaches", caches],
-    ] as const) {
-      const watch = new ResilientWatch<k8s.KubernetesObject>({
-        name,
-        clock: realClock,
-        log: o.log,
-        informer: informer,
-        onChange: (obj) => enqueue({ ...obj, kind: name === "modelcaches" ? MODELCACHE.kind : obj.kind }),
-      });
-      this.watches.push(watch);
-    }
-    this.resyncAll = async (): Promise<void> => {
-      const [l, c] = await Promise.all([
-        coordination.listNamespacedLease({ namespace: o.systemNamespace, labelSelector: LABEL_HASH }),
-        custom.listClusterCustomObject({
-          group: MODELCACHE.group,
-          version: MODELCACHE.version,
-          plural: MODELCACHE.plural,
-        }) as Promise<{ items: k8s.KubernetesObject[] }>,
-      ]);
-      for (const lease of l.items) enqueue(lease);
-      for (const cache of c.items) this.queue.add(cache.metadata!.name!);
-      const gated = await core.listPodForAllNamespaces({ labelSelector: `${LABEL_GATED}=true` });
-      for (const p of gated.items) enqueue(p);
+      leases: new Informer<k8s.V1Lease>({
+        ...common,
+        name: "leases",
+        path: leasesPath,
+        list: listLeases(LABEL_HASH),
+        labelSelector: LABEL_HASH,
+      }),
+      caches: new Informer<ModelCacheObject>({
+        ...common,
+        name: "modelcaches",
+        path: `/apis/${MODELCACHE.group}/${MODELCACHE.version}/${MODELCACHE.plural}`,
+        list: () =>
+          custom.listClusterCustomObject({
+            group: MODELCACHE.group,
+            version: MODELCACHE.version,
+            plural: MODELCACHE.plural,
+          }) as Promise<k8s.KubernetesListObject<ModelCacheObject>>,
+      }),
+      // The stores are only shown, never reconciled.
+      stores: new Informer<k8s.V1Lease>({
+        ...common,
+        name: "store leases",
+        path: leasesPath,
+        list: listLeases(LABEL_STORE),
+        labelSelector: LABEL_STORE,
+      }),
     };
+    const i = this.informers;
+    this.controller = new Controller({
+      name: "release",
+      reconcile: (short) => reconcileHash(short, deps),
+      log: o.log,
+      clock,
+      registry: o.metrics.registry,
+      workers: o.workers ?? 4,
+      synced: [() => i.pods.synced(), () => i.leases.synced(), () => i.caches.synced()],
+    });
+    const byLabel = (obj: k8s.KubernetesObject): void => {
+      const short = obj.metadata?.labels?.[LABEL_HASH];
+      if (short) this.controller.add(short);
+    };
+    i.pods.onChange(byLabel);
+    i.leases.onChange(byLabel);
+    i.caches.onChange((c) => this.controller.add(c.metadata.name!));
   }
-
-  private readonly resyncAll: () => Promise<void>;
 
   /**
    * The watched objects from the informers' caches, without a call to the API server; undefined
@@ -175,43 +133,55 @@ export class ReleaseController {
    */
   cached(): CachedObjects | undefined {
     const i = this.informers;
-    if ([i.pods, i.leases, i.caches, i.stores].some((x) => x.latestResourceVersion() === ""))
-      return undefined;
-    return {
-      pods: [...i.pods.list()],
-      leases: [...i.leases.list()],
-      caches: [...i.caches.list()] as ModelCacheObject[],
-      stores: [...i.stores.list()],
-    };
+    if (![i.pods, i.leases, i.caches, i.stores].every((x) => x.synced())) return undefined;
+    return { pods: i.pods.list(), leases: i.leases.list(), caches: i.caches.list(), stores: i.stores.list() };
   }
 
   start(): void {
-    for (const w of this.watches) w.start();
-    this.running = this.queue.run();
-    const resync = (): void => {
-      this.resyncAll().catch((err: unknown) => this.o.log.warn({ err }, "resync failed"));
-    };
-    resync();
-    this.resync = setInterval(resync, this.o.resyncMs ?? 60_000);
+    for (const i of Object.values(this.informers)) i.start();
+    void this.controller.start();
+    this.resync();
   }
 
   async stop(): Promise<void> {
-    clearInterval(this.resync);
-    this.queue.stop();
-    await Promise.all(this.watches.map((w) => w.stop()));
-    await this.running;
+    this.stopped = true;
+    this.cancelResync?.();
+    await Promise.all(Object.values(this.informers).map((i) => i.stop()));
+    await this.controller.stop();
   }
-}
 
-/**
- * client-node's informers are ListWatches: caches that also tell the resourceVersion they last saw
- * ("" until their first list). The type only promises an ObjectCache, so check for it once here.
- */
-function listWatch<T>(
-  informer: k8s.ObjectCache<T>,
-  name: string,
-): k8s.ObjectCache<T> & { latestResourceVersion(): string } {
-  if (typeof (informer as { latestResourceVersion?: unknown }).latestResourceVersion !== "function")
-    throw new Error(`the ${name} informer keeps no resourceVersion; client-node changed`);
-  return informer as k8s.ObjectCache<T> & { latestResourceVersion(): string };
+  /**
+   * Every hash the cluster names, looked at again (a missed change is caught here): from fresh
+   * lists, not the informers, so a watch that silently fell behind cannot hide an election.
+   */
+  private resync(): void {
+    if (this.stopped) return;
+    this.resyncAll()
+      .catch((err: unknown) => this.o.log.warn({ err }, "resync failed; the next one retries"))
+      .finally(() => {
+        if (!this.stopped)
+          this.cancelResync = this.clock.setTimeout(() => this.resync(), this.o.resyncMs ?? 60_000);
+      });
+  }
+
+  private async resyncAll(): Promise<void> {
+    const { kc, systemNamespace } = this.o;
+    const core = makeApiClient(kc, k8s.CoreV1Api);
+    const coordination = makeApiClient(kc, k8s.CoordinationV1Api);
+    const custom = makeApiClient(kc, k8s.CustomObjectsApi);
+    const [leases, caches, gated] = await Promise.all([
+      coordination.listNamespacedLease({ namespace: systemNamespace, labelSelector: LABEL_HASH }),
+      custom.listClusterCustomObject({
+        group: MODELCACHE.group,
+        version: MODELCACHE.version,
+        plural: MODELCACHE.plural,
+      }) as Promise<{ items: k8s.KubernetesObject[] }>,
+      core.listPodForAllNamespaces({ labelSelector: `${LABEL_GATED}=true` }),
+    ]);
+    for (const obj of [...leases.items, ...gated.items]) {
+      const short = obj.metadata?.labels?.[LABEL_HASH];
+      if (short) this.controller.add(short);
+    }
+    for (const c of caches.items) this.controller.add(c.metadata!.name!);
+  }
 }

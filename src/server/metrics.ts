@@ -1,12 +1,10 @@
-import { Counter, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import { Counter, Registry, collectDefaultMetrics } from "prom-client";
 
 export interface ServerMetrics {
   registry: Registry;
   released: Counter;
   retired: Counter<"why">;
   evicted: Counter;
-  reconcileSeconds: Histogram;
-  reconcileErrors: Counter;
 }
 
 export function createServerMetrics(): ServerMetrics {
@@ -28,16 +26,6 @@ export function createServerMetrics(): ServerMetrics {
     evicted: new Counter({
       name: "warmstart_server_followers_evicted_total",
       help: "Followers evicted to be re-elected",
-      registers: [registry],
-    }),
-    reconcileSeconds: new Histogram({
-      name: "warmstart_server_reconcile_duration_seconds",
-      help: "One reconcile pass of a cache hash",
-      registers: [registry],
-    }),
-    reconcileErrors: new Counter({
-      name: "warmstart_server_reconcile_errors_total",
-      help: "Reconcile passes that failed and were retried",
       registers: [registry],
     }),
   };
