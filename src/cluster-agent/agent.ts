@@ -176,6 +176,7 @@ export class ClusterAgent {
       log: log.child({ component: "status" }),
       workloads: this.workloads,
       resyncMs: cfg.statusInterval,
+      registry: m.registry,
       hasCredentials: () => this.registration.token !== undefined,
       report: async (requestId, report) => {
         await this.link.withQueueToken((c) => c.reportStatus(requestId, report));
