@@ -213,11 +213,13 @@ export class ApiCallDeriver {
 
   /**
    * `makeInformer(kc, path, listFn)` (client-node's, or ours in src/common/watch.ts that wraps its
-   * ListWatch) and `new ListWatch(path, watch, listFn)`: their list calls watch too.
+   * ListWatch), `new ListWatch(path, watch, listFn)` and the controller runtime's
+   * `new Informer({ list, ... })`: their list calls watch too.
    */
   private isInformer(n: ts.CallExpression | ts.NewExpression): boolean {
     const callee = ts.isPropertyAccessExpression(n.expression) ? n.expression.name : n.expression;
     const name = ts.isIdentifier(callee) ? callee.text : "";
+    if (name === "Informer") return this.declaredIn(callee, "/src/common/controller/informer.ts");
     if (name !== "makeInformer" && name !== "ListWatch") return false;
     return (
       this.fromClientNode(callee) ||
