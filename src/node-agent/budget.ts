@@ -4,6 +4,7 @@
  * one at a time, each holding what it needs until its tree is committed.
  */
 import type * as k8s from "@kubernetes/client-node";
+import { transition } from "../api/transitions.js";
 import type { Logger } from "../common/log.js";
 import { formatBytes } from "../datapath/progress.js";
 import { deleteCachePass } from "../promote/rollback.js";
@@ -100,15 +101,16 @@ export class StoreBudget {
     const cache = await p.records.get(short);
     if (cache && !cache.metadata.deletionTimestamp && cache.status?.node === p.cfg.node) {
       const before = cache.status;
-      const marked = await p.records.transition(short, (c) =>
-        c.metadata.resourceVersion === cache.metadata.resourceVersion
+      const marked = await p.records.transition(short, (c) => {
+        const phase = transition(c.status?.phase, "deleting", false);
+        return c.metadata.resourceVersion === cache.metadata.resourceVersion && phase !== "ignore"
           ? {
-              phase: "Failed",
+              phase,
               reason: "Deleting",
               message: `removed from node ${p.cfg.node} to make room in its store`,
             }
-          : undefined,
-      );
+          : undefined;
+      });
       if (!marked?.written) return false;
       if ((await mountedCaches(p.core)).has(short)) {
         // A restore was admitted in between: the cache stays as it was.

@@ -122,17 +122,11 @@ export class CaptureJobs {
         return "unsupported";
       }
       await p.hooks.beforeStatus?.(short, "Capturing");
-      const started = await p.records.forElection(short, election, (c) => {
-        const s = c.status ?? {};
-        if (s.phase === "Ready") return undefined;
-        // This election already ended (its leader went, its deadline passed): nothing to start.
-        if (s.phase === "Failed" && s.electionId === election) return undefined;
-        return {
-          phase: "Capturing",
-          reason: "CaptureStarted",
-          message: `capturing ${namespace}/${name} on node ${cfg.node}`,
-          node: cfg.node,
-        };
+      // Not over Ready, nor over this election's own end (its leader went, its deadline passed).
+      const started = await p.records.advance(short, election, "captureStarted", {
+        reason: "CaptureStarted",
+        message: `capturing ${namespace}/${name} on node ${cfg.node}`,
+        node: cfg.node,
       });
       if (!started) return "cache-deleted";
       if (!started.written) {

@@ -59,17 +59,11 @@ export class Promoter {
     if (ttr !== undefined) stats.leaderReadySeconds = ttr;
 
     await p.hooks.beforeStatus?.(short, "Promoting");
-    const moved = await p.records.forElection(short, election, (c) => {
-      const s = c.status ?? {};
-      if (s.phase === "Ready") return undefined;
-      // An election that ended is not promoted, except to retry its own failed promote.
-      if (s.phase === "Failed" && s.electionId === election && s.reason !== "PromoteFailed") return undefined;
-      return {
-        phase: "Promoting",
-        reason: "Captured",
-        message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
-        ...stats,
-      };
+    // Not over Ready, nor over an election that ended, except to retry its own failed promote.
+    const moved = await p.records.advance(short, election, "captured", {
+      reason: "Captured",
+      message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
+      ...stats,
     });
     if (!moved) {
       log.info("skipped promote: the cache has no record (removed on purpose)");
@@ -133,16 +127,11 @@ export class Promoter {
       return "ready";
     }
     await p.hooks.beforeStatus?.(short, "Ready");
-    const done = await p.records.forElection(short, election, (c) =>
-      c.status?.phase === "Ready" || c.status?.phase !== "Promoting" || c.status.electionId !== election
-        ? undefined
-        : {
-            phase: "Ready",
-            reason: "Promoted",
-            message: `${claimName(short)} in ${claims.namespaces.length} namespace(s) (${profile.backend} on ${cfg.node})`,
-            namespaces: claims.namespaces,
-          },
-    );
+    const done = await p.records.advance(short, election, "promoted", {
+      reason: "Promoted",
+      message: `${claimName(short)} in ${claims.namespaces.length} namespace(s) (${profile.backend} on ${cfg.node})`,
+      namespaces: claims.namespaces,
+    });
     if (!done?.written && done?.cache.status?.phase !== "Ready") {
       log.warn(
         { recordElection: done?.cache.spec.electionId, phase: done?.cache.status?.phase },
