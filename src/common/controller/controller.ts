@@ -1,5 +1,5 @@
 /**
- * The one controller runtime every Warmstart controller runs on (docs/adr/0008-one-controller-runtime.md):
+ * The one controller runtime every Warmstart controller runs on (docs/adr/0009-one-controller-runtime.md):
  * reconcile by key, level-based. A pass gets the key, a child logger carrying a reconcile id, and
  * an abort signal that fires when the controller stops. It returns nothing (done), asks to come
  * back later (`requeueAfterMs`), throws (retried with per-key backoff) or throws TerminalError
