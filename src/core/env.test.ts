@@ -1,6 +1,8 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { redactUrlCredentials } from "./env.js";
+import { performance } from "node:perf_hooks";
+import type { V1Container } from "@kubernetes/client-node";
+import { EXPANSION_BUDGET_BYTES, expandKubeRefs, literalEnv, redactUrlCredentials } from "./env.js";
 
 void describe("redactUrlCredentials", () => {
   void test("user and password, or a bare token, in a URL's user info", () => {
@@ -31,5 +33,52 @@ void describe("redactUrlCredentials", () => {
       assert.equal(redactUrlCredentials(v), v);
     const once = redactUrlCredentials("https://u:p@h/x?sig=1");
     assert.equal(redactUrlCredentials(once), once);
+  });
+});
+
+void describe("$(VAR) expansion under attack", () => {
+  /** A container of under 1 KB whose env entries each double the one before. */
+  const doubling = (n: number): V1Container => ({
+    name: "c",
+    env: [
+      { name: "A0", value: "xxxxxxxx" },
+      ...Array.from({ length: n }, (_, i) => ({ name: `A${i + 1}`, value: `$(A${i})$(A${i})` })),
+    ],
+  });
+
+  void test("a chain of self-doubling entries resolves fast and stays within the budget", () => {
+    const c = doubling(40);
+    assert.ok(JSON.stringify(c).length < 2_000);
+    const t0 = performance.now();
+    const env = literalEnv(c);
+    const ms = performance.now() - t0;
+    const total = [...env.values()].reduce((n, v) => n + v.length, 0);
+    assert.ok(ms < 200, `${ms} ms`);
+    assert.ok(total <= 2 * EXPANSION_BUDGET_BYTES + 40 * 20, `${total} bytes`);
+    assert.equal(env.get("A3")?.length, 64, "entries within the budget resolve as the kubelet would");
+    assert.match(env.get("A40")!, /^\$\(A39\)\$\(A39\)$/, "past it, a reference stays as written");
+  });
+
+  void test("the budget is shared by the container's args: many references to a large value stay bounded", () => {
+    const env = literalEnv({
+      name: "c",
+      env: [{ name: "BIG", value: "y".repeat(64 * 1024) }],
+    });
+    const t0 = performance.now();
+    let out = 0;
+    for (let i = 0; i < 100_000; i++) out += expandKubeRefs("$(BIG)", env).length;
+    assert.ok(performance.now() - t0 < 2_000);
+    assert.ok(out <= EXPANSION_BUDGET_BYTES + 100_000 * 6, `${out} bytes`);
+  });
+
+  void test("ordinary references, escapes and unknown names are unchanged", () => {
+    const env = literalEnv({
+      name: "c",
+      env: [
+        { name: "MODEL", value: "org/m" },
+        { name: "ARGS", value: "--model $(MODEL) --x $$(MODEL) $(NOPE)" },
+      ],
+    });
+    assert.equal(env.get("ARGS"), "--model org/m --x $(MODEL) $(NOPE)");
   });
 });

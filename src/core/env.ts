@@ -97,11 +97,22 @@ export function envFromRef(src: V1EnvFromSource): string {
 }
 
 /**
+ * Bytes `$(VAR)` references may add, per container: real values that refer to others are short,
+ * while a pod of under 1 KB can chain self-doubling entries into gigabytes (and stall admission
+ * past the API server's timeout). Past the budget a reference stays as written.
+ */
+export const EXPANSION_BUDGET_BYTES = 1 << 20;
+
+/** The budget left to each container's resolved env (shared by its command, args and env). */
+const budgets = new WeakMap<ReadonlyMap<string, string>, { left: number }>();
+
+/**
  * The container's literal env as the kubelet would resolve it: later entries win, and `$(VAR)` in a
  * value refers to entries defined before it.
  */
 export function literalEnv(container: V1Container): Map<string, string> {
   const env = new Map<string, string>();
+  budgets.set(env, { left: EXPANSION_BUDGET_BYTES });
   for (const e of listOf(container.env)) {
     if (typeof e?.name !== "string") continue;
     if (e.valueFrom) env.delete(e.name);
@@ -110,11 +121,21 @@ export function literalEnv(container: V1Container): Map<string, string> {
   return env;
 }
 
-/** Kubernetes' own `$(VAR)` expansion in command, args and env values (`$$` escapes). */
+/**
+ * Kubernetes' own `$(VAR)` expansion in command, args and env values (`$$` escapes), within the
+ * expansion budget of the env it reads from.
+ */
 export function expandKubeRefs(value: string, env: ReadonlyMap<string, string>): string {
-  return value.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, name: string | undefined) =>
-    m === "$$" ? "$" : (env.get(name ?? "") ?? m),
-  );
+  let budget = budgets.get(env);
+  if (!budget) budgets.set(env, (budget = { left: EXPANSION_BUDGET_BYTES }));
+  const b = budget;
+  return value.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, name: string | undefined) => {
+    if (m === "$$") return "$";
+    const v = env.get(name ?? "");
+    if (v === undefined || v.length > b.left) return m;
+    b.left -= v.length;
+    return v;
+  });
 }
 
 /** A shell's `$VAR` / `${VAR}` expansion, for words read out of a shell script. */

@@ -1,3 +1,4 @@
+import { performance } from "node:perf_hooks";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { pino } from "pino";
@@ -292,6 +293,28 @@ test("the author's stamps are removed whatever the decision, fail-open included"
     assert.equal(after.metadata?.labels?.app, "mine", name);
     if (name !== "malformed") assert.equal(after.metadata?.annotations?.note, "mine", name);
   }
+});
+
+test("a GPU pod whose env doubles itself is answered at once, its forged stamps removed", async () => {
+  const base = gpuPod();
+  const c = base.spec!.containers[0]!;
+  const env = [
+    { name: "A0", value: "xxxxxxxx" },
+    ...Array.from({ length: 40 }, (_, i) => ({ name: `A${i + 1}`, value: `$(A${i})$(A${i})` })),
+  ];
+  const pod = forge({
+    ...base,
+    spec: { ...base.spec!, containers: [{ ...c, env, args: [...(c.args ?? []), "$(A40)"] }] },
+  });
+  assert.ok(JSON.stringify(pod.spec).length < 4_000, "a small pod");
+  const t0 = performance.now();
+  const res = await admissionHandler(deps({}, {}))(review(pod, {}));
+  const ms = performance.now() - t0;
+  assert.ok(ms < 1_000, `answered in ${ms} ms`);
+  const annotations = ours(admitted(pod, res).metadata?.annotations);
+  assert.notEqual(annotations["warmstart.dev/election-id"], "copied-from-the-holder");
+  assert.notEqual(annotations["warmstart.dev/hash"], "01".repeat(32));
+  assert.equal(annotations["warmstart.dev/tree"], undefined);
 });
 
 test("only a real leader carries capture=true, with the election id the webhook minted", async () => {
