@@ -82,3 +82,15 @@ void describe("$(VAR) expansion under attack", () => {
     assert.equal(env.get("ARGS"), "--model org/m --x $(MODEL) $(NOPE)");
   });
 });
+
+void test("a user name holding an @ is redacted up to the authority's last @", () => {
+  assert.equal(
+    redactUrlCredentials("https://me@corp.example:t0ken@hub.local/org/m?x=1"),
+    "https://<redacted>@hub.local/org/m?x=1",
+  );
+  assert.equal(
+    redactUrlCredentials("s3://bucket/path/with@sign gs://a@b/c"),
+    "s3://bucket/path/with@sign gs://<redacted>@b/c",
+    "an @ in a path is no user info",
+  );
+});

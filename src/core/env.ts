@@ -64,7 +64,8 @@ const CREDENTIAL_QUERY =
  * query parameters, so a credential inside a URL never reaches the hash, a record, a log or an Event.
  */
 export function redactUrlCredentials(value: string): string {
-  return value.replace(/(\/\/)[^/@\s]+@/g, "$1<redacted>@").replace(CREDENTIAL_QUERY, "$1<redacted>");
+  // Up to the authority's last `@`: a user name may hold one itself (`me@corp:token@host`).
+  return value.replace(/(\/\/)[^/\s]*@/g, "$1<redacted>@").replace(CREDENTIAL_QUERY, "$1<redacted>");
 }
 
 /** A stable, secret-free description of where a `valueFrom` env takes its value. */

@@ -7,6 +7,7 @@ import type { DigestAlgorithm } from "./digest.js";
 import { exactTimes } from "./native.js";
 import { areaOf, MANIFEST_VERSION, nameFields, type Manifest } from "./manifest.js";
 import type { Scan, Skipped } from "./tree.js";
+import { redactUrlCredentials } from "../core/env.js";
 
 export async function writeDurably(path: string, body: string): Promise<void> {
   await writeFile(path, body, { mode: 0o444 });
@@ -44,7 +45,8 @@ export function buildManifest(
   return {
     version: MANIFEST_VERSION,
     hash: opts.hash ?? "",
-    model: opts.model ?? "",
+    // What the tree holds, never how it was fetched: credentials in a URL stay out of the store.
+    model: redactUrlCredentials(opts.model ?? ""),
     createdAt: new Date().toISOString(),
     captureMethod: c.method,
     exactTimes,

@@ -418,3 +418,26 @@ void test("each copier waits for the answer to its own question before it opens 
   assert.deepEqual(m.skipped, [{ path: "big", reason: "replaced" }]);
   assert.equal(m.fileCount, 20);
 });
+
+test("a model URL's credentials never reach the manifest", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "ws-cap-url-"));
+  try {
+    await mkdir(join(dir, "src/model"), { recursive: true });
+    await writeFile(join(dir, "src/model/w"), "weights");
+    const m = await capture({
+      src: join(dir, "src"),
+      dest: join(dir, "tree"),
+      hash: "ab".repeat(32),
+      model: "https://me@corp:hf_s3cret@hub.local/org/m?token=abc",
+      progress: false,
+      durable: false,
+    });
+    const stored = await readFile(join(dir, "tree", MANIFEST_FILE), "utf8");
+    for (const text of [m.model, stored]) {
+      assert.doesNotMatch(text, /s3cret|corp|token=abc/);
+    }
+    assert.match(m.model, /hub\.local\/org\/m/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -10,6 +10,7 @@ import { apiError, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import { recordedLeader } from "../common/modelcache.js";
 import { classifyPod } from "../core/classify.js";
+import { redactUrlCredentials } from "../core/env.js";
 import { ANN_HASH, leaseName, shortHash } from "../core/contract.js";
 import type { AgentParts } from "./parts.js";
 
@@ -57,8 +58,9 @@ export async function checkLeader(
   cache ??= await p.records.get(short);
   if (!cache) {
     // The election's record is gone (deleted on purpose, or never written): the Lease vouches for it.
+    const model = classifyPod(pod).model;
     await p.records.ensure(hash, {
-      model: classifyPod(pod).model,
+      model: model && redactUrlCredentials(model),
       electionId: election,
       leader: { namespace: pod.metadata?.namespace, name: pod.metadata?.name, node: p.cfg.node },
     });
