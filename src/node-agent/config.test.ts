@@ -12,7 +12,7 @@ void test("the store budget takes Kubernetes-style sizes; none by default", () =
   assert.equal(loadNodeAgentConfig(base, { WARMSTART_STORE_BUDGET: "100Gi" }).storeBudget, 100 * 2 ** 30);
   assert.throws(
     () => loadNodeAgentConfig({ ...base, storeBudget: "lots" }, {}),
-    /--store-budget: not a size: "lots"/,
+    /--store-budget \(WARMSTART_STORE_BUDGET\): not a size: "lots"/,
   );
 });
 

@@ -1,30 +1,10 @@
 import { isAbsolute } from "node:path";
 import { z } from "zod";
-import { durationMs } from "../common/duration.js";
 import { SYSTEM_NAMESPACE } from "../common/kube.js";
+import { defineOptions, type OptionsOutput } from "../common/options.js";
+import { byteSize, durationMs } from "../common/units.js";
 
-const UNITS: Record<string, number> = {
-  "": 1,
-  k: 1e3,
-  M: 1e6,
-  G: 1e9,
-  T: 1e12,
-  Ki: 2 ** 10,
-  Mi: 2 ** 20,
-  Gi: 2 ** 30,
-  Ti: 2 ** 40,
-};
-
-/** Byte sizes like "500Gi", "2T", "1.5Gi" or plain bytes (Kubernetes quantity suffixes). */
-export const byteSize = z.union([z.number(), z.string()]).transform((v, ctx) => {
-  if (typeof v === "number") return Math.round(v);
-  const m = /^(\d+(?:\.\d+)?)\s*(k|M|G|T|Ki|Mi|Gi|Ti)?B?$/.exec(v.trim());
-  if (!m) {
-    ctx.addIssue({ code: "custom", message: `not a size: "${v}" (use e.g. 500Gi, 2T or bytes)` });
-    return z.NEVER;
-  }
-  return Math.round(Number(m[1]) * UNITS[m[2] ?? ""]!);
-});
+export { byteSize };
 
 const absolute = (what: string): z.ZodString =>
   z
@@ -36,69 +16,143 @@ const bool = z
   .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
   .transform((v) => v === true || v === "true" || v === "1");
 
-/** Every setting of the node agent, validated once at boot (flags, then env, then defaults). */
-export const NodeAgentConfig = z.object({
-  node: z.string({ error: "is required (or env NODE_NAME)" }).min(1),
-  kubeletRoot: absolute("the kubelet's root directory as mounted here"),
-  store: absolute("the node's cache store directory"),
+/** Every setting of the node agent: flag, env, default, help and schema. */
+export const NODE_AGENT_OPTIONS = {
+  node: {
+    flag: "--node <name>",
+    env: "NODE_NAME",
+    doc: "this node's name",
+    schema: z.string({ error: "is required (or env NODE_NAME)" }).min(1),
+  },
+  kubeletRoot: {
+    flag: "--kubelet-root <dir>",
+    env: "WARMSTART_KUBELET_ROOT",
+    doc: "the kubelet's root directory as mounted here (holds pods/<uid>/volumes)",
+    schema: absolute("the kubelet's root directory as mounted here"),
+  },
+  store: {
+    flag: "--store <dir>",
+    env: "WARMSTART_STORE",
+    doc: "the node's cache store: committed trees go to <store>/<short>",
+    schema: absolute("the node's cache store directory"),
+  },
   /** `namespace/name` of the claim the store directory is mounted from (shared-volume, snapshot-clone). */
-  storeClaim: z
-    .string()
-    .regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?\/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$/, "must be namespace/name")
-    .optional(),
+  storeClaim: {
+    flag: "--store-claim <ns/name>",
+    env: "WARMSTART_STORE_CLAIM",
+    doc: "the claim the store is mounted from (shared-volume, snapshot-clone)",
+    schema: z
+      .string()
+      .regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?\/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$/, "must be namespace/name")
+      .optional(),
+  },
   /** The storage profile key of the store; by default the store claim's provisioner, or host-path. */
-  storeProvisioner: z.string().min(1).optional(),
-  storeVolumeType: z.string().min(1).optional(),
+  storeProvisioner: {
+    flag: "--store-provisioner <name>",
+    env: "WARMSTART_STORE_PROVISIONER",
+    doc: "storage profile key of the store",
+    defaultText: "the claim's provisioner, or host-path",
+    schema: z.string().min(1).optional(),
+  },
+  storeVolumeType: {
+    flag: "--store-volume-type <type>",
+    doc: "volume type of the store, for per-type profile overrides",
+    schema: z.string().min(1).optional(),
+  },
   /** How long a leader must stay Ready before its cache is captured. */
-  warmupMs: durationMs.default(30_000),
+  warmupMs: {
+    flag: "--warmup <duration>",
+    env: "WARMSTART_WARMUP",
+    default: "30s",
+    doc: "how long a leader stays Ready before capture",
+    schema: durationMs,
+  },
   /** Captures at once on this node. */
-  concurrency: z.coerce.number().int().min(1).max(64).default(2),
+  concurrency: {
+    flag: "--concurrency <n>",
+    env: "WARMSTART_CAPTURE_CONCURRENCY",
+    default: 2,
+    doc: "captures at once on this node",
+    schema: z.coerce.number().int().min(1).max(64),
+  },
   /** Files copied at once within one capture. */
-  captureParallel: z.coerce.number().int().min(1).max(256).default(8),
+  captureParallel: {
+    flag: "--capture-parallel <n>",
+    default: 8,
+    doc: "files copied at once within one capture",
+    schema: z.coerce.number().int().min(1).max(256),
+  },
   /** A capture taking longer than this fails cleanly (nothing committed); 0: no limit. */
-  captureDeadlineMs: durationMs.default(30 * 60_000),
+  captureDeadlineMs: {
+    flag: "--capture-deadline <duration>",
+    env: "WARMSTART_CAPTURE_DEADLINE",
+    default: "30m",
+    doc: "a capture taking longer fails cleanly (0: none)",
+    schema: durationMs,
+  },
   /**
    * Bytes the store may hold (0: no limit). A capture that needs room removes caches no pod
    * mounts, least recently restored first; a cache in use is never removed.
    */
-  storeBudget: byteSize.default(0),
+  storeBudget: {
+    flag: "--store-budget <size>",
+    env: "WARMSTART_STORE_BUDGET",
+    default: 0,
+    defaultText: "no limit",
+    doc: "bytes the store may hold, e.g. 500Gi; unused caches make room, least recently restored first",
+    schema: byteSize,
+  },
   /** Flush captured data to disk before committing (off only for throwaway stores). */
-  durable: bool.default(true),
-  host: z.string().default("0.0.0.0"),
-  port: z.coerce.number().int().min(0).max(65535).default(9464),
-  systemNamespace: z.string().default(SYSTEM_NAMESPACE),
-  /** How often everything is looked at again: pods on the node, and the claims of the caches promoted here. */
-  resyncMs: durationMs.default(60_000),
-  claimAttempts: z.coerce.number().int().min(1).max(20).default(5),
-  claimBackoffMs: durationMs.default(200),
-  snapshotTimeoutMs: durationMs.default(600_000),
-});
-export type NodeAgentConfig = z.infer<typeof NodeAgentConfig>;
+  durable: {
+    flag: "--no-durable",
+    default: true,
+    doc: "do not flush captured data to disk before committing (throwaway stores only)",
+    schema: bool,
+  },
+  resyncMs: {
+    flag: "--resync <duration>",
+    default: "60s",
+    doc: "how often pods and promoted claims are looked at again",
+    schema: durationMs,
+  },
+  snapshotTimeoutMs: {
+    flag: "--snapshot-timeout <duration>",
+    default: "10m",
+    doc: "snapshot-clone: how long a snapshot may take to be ready",
+    schema: durationMs,
+  },
+  host: {
+    flag: "--host <host>",
+    default: "0.0.0.0",
+    doc: "metrics and health listen address",
+    schema: z.string(),
+  },
+  port: {
+    flag: "--port <port>",
+    env: "WARMSTART_NODE_AGENT_PORT",
+    default: 9464,
+    doc: "metrics and health port (0 = any free port)",
+    schema: z.coerce.number().int().min(0).max(65535),
+  },
+  systemNamespace: { default: SYSTEM_NAMESPACE, doc: "the system namespace", schema: z.string() },
+  claimAttempts: {
+    default: 5,
+    doc: "attempts to ensure a claim",
+    schema: z.coerce.number().int().min(1).max(20),
+  },
+  claimBackoffMs: { default: "200ms", doc: "first wait between claim attempts", schema: durationMs },
+};
 
+export const nodeAgentOptions = defineOptions("node-agent", NODE_AGENT_OPTIONS);
+
+/** Every setting of the node agent, validated once at boot (flags, then env, then defaults). */
+export const NodeAgentConfig = {
+  /** The config from explicit values over the defaults (no environment). */
+  parse: (input: Record<string, unknown>): NodeAgentConfig => nodeAgentOptions.load(input, {}),
+};
+export type NodeAgentConfig = OptionsOutput<typeof NODE_AGENT_OPTIONS>;
+
+/** Flag over env over default, keyed by the table's keys; throws one error naming every problem. */
 export function loadNodeAgentConfig(flags: Record<string, unknown>, env = process.env): NodeAgentConfig {
-  const fromEnv = {
-    node: env.NODE_NAME,
-    kubeletRoot: env.WARMSTART_KUBELET_ROOT,
-    store: env.WARMSTART_STORE,
-    storeClaim: env.WARMSTART_STORE_CLAIM,
-    storeProvisioner: env.WARMSTART_STORE_PROVISIONER,
-    warmupMs: env.WARMSTART_WARMUP,
-    concurrency: env.WARMSTART_CAPTURE_CONCURRENCY,
-    captureDeadlineMs: env.WARMSTART_CAPTURE_DEADLINE,
-    storeBudget: env.WARMSTART_STORE_BUDGET,
-    port: env.WARMSTART_NODE_AGENT_PORT,
-  };
-  const merged: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(fromEnv)) if (v !== undefined && v !== "") merged[k] = v;
-  for (const [k, v] of Object.entries(flags)) if (v !== undefined) merged[k] = v;
-  const parsed = NodeAgentConfig.safeParse(merged);
-  if (!parsed.success) {
-    const first = parsed.error.issues[0]!;
-    const flag = first.path
-      .join(".")
-      .replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)
-      .replace(/-ms$/, "");
-    throw new Error(`invalid node-agent config: --${flag || "value"}: ${first.message}`);
-  }
-  return parsed.data;
+  return nodeAgentOptions.load(flags, env);
 }

@@ -57,16 +57,16 @@ void test("config: durations, defaults and clear errors", () => {
   );
   assert.throws(
     () => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", warmupMs: "soon" }, {}),
-    /--warmup: not a duration/,
+    /--warmup \(WARMSTART_WARMUP\): not a duration/,
   );
   assert.throws(
     () => loadNodeAgentConfig({ node: "n", kubeletRoot: "relative", store: "/s" }, {}),
-    /--kubelet-root: .*absolute/,
+    /--kubelet-root \(WARMSTART_KUBELET_ROOT\): .*absolute/,
   );
   assert.throws(() => loadNodeAgentConfig({ kubeletRoot: "/k", store: "/s" }, {}), /--node/);
   assert.throws(
     () => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", storeClaim: "no-slash" }, {}),
-    /--store-claim: must be namespace\/name/,
+    /--store-claim \(WARMSTART_STORE_CLAIM\): must be namespace\/name/,
   );
   assert.throws(
     () => loadNodeAgentConfig({ node: "n", kubeletRoot: "/k", store: "/s", concurrency: "0" }, {}),

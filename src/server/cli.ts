@@ -10,7 +10,7 @@ import { shortHash } from "../core/contract.js";
 import { HASH_REF, normalizeHashRef } from "../core/refs.js";
 import { promoteClients } from "../promote/claims.js";
 import { deleteCachePass, describeLeft, type DeleteReport } from "../promote/rollback.js";
-import { durationMs } from "../common/duration.js";
+import { durationMs } from "../common/units.js";
 import { defaultServerConfig, runServer, type ServerFlags } from "./run.js";
 import { fetchSnapshot, type Snapshot } from "./views.js";
 
