@@ -19,7 +19,8 @@ import {
   symlinkSync,
   writeFileSync,
 } from "node:fs";
-import { appendFile, chmod, mkdir, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { appendFile, chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -415,4 +416,41 @@ void test("wait-ready only takes a marker that is a regular file, not a symlink 
   await writeFile(join(dir, READY_MARKER), "{}");
   await waitForReady(dir, 200, { intervalMs: 20 });
   assert.deepEqual((await readdir(dir)).sort(), [READY_MARKER, "real"].sort());
+});
+
+test("a pod's credentials and set-id bits never reach the tree others start from", async () => {
+  const dir = await mkdtemp(join(tmpdir(), "ws-attack-cred-"));
+  try {
+    const src = join(dir, "src");
+    await mkdir(join(src, "huggingface/hub"), { recursive: true });
+    await mkdir(join(src, "cache/shared"), { recursive: true });
+    await writeFile(join(src, "huggingface/token"), "hf_s3cret");
+    await writeFile(join(src, "huggingface/stored_tokens"), "[x]\nhf_token = hf_s3cret");
+    await writeFile(join(src, ".netrc"), "machine hub login me password s3cret");
+    await writeFile(join(src, "cache/.git-credentials"), "https://me:s3cret@git");
+    await writeFile(join(src, "huggingface/hub/weights"), "w");
+    await writeFile(join(src, "cache/kernel.so"), "elf");
+    await chmod(join(src, "cache/kernel.so"), 0o4755);
+    await chmod(join(src, "cache/shared"), 0o2777);
+    const m = await capture({
+      src,
+      dest: join(dir, "tree"),
+      hash: "cd".repeat(32),
+      progress: false,
+      durable: false,
+    });
+    const tree = join(dir, "tree");
+    for (const f of ["huggingface/token", "huggingface/stored_tokens", ".netrc", "cache/.git-credentials"]) {
+      await assert.rejects(stat(join(tree, f)), /ENOENT/, `${f} not copied`);
+      assert.ok(
+        m.skipped.some((s) => s.path === f && s.reason === "credential"),
+        `${f} listed as set aside`,
+      );
+    }
+    assert.equal(await readFile(join(tree, "huggingface/hub/weights"), "utf8"), "w");
+    assert.equal((await stat(join(tree, "cache/kernel.so"))).mode & 0o6000, 0, "no set-user-ID");
+    assert.equal((await stat(join(tree, "cache/shared"))).mode & 0o6000, 0, "no set-group-ID");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });

@@ -27,7 +27,29 @@ import { closeRawFd, openat2Beneath } from "./native.js";
 export const O_PATH = 0o10000000; // the same value on x86-64 and arm64; Node does not export it
 const PROC_FD = "/proc/self/fd";
 
+/**
+ * The mode bits a copy keeps: permissions and the sticky bit. Set-user-ID and set-group-ID never
+ * travel from one pod's volume into a tree other teams start from.
+ */
+export const KEPT_MODE_BITS = 0o1777;
+
+/**
+ * Credential files a pod may leave in its cache folder (the hub client's login token, netrc,
+ * git and cloud credentials): set aside, never copied into a tree every restore is served.
+ */
+export function isCredentialFile(rel: string): boolean {
+  const parts = rel.split("/");
+  const name = parts.at(-1) ?? "";
+  const parent = parts.at(-2) ?? "";
+  if ([".netrc", "_netrc", ".git-credentials"].includes(name)) return true;
+  if (["huggingface", ".huggingface"].includes(parent) && ["token", "stored_tokens"].includes(name))
+    return true;
+  return parent === ".aws" && name === "credentials";
+}
+
 export type SkipReason =
+  /** A credential file (isCredentialFile). */
+  | "credential"
   | "fifo"
   | "socket"
   | "char-device"

@@ -8,6 +8,7 @@ import type { CopiedFile, CopyMember, CopyTask } from "./copy-protocol.js";
 import { copyFiles, type CopyOptions } from "./copy-files.js";
 import { probeCopyMethod, setTimesNsSync, type CopyMethod } from "./native.js";
 import { yieldNow, type Scan, type Skipped, type TreeEntry } from "./tree.js";
+import { KEPT_MODE_BITS } from "./beneath.js";
 
 export const isRoot = (): boolean => process.getuid?.() === 0;
 
@@ -112,6 +113,6 @@ const depth = (rel: string): number => rel.split("/").length;
 /** Mode, owner (when we may) and nanosecond times of a directory. */
 function applyMeta(path: string | Buffer, e: TreeEntry): void {
   if (isRoot()) lchownSync(path, Number(e.stat.uid), Number(e.stat.gid));
-  chmodSync(path, Number(e.stat.mode) & 0o7777);
+  chmodSync(path, Number(e.stat.mode) & KEPT_MODE_BITS);
   setTimesNsSync(path, e.stat.atimeNs, e.stat.mtimeNs, false);
 }

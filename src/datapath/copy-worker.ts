@@ -53,6 +53,7 @@ import {
   setTimesNsSync,
   StoppedError,
 } from "./native.js";
+import { KEPT_MODE_BITS } from "./beneath.js";
 
 const data = workerData as CopyWorkerData;
 if (data.noOpenat2) disableOpenat2();
@@ -160,7 +161,7 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
     if (root && (before.uid !== myUid || before.gid !== myGid))
       fchownSync(out, Number(before.uid), Number(before.gid));
     // After chown (which clears set-id bits), and exactly: open's mode went through the umask.
-    fchmodSync(out, Number(before.mode) & 0o7777);
+    fchmodSync(out, Number(before.mode) & KEPT_MODE_BITS);
     const [atime, mtime] = timesFor(before, m);
     setFdTimesNs(out, atime, mtime, m.rel);
     return d;
@@ -177,7 +178,7 @@ function copyByPath(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer)
   if (!unchanged(fd, before, Number(lstatSync(dst).size), d.size)) return undefined;
   if (root && (before.uid !== myUid || before.gid !== myGid)) {
     lchownSync(dst, Number(before.uid), Number(before.gid));
-    chmodSync(dst, Number(before.mode) & 0o7777);
+    chmodSync(dst, Number(before.mode) & KEPT_MODE_BITS);
   }
   const [atime, mtime] = timesFor(before, m);
   setTimesNsSync(dst, atime, mtime, false);

@@ -21,6 +21,7 @@ const rawBytes = z
   .regex(/^[A-Za-z0-9+/]*={0,2}$/)
   .optional();
 const skipReason = z.enum([
+  "credential",
   "fifo",
   "socket",
   "char-device",

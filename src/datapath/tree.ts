@@ -10,6 +10,7 @@ import { constants as fsc, fstatSync } from "node:fs";
 import { posix } from "node:path";
 import {
   closeFd,
+  isCredentialFile,
   joinRel,
   listDir,
   lstatAt,
@@ -122,7 +123,8 @@ export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<
             entries.push(e);
             pending.push(e);
           } else if (st.isFile()) {
-            entries.push({ rel, kind: "file", stat: st });
+            if (isCredentialFile(rel)) skipped.push({ path: rel, reason: "credential" });
+            else entries.push({ rel, kind: "file", stat: st });
           } else if (st.isSymbolicLink()) {
             const target = readlinkAt(dirFd, name);
             if (target === undefined) skipped.push({ path: rel, reason: "replaced" });
