@@ -11,7 +11,9 @@ import { HASH_REF, normalizeHashRef } from "../core/refs.js";
 import { promoteClients } from "../promote/claims.js";
 import { deleteCachePass, describeLeft, type DeleteReport } from "../promote/rollback.js";
 import { durationMs } from "../common/units.js";
-import { defaultServerConfig, runServer, type ServerFlags } from "./run.js";
+import { onShutdown } from "../common/shutdown.js";
+import { serverOptions } from "./config.js";
+import { defaultServerConfig, runServer } from "./run.js";
 import { fetchSnapshot, type Snapshot } from "./views.js";
 
 const bytes = (n: number): string => {
@@ -110,27 +112,12 @@ async function operatorKubeConfig(): Promise<KubeConfig> {
 }
 
 export function registerServerCommands(program: Command): void {
-  program
-    .command("server")
-    .description("release controller, operators' API and dashboard")
-    .option("--host <host>", "listen address (default: 127.0.0.1; or $WARMSTART_SERVER_HOST)")
-    .option("--port <port>", "listen port (0 = any free port; default 8080 or $WARMSTART_SERVER_PORT)")
-    .option(
-      "--token-file <file>",
-      "bearer token for the API and dashboard (or $WARMSTART_SERVER_TOKEN_FILE); required off loopback",
-    )
-    .option("--token <token>", "the token itself (prefer --token-file or $WARMSTART_SERVER_TOKEN)")
-    .action(async (flags: ServerFlags) => {
-      const srv = await runServer(await defaultServerConfig(flags));
-      const shutdown = (): void => {
-        srv.stop().then(
-          () => process.exit(0),
-          () => process.exit(1),
-        );
-      };
-      process.once("SIGTERM", shutdown);
-      process.once("SIGINT", shutdown);
-    });
+  const server = program.command("server").description("release controller, operators' API and dashboard");
+  serverOptions.register(server).action(async () => {
+    const log = createLogger("server");
+    const srv = await runServer(await defaultServerConfig(serverOptions.fromCommand(server)), { log });
+    onShutdown({ log, closers: [{ name: "server", close: () => srv.stop() }] });
+  });
 
   const cache = program
     .command("cache")

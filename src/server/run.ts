@@ -11,6 +11,7 @@ import { createServerMetrics } from "./metrics.js";
 import { buildSnapshot, published, type Snapshot } from "./views.js";
 import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard.js";
 import { listen, type Listening } from "../common/http.js";
+import { serverOptions } from "./config.js";
 
 export interface ServerConfig {
   host: string;
@@ -202,23 +203,16 @@ export async function runServer(
   };
 }
 
-export interface ServerFlags {
-  host?: string;
-  port?: string;
-  token?: string;
-  tokenFile?: string;
-}
+/** `host`, `port`, `token`, `tokenFile` as a flag or variable would write them. */
+export type ServerFlags = Parameters<typeof serverOptions.load>[0];
 
 /** Flags over environment: listen on loopback unless told otherwise; a token from a flag, env or file. */
 export async function defaultServerConfig(
   flags: ServerFlags,
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<ServerConfig> {
-  const port = Number(flags.port ?? env.WARMSTART_SERVER_PORT ?? 8080);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`invalid port: ${flags.port}`);
-  const host = flags.host ?? env.WARMSTART_SERVER_HOST ?? "127.0.0.1";
-  let token = flags.token ?? (env.WARMSTART_SERVER_TOKEN || undefined);
-  const tokenFile = flags.tokenFile ?? (env.WARMSTART_SERVER_TOKEN_FILE || undefined);
+  const { host, port, tokenFile, ...given } = serverOptions.load(flags, env);
+  let token = given.token || undefined;
   if (!token && tokenFile) {
     token = (await readFile(tokenFile, "utf8")).trim();
     if (!token) throw new Error(`token file ${tokenFile} is empty`);
