@@ -9,6 +9,7 @@ import { performance } from "node:perf_hooks";
 import type * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
 import { classifyPod } from "../core/classify.js";
+import { quantityBytes } from "../core/size.js";
 import { CACHE_VOLUME, FINALIZER_CLEANUP, shortHash } from "../core/contract.js";
 import { AlreadyCapturedError, CaptureStoppedError, capture } from "../datapath/capture.js";
 import type { Manifest } from "../datapath/manifest.js";
@@ -139,12 +140,20 @@ export class CaptureJobs {
       try {
         // The folder is sized as the capture walks it, and stops as a capture does.
         const needed = await treeBytes(src, { signal, deadlineMs: cfg.captureDeadlineMs });
+        // The kubelet counts the blocks a folder uses, a copy writes every byte a file says it
+        // holds: a sparse file may pass the volume's limit and still fill the store (and make
+        // room by evicting others' trees). Nothing past the volume's own limit is made room for.
+        const limit = captureLimit(pod);
+        if (limit !== undefined && needed > limit)
+          throw new StoreFullError(
+            `the cache folder holds ${formatBytes(needed)} (sparse files count at their full size), more than its volume's limit of ${formatBytes(limit)}`,
+          );
         await this.deps.budget.makeRoom(short, needed, log);
       } catch (err) {
         if (err instanceof CaptureStoppedError) return await this.notCaptured(err, mark, election, pod, log);
         if (!(err instanceof StoreFullError)) throw err;
         p.metrics.captures.inc({ result: "failed" });
-        log.error({ err }, "failed: capture (store full)");
+        log.error({ err }, "failed: capture (no room)");
         await recordFailure(p, mark.hash, election, "CaptureFailed", `node ${cfg.node}: ${err.message}`, pod);
         return "capture-failed";
       }
@@ -275,4 +284,11 @@ export class CaptureJobs {
     await dropFinalizerIfEmpty(p, mark.hash);
     return "capture-failed";
   }
+}
+
+/** The size limit admission gave the leader's capture volume, in bytes (undefined: none). */
+export function captureLimit(pod: k8s.V1Pod): number | undefined {
+  const v = pod.spec?.volumes?.find((x) => x.name === CACHE_VOLUME);
+  const q = v?.emptyDir?.sizeLimit;
+  return q === undefined ? undefined : quantityBytes(String(q));
 }

@@ -8,7 +8,7 @@
 import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, stat, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -24,6 +24,7 @@ import {
   waitFor,
 } from "../harness.js";
 import {
+  ANN_CACHE_SIZE_LIMIT,
   ANN_CACHE_SOURCE,
   ANN_ELECTION_ID,
   ANN_HASH,
@@ -840,4 +841,39 @@ void test("store budget: a capture that cannot have room fails, counted, and not
   );
   assert.equal(cache.status?.failedCaptures, 1);
   await assert.rejects(stat(join(ta.store, short)), /ENOENT/);
+});
+
+void test("a sparse file past the capture volume's limit fails the capture without evicting anyone's tree", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { storeBudget: "256Mi" });
+  const ns = await tempNamespace(t, "sparse");
+  // Another team's unused tree: making room for the capture would evict it.
+  const other = randomBytes(32).toString("hex");
+  cleanupCache(t, shortHash(other), [ta.store]);
+  await committedTree(ta.store, other);
+  const model = `org/sparse-${ns}`;
+  const leader = workerPod("leader", model, { manualReady: true, node: ta.node });
+  leader.metadata!.annotations![ANN_CACHE_SIZE_LIMIT] = "16Mi";
+  await createPod(ns, leader);
+  const pod = await bound(ns, "leader");
+  const short = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, short, [ta.store]);
+  const dir = emptyDirPath(ta.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME);
+  await writeCacheTree(dir);
+  // 1 GiB that uses no block: within the kubelet's accounting, far past the volume's limit.
+  await truncate(join(dir, "cache/huge.bin"), 1024 ** 3).catch(async () => {
+    await writeFile(join(dir, "cache/huge.bin"), "");
+    await truncate(join(dir, "cache/huge.bin"), 1024 ** 3);
+  });
+  await makeReady(ns, "leader");
+  const { cache } = await watchCache(
+    short,
+    (c) => c.status?.phase === "Failed" || c.status?.phase === "Ready",
+  );
+  assert.equal(cache.status?.phase, "Failed", JSON.stringify(cache.status));
+  assert.equal(cache.status?.reason, "CaptureFailed");
+  assert.match(cache.status?.message ?? "", /sparse files count at their full size.*limit of 16\.8 MB/);
+  await assert.rejects(stat(join(ta.store, short)), /ENOENT/, "nothing captured");
+  assert.ok((await stat(join(ta.store, shortHash(other)))).isDirectory(), "the other tree stays");
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_store_evictions_total", ""), 0);
 });
