@@ -728,7 +728,7 @@ test("the stamps policy refuses a later change of a stamp by anyone but Warmstar
     namespace: ns,
     body: {
       metadata: { name: "pod-editor" },
-      rules: [{ apiGroups: [""], resources: ["pods"], verbs: ["get", "patch", "update"] }],
+      rules: [{ apiGroups: [""], resources: ["pods", "pods/status"], verbs: ["get", "patch", "update"] }],
     },
   });
   await rbac.createNamespacedRoleBinding({
@@ -774,6 +774,11 @@ test("the stamps policy refuses a later change of a stamp by anyone but Warmstar
   });
   assert.match(refusal, /warmstart\.dev\/\* labels are written by Warmstart only/);
   await assert.rejects(patch(as(mallory), capture), /written by Warmstart only/, "capture=true refused");
+  await assert.rejects(
+    as(mallory).patchNamespacedPodStatus({ name: "target", namespace: ns, body: capture }, strategic),
+    /written by Warmstart only/,
+    "through the status subresource too",
+  );
   await assert.rejects(
     patch(as(mallory), { metadata: { annotations: { [ANN_TREE]: "../../etc" } } }),
     /written by Warmstart only/,
