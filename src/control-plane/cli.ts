@@ -8,7 +8,12 @@ import { randomBytes } from "node:crypto";
 import { readFile, stat } from "node:fs/promises";
 import type { ClusterView, RequestView } from "./api.js";
 import { ControlPlaneClient } from "./client.js";
-import { parseConfig } from "./config.js";
+import {
+  checkServeConfig,
+  controlPlaneOptions,
+  type ControlPlaneConfig,
+  type ControlPlaneOptions,
+} from "./config.js";
 import { startControlPlane } from "./server.js";
 import {
   addClusterToken,
@@ -23,6 +28,7 @@ import {
 } from "./tokens.js";
 import { runningLocalCluster } from "../common/local-defaults.js";
 import { createLogger, type Logger } from "../common/log.js";
+import { onShutdown } from "../common/shutdown.js";
 
 const int =
   (what: string) =>
@@ -30,13 +36,6 @@ const int =
     if (!/^-?\d+$/.test(v.trim())) throw new Error(`${what} must be an integer, got "${v}"`);
     return Number(v);
   };
-const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
-const csv = (v: string | undefined): string[] =>
-  (v ?? "")
-    .split(",")
-    .map((s) => s.trim())
-    .filter(Boolean);
-
 /** A single-token file's token; undefined when it does not exist. Others' read access is fixed or warned. */
 async function readSecretFile(file: string, log?: Logger): Promise<string | undefined> {
   try {
@@ -47,23 +46,6 @@ async function readSecretFile(file: string, log?: Logger): Promise<string | unde
     if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
     throw new Error(`cannot read token file ${file}: ${(err as Error).message}`, { cause: err });
   }
-}
-
-interface ServeOptions {
-  db?: string;
-  port?: number;
-  host?: string;
-  clusterToken?: string[];
-  clusterId?: string;
-  operatorToken?: string;
-  operatorTokenFile?: string;
-  clusterTokenFile?: string;
-  allowedNamespaces?: string;
-  tlsCertFile?: string;
-  tlsKeyFile?: string;
-  credentialTtl?: number;
-  visibilityTimeout?: number;
-  heartbeatInterval?: number;
 }
 
 /** The token in `file`; on first start (no file yet) one is minted and written there, owner-only. */
@@ -93,44 +75,26 @@ export function clusterTokenEntries(values: string[], clusterId: string | undefi
   });
 }
 
-async function serve(opts: ServeOptions): Promise<void> {
-  const log = createLogger("control-plane");
-  let operatorToken = opts.operatorToken ?? process.env.WARMSTART_OPERATOR_TOKEN;
-  if (!operatorToken && opts.operatorTokenFile)
-    operatorToken = await tokenFromFile(opts.operatorTokenFile, log);
-  const dbPath = opts.db ?? process.env.WARMSTART_CONTROL_PLANE_DB ?? "warmstart-control-plane.db";
-  const clusterTokens = clusterTokenEntries(
-    opts.clusterToken?.length ? opts.clusterToken : csv(process.env.WARMSTART_CLUSTER_TOKENS),
-    opts.clusterId ?? process.env.WARMSTART_CLUSTER_ID,
-  );
-  const allowed = opts.allowedNamespaces ?? process.env.WARMSTART_ALLOWED_NAMESPACES;
-  const config = parseConfig({
-    dbPath,
-    port: opts.port,
-    host: opts.host,
-    clusterTokens,
-    clusterTokenFile: opts.clusterTokenFile ?? (process.env.WARMSTART_CLUSTER_TOKEN_FILE || undefined),
-    operatorToken,
-    allowedNamespaces: allowed === undefined ? undefined : csv(allowed),
-    tlsCertFile: opts.tlsCertFile ?? (process.env.WARMSTART_TLS_CERT_FILE || undefined),
-    tlsKeyFile: opts.tlsKeyFile ?? (process.env.WARMSTART_TLS_KEY_FILE || undefined),
-    credentialTtlSeconds: opts.credentialTtl,
-    visibilityTimeoutSeconds: opts.visibilityTimeout,
-    heartbeatIntervalSeconds: opts.heartbeatInterval,
+/** The serve options resolved: the operator token (minted into its file on first start), the cluster tokens bound. */
+async function serveConfig(opts: ControlPlaneOptions, log: Logger): Promise<ControlPlaneConfig> {
+  const { operatorTokenFile, clusterId, clusterTokens, ...rest } = opts;
+  let operatorToken = opts.operatorToken || undefined;
+  if (!operatorToken && operatorTokenFile) operatorToken = await tokenFromFile(operatorTokenFile, log);
+  return checkServeConfig({
+    ...rest,
+    // Missing, it is reported with the rest.
+    operatorToken: operatorToken as string,
+    clusterTokens: clusterTokenEntries(clusterTokens ?? [], clusterId),
   });
+}
+
+async function serve(cmd: Command): Promise<void> {
+  const opts = controlPlaneOptions.load(controlPlaneOptions.fromCommand(cmd));
+  const log = createLogger("control-plane");
+  const config = await serveConfig(opts, log);
   const cp = await startControlPlane({ ...config, logger: log });
   process.stdout.write(`control plane listening on ${cp.url}\n`);
-  await new Promise<void>((resolve) => {
-    const stop = (signal: string): void => {
-      log.info({ signal }, "shutting down");
-      cp.close().then(resolve, (err: unknown) => {
-        log.error({ err }, "shutdown failed");
-        resolve();
-      });
-    };
-    process.once("SIGTERM", () => stop("SIGTERM"));
-    process.once("SIGINT", () => stop("SIGINT"));
-  });
+  onShutdown({ log, closers: [{ name: "control plane", close: () => cp.close() }] });
 }
 
 interface ConnectOptions {
@@ -246,46 +210,8 @@ export function clustersTable(clusters: ClusterView[]): string {
 export function registerControlPlaneCommands(program: Command): void {
   const cp = program
     .command("control-plane")
-    .description("the reference control plane: cluster registration, queue credentials, deployment queues")
-    .option(
-      "--db <file>",
-      "SQLite database file, created owner-only (default: $WARMSTART_CONTROL_PLANE_DB or ./warmstart-control-plane.db)",
-    )
-    .option("--port <n>", "port to listen on (0: any free port)", int("--port"))
-    .option("--host <addr>", "address to listen on", "127.0.0.1")
-    .option(
-      "--cluster-token <id=token>",
-      "registration token of one cluster, as CLUSTER_ID=TOKEN; repeatable (or $WARMSTART_CLUSTER_TOKENS, comma-separated)",
-      collect,
-    )
-    .option("--cluster-id <id>", "the cluster a bare --cluster-token TOKEN belongs to")
-    .option(
-      "--cluster-token-file <file>",
-      "CLUSTER_ID=TOKEN lines, re-read when the file changes; manage with `control-plane cluster-token` (or $WARMSTART_CLUSTER_TOKEN_FILE)",
-    )
-    .option("--operator-token <token>", "operator token (or $WARMSTART_OPERATOR_TOKEN)")
-    .option(
-      "--operator-token-file <file>",
-      "read the operator token here; minted and written (owner-only) on first start",
-    )
-    .option(
-      "--allowed-namespaces <list>",
-      "comma-separated namespaces deployment requests may target, * for any (default: default; or $WARMSTART_ALLOWED_NAMESPACES)",
-    )
-    .option("--tls-cert-file <file>", "serve HTTPS with this PEM certificate (or $WARMSTART_TLS_CERT_FILE)")
-    .option("--tls-key-file <file>", "and this PEM key (or $WARMSTART_TLS_KEY_FILE)")
-    .option("--credential-ttl <seconds>", "lifetime of queue credentials", int("--credential-ttl"))
-    .option(
-      "--visibility-timeout <seconds>",
-      "default visibility timeout of received messages",
-      int("--visibility-timeout"),
-    )
-    .option(
-      "--heartbeat-interval <seconds>",
-      "heartbeat interval told to agents",
-      int("--heartbeat-interval"),
-    )
-    .action(serve);
+    .description("the reference control plane: cluster registration, queue credentials, deployment queues");
+  controlPlaneOptions.register(cp).action(() => serve(cp));
   registerTokenCommands(cp);
 
   withConnection(

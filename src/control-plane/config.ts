@@ -1,5 +1,14 @@
 /** The control plane's configuration: every flag and env var, validated once at boot. */
 import { z } from "zod";
+import {
+  ConfigError,
+  collect,
+  defineOptions,
+  intOption,
+  listOption,
+  optionName,
+  type OptionDef,
+} from "../common/options.js";
 import { ClusterId, Dns1123Label } from "./api.js";
 import { Token, duplicates } from "./tokens.js";
 
@@ -83,4 +92,116 @@ export function namespaceAllowed(allowed: readonly string[], namespace: string):
 /** Renew a credential when a quarter of its life is left (at least one second before expiry). */
 export function renewBeforeSeconds(ttlSeconds: number): number {
   return Math.max(1, Math.floor(ttlSeconds / 4));
+}
+
+/**
+ * The `control-plane` command's options: flag, env, default, help and schema. The cluster tokens
+ * and the operator token file are resolved after this (`serveConfig` in cli.ts), then the whole
+ * config is checked once more by `ControlPlaneConfig`, with problems named by flag and variable.
+ */
+export const CONTROL_PLANE_OPTIONS = {
+  dbPath: {
+    flag: "--db <file>",
+    env: "WARMSTART_CONTROL_PLANE_DB",
+    default: "warmstart-control-plane.db",
+    doc: "SQLite database file, created owner-only",
+    schema: z.string().min(1),
+  },
+  port: {
+    flag: "--port <n>",
+    default: 8090,
+    doc: "port to listen on (0: any free port)",
+    schema: intOption(0, 65535),
+  },
+  host: {
+    flag: "--host <addr>",
+    default: "127.0.0.1",
+    doc: "address to listen on",
+    schema: z.string().min(1),
+  },
+  clusterTokens: {
+    flag: "--cluster-token <id=token>",
+    env: "WARMSTART_CLUSTER_TOKENS",
+    doc: "registration token of one cluster, as CLUSTER_ID=TOKEN; repeatable (env: comma-separated)",
+    argParser: collect,
+    schema: listOption.optional(),
+  },
+  clusterId: {
+    flag: "--cluster-id <id>",
+    env: "WARMSTART_CLUSTER_ID",
+    doc: "the cluster a bare --cluster-token TOKEN belongs to",
+    schema: z.string().min(1).optional(),
+  },
+  clusterTokenFile: {
+    flag: "--cluster-token-file <file>",
+    env: "WARMSTART_CLUSTER_TOKEN_FILE",
+    doc: "CLUSTER_ID=TOKEN lines, re-read when the file changes; manage with `control-plane cluster-token`",
+    schema: z.string().min(1).optional(),
+  },
+  operatorToken: {
+    flag: "--operator-token <token>",
+    env: "WARMSTART_OPERATOR_TOKEN",
+    doc: "operator token",
+    schema: z.string().optional(),
+  },
+  operatorTokenFile: {
+    flag: "--operator-token-file <file>",
+    doc: "read the operator token here; minted and written (owner-only) on first start",
+    schema: z.string().min(1).optional(),
+  },
+  allowedNamespaces: {
+    flag: "--allowed-namespaces <list>",
+    env: "WARMSTART_ALLOWED_NAMESPACES",
+    default: "default",
+    doc: "comma-separated namespaces deployment requests may target, * for any",
+    schema: listOption.pipe(z.array(NamespacePattern).min(1)),
+  },
+  tlsCertFile: {
+    flag: "--tls-cert-file <file>",
+    env: "WARMSTART_TLS_CERT_FILE",
+    doc: "serve HTTPS with this PEM certificate",
+    schema: z.string().min(1).optional(),
+  },
+  tlsKeyFile: {
+    flag: "--tls-key-file <file>",
+    env: "WARMSTART_TLS_KEY_FILE",
+    doc: "and this PEM key",
+    schema: z.string().min(1).optional(),
+  },
+  credentialTtlSeconds: {
+    flag: "--credential-ttl <seconds>",
+    default: 3600,
+    doc: "lifetime of queue credentials",
+    schema: intOption(1, 7 * 24 * 3600),
+  },
+  visibilityTimeoutSeconds: {
+    flag: "--visibility-timeout <seconds>",
+    default: 30,
+    doc: "default visibility timeout of received messages",
+    schema: intOption(0, 43_200),
+  },
+  heartbeatIntervalSeconds: {
+    flag: "--heartbeat-interval <seconds>",
+    default: 30,
+    doc: "heartbeat interval told to agents",
+    schema: intOption(1, 3600),
+  },
+};
+
+export const controlPlaneOptions = defineOptions("control-plane", CONTROL_PLANE_OPTIONS);
+export type ControlPlaneOptions = ReturnType<typeof controlPlaneOptions.load>;
+
+/** Like `parseConfig`, with every problem named by the flag and variable that set it. */
+export function checkServeConfig(input: ControlPlaneConfigInput): ControlPlaneConfig {
+  const r = ControlPlaneConfig.safeParse(input);
+  if (r.success) return r.data;
+  const table: Record<string, OptionDef> = CONTROL_PLANE_OPTIONS;
+  throw new ConfigError(
+    "control-plane",
+    r.error.issues.map((i) => {
+      const key = String(i.path[0] ?? "");
+      const given = (input as Record<string, unknown>)[key] !== undefined;
+      return `${optionName(key, table[key])}: ${i.code === "invalid_type" && !given ? "is required" : i.message}`;
+    }),
+  );
 }
