@@ -236,6 +236,43 @@ export class CacheRecords {
   }
 
   /**
+   * Sets one annotation on behalf of one election: only while the record's spec is about that
+   * election, it is not being deleted and not Ready (conditional on the record read). False when
+   * it was not written: a promote superseded by a newer election must not publish its source.
+   */
+  async annotateForElection(
+    hashOrShort: string,
+    election: string,
+    key: string,
+    value: string,
+  ): Promise<boolean> {
+    const name = shortHash(hashOrShort);
+    for (let attempt = 0; attempt < 8; attempt++) {
+      const c = await this.get(name);
+      if (!c || c.metadata.deletionTimestamp || c.spec.electionId !== election || c.status?.phase === "Ready")
+        return false;
+      try {
+        await this.custom.patchClusterCustomObject(
+          {
+            ...ref,
+            name,
+            body: {
+              metadata: { resourceVersion: c.metadata.resourceVersion, annotations: { [key]: value } },
+            },
+          },
+          merge,
+        );
+        return true;
+      } catch (err) {
+        if (isConflict(err)) continue;
+        if (isNotFound(err)) return false;
+        throw apiError(`annotating ModelCache ${name}`, err);
+      }
+    }
+    throw new Error(`ModelCache ${name}: kept changing under 8 attempts`);
+  }
+
+  /**
    * Adds a finalizer (conditional on the record read, so none is lost). False when the record is
    * gone or being deleted: the API server accepts no new finalizer then.
    */

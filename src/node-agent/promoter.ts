@@ -89,7 +89,15 @@ export class Promoter {
           sizeBytes: m.totalBytes,
           snapshotTimeoutMs: cfg.snapshotTimeoutMs,
         });
-        await p.records.annotate(short, ANN_CACHE_SOURCE, encodeSource(source));
+        const encoded = encodeSource(source);
+        if (wasReady) await p.records.annotate(short, ANN_CACHE_SOURCE, encoded);
+        else if (!(await p.records.annotateForElection(short, election, ANN_CACHE_SOURCE, encoded))) {
+          log.warn(
+            "not published: the record moved on to another election (or was deleted) during the promote",
+          );
+          p.metrics.promotes.inc({ result: "superseded" });
+          return "skipped";
+        }
       } catch (err) {
         if (wasReady) throw err;
         const message = `publishing the captured tree failed: ${(err as Error).message}`;

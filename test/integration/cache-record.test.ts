@@ -354,3 +354,30 @@ void test("only a phase write touches the conditions and the phase's time", asyn
   assert.equal(s.lastTransitionTime, ready.lastTransitionTime);
   assert.deepEqual(s.conditions, ready.conditions);
 });
+
+void test("a promote's source is published only while the record is about its election and not Ready", async (t) => {
+  const records = new CacheRecords((await kube()).custom);
+  const ours = await record(t, { phase: "Promoting", electionId: "e1" });
+  assert.equal(
+    await records.annotateForElection(ours.metadata.name, "e1", "warmstart.dev/source", "{}"),
+    true,
+  );
+  assert.equal((await getCache(ours.metadata.name))?.metadata.annotations?.["warmstart.dev/source"], "{}");
+
+  // Superseded: admission recorded a newer election while this promote ran.
+  const superseded = await record(t, { phase: "Electing", electionId: "e2" }, "e2");
+  assert.equal(
+    await records.annotateForElection(superseded.metadata.name, "e1", "warmstart.dev/source", "{}"),
+    false,
+  );
+  const ready = await record(t, { phase: "Ready", electionId: "e1" });
+  assert.equal(
+    await records.annotateForElection(ready.metadata.name, "e1", "warmstart.dev/source", "{}"),
+    false,
+  );
+  for (const r of [superseded, ready])
+    assert.equal(
+      (await getCache(r.metadata.name))?.metadata.annotations?.["warmstart.dev/source"],
+      undefined,
+    );
+});
