@@ -289,7 +289,7 @@ export class ClusterAgent {
     try {
       persisted = await this.secrets.load();
     } catch (err) {
-      this.log.warn({ err: (err as Error).message }, "could not read saved credentials; will register");
+      this.log.warn({ err }, "could not read saved credentials; will register");
     }
     if (persisted && this.registration.restore(persisted))
       this.log.info(
@@ -356,7 +356,7 @@ export class ClusterAgent {
     for (const t of inv.byType) this.metrics.gpus.set({ gpu_type: t.gpuType }, t.count);
     if (inv.total === 0 && !this.cfg.gracefulNoGpu) {
       const err = new Error("no GPUs in the cluster and --graceful-no-gpu is off");
-      this.log.error(err.message);
+      this.log.error({ err }, err.message);
       this.opts.onFatal?.(err);
     }
     this.registration.inventoryChanged();

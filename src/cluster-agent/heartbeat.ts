@@ -80,10 +80,7 @@ export class Heartbeat {
       await this.o.onInstruction(instruction);
     } catch (err) {
       if (this.stopping.signal.aborted || isAbortError(err)) return;
-      this.o.log.warn(
-        { err: err instanceof Error ? err.message : String(err) },
-        "heartbeat failed; will retry",
-      );
+      this.o.log.warn({ err }, "heartbeat failed; will retry");
     }
   }
 }

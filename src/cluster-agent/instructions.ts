@@ -59,9 +59,7 @@ export class InstructionHandler {
             message: "removed: the cluster was drained",
             instances: [],
           })
-          .catch((err: unknown) =>
-            this.o.log.warn({ err: (err as Error).message }, "could not report the drained request"),
-          );
+          .catch((err: unknown) => this.o.log.warn({ err }, "could not report the drained request"));
       }
     } catch (err) {
       // The next drain instruction must try again.

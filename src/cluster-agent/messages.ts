@@ -84,10 +84,7 @@ export class MessageHandler {
           : await this.terminate(msg, body, log);
       } catch (err) {
         // A passing failure (API server or control plane unreachable): offer it again soon.
-        log.warn(
-          { err: err instanceof Error ? err.message : String(err) },
-          "could not handle the message; it will be retried",
-        );
+        log.warn({ err }, "could not handle the message; it will be retried");
         await this.release(msg, RETRY_RELEASE_S, log);
         return "retry";
       }
@@ -175,9 +172,7 @@ export class MessageHandler {
         message: `Deployment ${namespace}/${req.name}`,
         instances: [],
       })
-      .catch((err: unknown) =>
-        log.warn({ err: (err as Error).message }, "could not report acceptance; the next report will"),
-      );
+      .catch((err: unknown) => log.warn({ err }, "could not report acceptance; the next report will"));
     this.o.status.enqueue(req.requestId);
     return "accepted";
   }
@@ -201,7 +196,7 @@ export class MessageHandler {
     log.info("workload removed");
     await this.o.status
       .reportNow(req.requestId, { phase: "Terminated", message: "workload removed", instances: [] })
-      .catch((err: unknown) => log.warn({ err: (err as Error).message }, "could not report the termination"));
+      .catch((err: unknown) => log.warn({ err }, "could not report the termination"));
     await this.ack(msg, log);
     return "terminated";
   }
@@ -222,7 +217,7 @@ export class MessageHandler {
       await this.ack(msg, log);
     } catch (err) {
       log.warn(
-        { err: err instanceof Error ? err.message : String(err) },
+        { err },
         "could not acknowledge the request; it comes back after its visibility timeout and is acknowledged then",
       );
     }
@@ -238,10 +233,7 @@ export class MessageHandler {
       await this.o.controlPlane.release(msg.receiptHandle, delaySeconds);
     } catch (err) {
       // The visibility timeout makes it visible again anyway.
-      log.warn(
-        { err: (err as Error).message },
-        "could not release the message; it returns after its visibility timeout",
-      );
+      log.warn({ err }, "could not release the message; it returns after its visibility timeout");
     }
   }
 }

@@ -148,10 +148,7 @@ export class QueueConsumer {
       } catch (err) {
         if (signal.aborted || isAbortError(err)) continue;
         const delay = backoff.next();
-        this.o.log.warn(
-          { queue, err: err instanceof Error ? err.message : String(err), retryInMs: delay },
-          "receive failed; will retry",
-        );
+        this.o.log.warn({ queue, err, retryInMs: delay }, "receive failed; will retry");
         await sleep(this.o.clock, delay, stop).catch(() => undefined);
         continue;
       }

@@ -275,7 +275,7 @@ export class RegistrationManager {
       this.o.events?.failure?.("register", delay);
       // Recoverable: the agent keeps running and retries, so this is a warning, not an error.
       this.o.log.warn(
-        { err: this.lastError, why, attempt: this.registerBackoff.failures, retryInMs: delay },
+        { err, why, attempt: this.registerBackoff.failures, retryInMs: delay },
         "registration failed; will retry",
       );
       this.retry.set(delay);
@@ -317,10 +317,7 @@ export class RegistrationManager {
       }
       const delay = Math.min(this.renewBackoff.next(), Math.max(0, c.expiresAt - this.o.clock.now()));
       this.o.events?.failure?.("renew", delay);
-      this.o.log.warn(
-        { err: err instanceof Error ? err.message : String(err), retryInMs: delay },
-        "credential renewal failed; will retry",
-      );
+      this.o.log.warn({ err, retryInMs: delay }, "credential renewal failed; will retry");
       this.renewal.set(delay);
     } finally {
       this.emit();
@@ -343,10 +340,7 @@ export class RegistrationManager {
       await this.o.persist(candidate);
     } catch (err) {
       // The credentials are valid in memory; only a restart would have to register again.
-      this.o.log.warn(
-        { err: err instanceof Error ? err.message : String(err) },
-        "could not save the queue credentials; a restart will register again",
-      );
+      this.o.log.warn({ err }, "could not save the queue credentials; a restart will register again");
     }
   }
 

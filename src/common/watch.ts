@@ -62,10 +62,7 @@ export class ResilientWatch<T extends k8s.KubernetesObject> {
     if (this.stopped || this.restart.armed) return;
     if (this.o.clock.now() - this.startedAt >= (this.o.healthyAfterMs ?? 60_000)) this.backoff.reset();
     const delay = this.backoff.next();
-    this.o.log.warn(
-      { watch: this.o.name, err: err instanceof Error ? err.message : String(err), retryInMs: delay },
-      "watch failed; restarting",
-    );
+    this.o.log.warn({ watch: this.o.name, err, retryInMs: delay }, "watch failed; restarting");
     this.restart.set(delay);
   }
 }

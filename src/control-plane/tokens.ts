@@ -149,10 +149,7 @@ export class ClusterTokens {
     } catch (err) {
       if (first) throw err;
       this.fileStamp = stamp;
-      this.o.log.warn(
-        { file, err: (err as Error).message },
-        "cannot reload the cluster token file; keeping the tokens read before",
-      );
+      this.o.log.warn({ file, err }, "cannot reload the cluster token file; keeping the tokens read before");
     }
   }
 }
@@ -168,7 +165,7 @@ export function secureExisting(file: string, mode: number, log: Logger): void {
     log.warn({ file, mode: was }, "secret file was readable by others; made it owner-only (0600)");
   } catch (err) {
     log.warn(
-      { file, mode: was, err: (err as Error).message },
+      { file, mode: was, err },
       "secret file is readable by others and cannot be made owner-only; chmod 600 it",
     );
   }

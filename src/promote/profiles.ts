@@ -199,7 +199,7 @@ export class StorageProfiles {
         const e = apiError(`reading ConfigMap ${this.namespace}/${STORAGE_PROFILES_CONFIGMAP}`, err);
         // Keep what we knew: a blip of the API server must not flip every profile to defaults.
         if (this.cached) {
-          this.log.warn({ err: e.message }, "storage profiles unreadable; keeping the last ones read");
+          this.log.warn({ err: e }, "storage profiles unreadable; keeping the last ones read");
           return this.cached.entries;
         }
         // Nothing known yet: fail (and retry) rather than take a custom provisioner for unsupported.

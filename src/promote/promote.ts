@@ -111,10 +111,7 @@ export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<C
             retryable: (err) => !(err instanceof UnsupportedBackendError),
             onRetry: (attempt, err, delayMs) => {
               o.onAttempt?.(namespace, "retry");
-              o.log.warn(
-                { namespace, attempt, retryInMs: delayMs, err: (err as Error).message },
-                "claim not ensured yet; retrying",
-              );
+              o.log.warn({ namespace, attempt, retryInMs: delayMs, err }, "claim not ensured yet; retrying");
             },
           },
         );

@@ -174,10 +174,7 @@ async function removeCacheObjects(
         await retry(() => deleteOne(c, f), {
           ...opts,
           onRetry: (attempt, err, delayMs) =>
-            o.log?.warn(
-              { object: describe(f), attempt, retryInMs: delayMs, err: (err as Error).message },
-              "delete failed; retrying",
-            ),
+            o.log?.warn({ object: describe(f), attempt, retryInMs: delayMs, err }, "delete failed; retrying"),
         });
         items.push({
           kind: f.kind,

@@ -308,8 +308,7 @@ async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], 
           mergePatch,
         )
         .catch((err: unknown) => {
-          if (!isNotFound(err))
-            log.warn({ err: (err as Error).message }, "could not mark a restore as counted");
+          if (!isNotFound(err)) log.warn({ err }, "could not mark a restore as counted");
         });
     }
   }

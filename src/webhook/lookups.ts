@@ -70,11 +70,7 @@ export function namespaceLabels(
         throw apiError(`reading namespace ${name}`, err);
       }
     },
-    (name, err) =>
-      log.warn(
-        { namespace: name, err: (err as Error).message },
-        "namespace unreadable; using its labels as last read",
-      ),
+    (name, err) => log.warn({ namespace: name, err }, "namespace unreadable; using its labels as last read"),
   );
 }
 
@@ -98,11 +94,7 @@ export class CacheEnvConfig {
     this.cache = new TtlCache(
       ttlMs,
       () => this.load(),
-      (_k, err) =>
-        log.warn(
-          { err: (err as Error).message },
-          "cache-env ConfigMap unreadable; using the template last read",
-        ),
+      (_k, err) => log.warn({ err }, "cache-env ConfigMap unreadable; using the template last read"),
     );
   }
 

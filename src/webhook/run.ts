@@ -136,10 +136,7 @@ export async function runWebhook(
       maxMs: 30_000,
       signal: stopRegistering.signal,
       onRetry: (attempt, err, delayMs) =>
-        log.warn(
-          { err: (err as Error).message, attempt, delayMs },
-          "registering the webhook failed; retrying",
-        ),
+        log.warn({ err, attempt, delayMs }, "registering the webhook failed; retrying"),
     }).then(
       () =>
         log.info(
