@@ -92,7 +92,7 @@ export class ModelHub {
 
     let m = /^\/api\/models\/([^/]+\/[^/]+)\/revision\/([^/]+)$/.exec(path);
     if (m && req.method === "GET") {
-      const repo = this.resolve(res, m[1]!, m[2]!);
+      const repo = await this.resolve(res, m[1]!, m[2]!);
       if (!repo) return;
       this.count(repo.id, client, 0, true);
       return json(res, 200, {
@@ -108,7 +108,7 @@ export class ModelHub {
     }
     m = /^\/api\/models\/([^/]+\/[^/]+)\/tree\/([^/]+)(\/.*)?$/.exec(path);
     if (m && req.method === "GET") {
-      const repo = this.resolve(res, m[1]!, m[2]!);
+      const repo = await this.resolve(res, m[1]!, m[2]!);
       if (!repo) return;
       this.count(repo.id, client, 0, true);
       const under = (m[3] ?? "").replace(/^\/+|\/+$/g, "");
@@ -128,7 +128,7 @@ export class ModelHub {
     }
     m = /^\/([^/]+\/[^/]+)\/resolve\/([^/]+)\/(.+)$/.exec(path);
     if (m && (req.method === "GET" || req.method === "HEAD")) {
-      const repo = this.resolve(res, m[1]!, m[2]!);
+      const repo = await this.resolve(res, m[1]!, m[2]!);
       if (!repo) return;
       const file = repo.files.find((f) => f.path === m[3]);
       const body = file && repo.body(file.path);
@@ -164,13 +164,13 @@ export class ModelHub {
   }
 
   /** The repository at a revision (every `org/name` and revision name exists), else a Hub-style 404. */
-  private resolve(res: ServerResponse, id: string, rev: string) {
+  private async resolve(res: ServerResponse, id: string, rev: string) {
     if (!isRepoId(id)) {
       res.setHeader("X-Error-Code", "RepoNotFound");
       json(res, 404, { error: `repository ${id} not found (the local hub serves any org/name)` });
       return undefined;
     }
-    const repo = this.repos.get(id, rev);
+    const repo = await this.repos.get(id, rev);
     if (!repo) {
       res.setHeader("X-Error-Code", "RevisionNotFound");
       json(res, 404, { error: `revision ${rev} not found in ${id}` });

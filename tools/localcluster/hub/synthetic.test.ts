@@ -1,10 +1,11 @@
 import assert from "node:assert/strict";
+import { performance } from "node:perf_hooks";
 import { test } from "node:test";
 import { isRepoId, revisionCommit, SyntheticRepos } from "./synthetic.js";
 
 const MiB = 2 ** 20;
 
-void test("the hub serves any org/name the Hub could have, the same bytes for the same name", () => {
+void test("the hub serves any org/name the Hub could have, the same bytes for the same name", async () => {
   const repos = new SyntheticRepos(2 * MiB);
   for (const id of [
     "synthetic/a",
@@ -12,31 +13,60 @@ void test("the hub serves any org/name the Hub could have, the same bytes for th
     "meta-llama/Llama-3.1-8B-Instruct",
     "facebook/opt-125m",
   ]) {
-    const r = repos.get(id);
+    const r = await repos.get(id);
     assert.ok(r, id);
     assert.ok(
       r.files.some((f) => f.path.endsWith(".safetensors")),
       `${id} has weights`,
     );
-    assert.deepEqual(new SyntheticRepos(2 * MiB).get(id)?.files, r.files, `${id}: same bytes every time`);
+    assert.deepEqual(
+      (await new SyntheticRepos(2 * MiB).get(id))?.files,
+      r.files,
+      `${id}: same bytes every time`,
+    );
   }
-  assert.notEqual(repos.get("meta/a")?.sha, repos.get("meta/b")?.sha);
+  assert.notEqual((await repos.get("meta/a"))?.sha, (await repos.get("meta/b"))?.sha);
   for (const bad of ["noslash", "a/b/c", "a--b/c", "a/b..c", "-a/b", `a/${"x".repeat(100)}`])
     assert.equal(isRepoId(bad), false, bad);
 });
 
-void test("revisions: main and its commit are the repository; another name or commit is a revision of its own", () => {
+void test("revisions: main and its commit are the repository; another name or commit is a revision of its own", async () => {
   const repos = new SyntheticRepos(2 * MiB);
   const id = "meta/llama-3.1-8b-instruct";
-  const main = repos.get(id)!;
-  assert.deepEqual(repos.get(id, main.sha)?.files, main.files);
-  const tp2 = repos.get(id, "vllm-bf16-tp2")!;
+  const main = (await repos.get(id))!;
+  assert.deepEqual((await repos.get(id, main.sha))?.files, main.files);
+  const tp2 = (await repos.get(id, "vllm-bf16-tp2"))!;
   assert.equal(tp2.sha, revisionCommit(id, "vllm-bf16-tp2"));
   assert.notEqual(tp2.sha, main.sha);
   const weights = (r: typeof main): string[] => r.files.filter((f) => f.lfs).map((f) => f.oid);
   assert.notDeepEqual(weights(tp2), weights(main), "other weights");
-  assert.deepEqual(repos.get(id, tp2.sha)?.files, tp2.files, "a named revision's commit is that revision");
+  assert.deepEqual(
+    (await repos.get(id, tp2.sha))?.files,
+    tp2.files,
+    "a named revision's commit is that revision",
+  );
   const pinned = "0123456789abcdef0123456789abcdef01234567";
-  assert.equal(repos.get(id, pinned)?.sha, pinned, "a pinned commit resolves to itself");
-  assert.equal(repos.get(id, "refs/pr/1"), undefined);
+  assert.equal((await repos.get(id, pinned))?.sha, pinned, "a pinned commit resolves to itself");
+  assert.equal(await repos.get(id, "refs/pr/1"), undefined);
+});
+
+void test("digesting new names never stalls the hub's event loop", async () => {
+  const repos = new SyntheticRepos(96 * MiB);
+  let longest = 0;
+  let last = performance.now();
+  let ticking = true;
+  const tick = (): void => {
+    const now = performance.now();
+    longest = Math.max(longest, now - last);
+    last = now;
+    if (ticking) setImmediate(tick);
+  };
+  setImmediate(tick);
+  const [a, b, again] = await Promise.all([repos.get("stall/a"), repos.get("stall/b"), repos.get("stall/a")]);
+  // One more turn: a loop blocked until now shows as one long wait in the tick that follows.
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  ticking = false;
+  assert.ok(a && b && again);
+  assert.equal(again.sha, a.sha, "one build per name, shared");
+  assert.ok(longest < 250, `the event loop waited ${longest.toFixed(0)} ms at most`);
 });

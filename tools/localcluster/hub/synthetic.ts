@@ -157,20 +157,34 @@ export function bodySize(body: Body): number {
   return body.kind === "text" ? body.bytes.length : body.size;
 }
 
-function digests(body: Body): { sha1: string; sha256: string } {
+/**
+ * A file's git and LFS digests. Hashing a multi-GB shard takes seconds: the loop yields between
+ * chunks, so the hub keeps answering (its `/healthz` included) while a new name is digested.
+ */
+async function digests(body: Body): Promise<{ sha1: string; sha256: string }> {
   const size = bodySize(body);
   const sha1 = createHash("sha1").update(`blob ${size}\0`);
   const sha256 = createHash("sha256");
+  let sinceYield = 0;
   for (const c of bodyChunks(body, 0, size)) {
     sha1.update(c);
     sha256.update(c);
+    sinceYield += c.length;
+    if (sinceYield >= YIELD_EVERY_BYTES) {
+      sinceYield = 0;
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
   }
   return { sha1: sha1.digest("hex"), sha256: sha256.digest("hex") };
 }
 
+/** Bytes hashed between two turns of the event loop (a few milliseconds of work). */
+const YIELD_EVERY_BYTES = 4 * 2 ** 20;
+
 /** Repositories built so far (digests cost a pass over the bytes: once per name and revision). */
 export class SyntheticRepos {
-  private readonly repos = new Map<string, Built>();
+  /** One build per name and revision, shared by the requests that wait for it. */
+  private readonly repos = new Map<string, Promise<Built>>();
 
   constructor(private readonly modelBytes: number) {}
 
@@ -178,34 +192,41 @@ export class SyntheticRepos {
    * A repository at a revision ("main" when not given), or undefined when the id or the revision
    * is not one the Hub could have.
    */
-  get(id: string, rev = "main"): (Repo & { body(path: string): Body | undefined }) | undefined {
+  async get(
+    id: string,
+    rev = "main",
+  ): Promise<(Repo & { body(path: string): Body | undefined }) | undefined> {
     if (!isRepoId(id) || !isRevision(rev)) return undefined;
-    const main = this.build(id, "");
-    const repo = rev === "main" || rev === main.sha ? main : this.build(id, revisionCommit(id, rev));
+    const main = await this.build(id, "");
+    const repo = rev === "main" || rev === main.sha ? main : await this.build(id, revisionCommit(id, rev));
     return { ...repo, body: (path: string) => repo.bodies.get(path) };
   }
 
-  private build(id: string, variant: string): Built {
+  private build(id: string, variant: string): Promise<Built> {
     const cacheKey = `${id}@${variant}`;
     let repo = this.repos.get(cacheKey);
     if (!repo) {
-      const bodies = layout(id, this.modelBytes, variant);
-      const files: RepoFile[] = [];
-      for (const [path, body] of [...bodies].sort(([a], [b]) => a.localeCompare(b))) {
-        const d = digests(body);
-        const size = bodySize(body);
-        files.push({
-          path,
-          size,
-          oid: d.sha1,
-          ...(body.kind === "stream" ? { lfs: { sha256: d.sha256, pointerSize: 134 } } : {}),
-        });
-      }
-      const totalBytes = files.reduce((n, f) => n + f.size, 0);
-      const sha = variant || mainCommit(id, totalBytes);
-      repo = { id, sha, files, totalBytes, bodies };
+      repo = this.digest(id, variant);
       this.repos.set(cacheKey, repo);
     }
     return repo;
+  }
+
+  private async digest(id: string, variant: string): Promise<Built> {
+    const bodies = layout(id, this.modelBytes, variant);
+    const files: RepoFile[] = [];
+    for (const [path, body] of [...bodies].sort(([a], [b]) => a.localeCompare(b))) {
+      const d = await digests(body);
+      const size = bodySize(body);
+      files.push({
+        path,
+        size,
+        oid: d.sha1,
+        ...(body.kind === "stream" ? { lfs: { sha256: d.sha256, pointerSize: 134 } } : {}),
+      });
+    }
+    const totalBytes = files.reduce((n, f) => n + f.size, 0);
+    const sha = variant || mainCommit(id, totalBytes);
+    return { id, sha, files, totalBytes, bodies };
   }
 }

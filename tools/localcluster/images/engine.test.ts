@@ -204,8 +204,8 @@ async function twice(fx: Fixture, run: () => Promise<Run>, compiled = false): Pr
   return [first.report, second.report];
 }
 
-const modelBytes = (fx: Fixture, repo: string, rev = "main"): number =>
-  fx.hub.repos.get(repo, rev)!.totalBytes;
+const modelBytes = async (fx: Fixture, repo: string, rev = "main"): Promise<number> =>
+  (await fx.hub.repos.get(repo, rev))!.totalBytes;
 
 void test("engine (the original entry): vLLM's command line, the hub cache its env names, compile caches in VLLM_CACHE_ROOT", async (t) => {
   const fx = await fixture(t);
@@ -224,7 +224,7 @@ void test("engine (the original entry): vLLM's command line, the hub cache its e
   );
   assert.equal(first.engine, "vllm");
   assert.equal(first.client, "engine-0");
-  assert.equal(first.fetchedBytes, modelBytes(fx, "synthetic/a"));
+  assert.equal(first.fetchedBytes, await modelBytes(fx, "synthetic/a"));
   assert.ok(under(join(hf, "hub/models--synthetic--a/snapshots"), first.snapshot), first.snapshot);
   assert.deepEqual(
     first.compileDirs?.map((d) => d.slice(fx.dir.length + 1).replace(/[0-9a-f]{10,}/g, "H")),
@@ -261,7 +261,7 @@ void test("vllm/vllm-openai (ENTRYPOINT vllm serve) with no cache env: ~/.cache/
   const [first] = await twice(fx, () =>
     startImage(fx, "vllm/vllm-openai:latest", [repo, "--port", "8000", "--compile-seconds", "0"], {}),
   );
-  assert.equal(first.fetchedBytes, modelBytes(fx, repo));
+  assert.equal(first.fetchedBytes, await modelBytes(fx, repo));
   assert.ok(
     under(join(home, ".cache/huggingface/hub/models--meta-llama--Llama-3.1-8B-Instruct"), first.snapshot),
   );
@@ -297,7 +297,7 @@ void test("vllm serve --model M --download-dir D: weights in D, config and token
   assert.equal(config?.dir, join(xdg, "huggingface/hub"));
   assert.ok(existsSync(join(xdg, "huggingface/hub/models--synthetic--dl")));
   assert.ok(under(join(xdg, "vllm/torch_compile_cache"), first.compileDirs![0]!));
-  assert.equal(first.fetchedBytes, modelBytes(fx, repo));
+  assert.equal(first.fetchedBytes, await modelBytes(fx, repo));
 });
 
 void test("python3 -m vllm.entrypoints.openai.api_server --model M: HF_HUB_CACHE; VLLM_USE_STANDALONE_COMPILE=0 keeps Inductor and Triton in the rank folder", async (t) => {
@@ -352,7 +352,7 @@ void test("text-generation-launcher: MODEL_ID into the image's HF_HOME=/data; --
   const [first] = await twice(fx, () => startImage(fx, tgi, undefined, { MODEL_ID: "org/tgi" }));
   assert.equal(first.engine, "tgi");
   assert.ok(under(join(fx.root, "data/hub/models--org--tgi"), first.snapshot), first.snapshot);
-  assert.equal(first.fetchedBytes, modelBytes(fx, "org/tgi"));
+  assert.equal(first.fetchedBytes, await modelBytes(fx, "org/tgi"));
 
   const cache = join(fx.dir, "tgi-cache");
   const [other] = await twice(fx, () =>
@@ -400,7 +400,7 @@ void test("KServe: the storage initializer puts hf:// files directly in DEST; vL
   const init = "kserve/storage-initializer:v0.20.0";
   const [first] = await twice(fx, () => startImage(fx, init, ["hf://meta/llama-3.1-8b-instruct", dest], {}));
   assert.equal(first.engine, "kserve-storage-initializer");
-  assert.equal(first.fetchedBytes, modelBytes(fx, "meta/llama-3.1-8b-instruct"));
+  assert.equal(first.fetchedBytes, await modelBytes(fx, "meta/llama-3.1-8b-instruct"));
   const files = readdirSync(dest);
   for (const f of ["config.json", "model-00001-of-00004.safetensors", "tokenizer.json"])
     assert.ok(files.includes(f), `${f} directly in DEST (${files.join(", ")})`);
