@@ -42,7 +42,6 @@ export async function runClosers(
       log.error({ deadlineMs }, "shutdown deadline passed; exiting");
       resolve(1);
     }, deadlineMs);
-    timer.unref();
   });
   const all = (async (): Promise<number> => {
     let code = 0;
