@@ -161,13 +161,20 @@ export class ApiCallDeriver {
         if (ts.isVariableDeclaration(top.parent) && ts.isIdentifier(top.parent.name)) {
           const sym = this.checker.getSymbolAtLocation(top.parent.name);
           const scope = enclosingFunction(top) ?? file;
+          // `cmd.action(fn)`, or a chain that starts from `cmd`, as a receiver or an argument
+          // (`options.register(cmd).addOption(...).action(fn)`).
+          const fromCmd = (e: ts.Expression): boolean => {
+            if (ts.isIdentifier(e)) return this.checker.getSymbolAtLocation(e) === sym;
+            if (ts.isPropertyAccessExpression(e)) return fromCmd(e.expression);
+            if (ts.isCallExpression(e)) return fromCmd(e.expression) || e.arguments.some((a) => fromCmd(a));
+            return false;
+          };
           const find = (m: ts.Node): void => {
             if (
               ts.isCallExpression(m) &&
               ts.isPropertyAccessExpression(m.expression) &&
               m.expression.name.text === "action" &&
-              ts.isIdentifier(m.expression.expression) &&
-              this.checker.getSymbolAtLocation(m.expression.expression) === sym &&
+              fromCmd(m.expression.expression) &&
               m.arguments[0]
             )
               out.push(m.arguments[0]);
