@@ -14,7 +14,7 @@ import { durationMs } from "../common/units.js";
 import { onShutdown } from "../common/shutdown.js";
 import { serverOptions } from "./config.js";
 import { defaultServerConfig, runServer } from "./run.js";
-import { fetchSnapshot, type Snapshot } from "./views.js";
+import { fetchSnapshot, type Snapshot } from "./dashboard/views.js";
 
 const bytes = (n: number): string => {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];

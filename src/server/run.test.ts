@@ -14,8 +14,8 @@ import { Registry } from "prom-client";
 import { KubeConfig } from "@kubernetes/client-node";
 import { pino } from "pino";
 import { apiServer, checkExposure, defaultServerConfig, isLoopback, runServer } from "./run.js";
-import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard.js";
-import { buildSnapshot, type Snapshot } from "./views.js";
+import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard/dashboard.js";
+import { buildSnapshot, type Snapshot } from "./dashboard/views.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import { listen } from "../common/http.js";
 

@@ -6,10 +6,10 @@ import type * as k8s from "@kubernetes/client-node";
 import type { Registry } from "prom-client";
 import { createLogger, type Logger } from "../common/log.js";
 import { SYSTEM_NAMESPACE, loadKubeConfig } from "../common/kube.js";
-import { ReleaseController } from "./controller.js";
+import { ReleaseController } from "./release-controller/controller.js";
 import { createServerMetrics } from "./metrics.js";
-import { buildSnapshot, published, type Snapshot } from "./views.js";
-import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard.js";
+import { buildSnapshot, published, type Snapshot } from "./dashboard/views.js";
+import { DASHBOARD_CSP, DASHBOARD_HTML } from "./dashboard/dashboard.js";
 import { listen, type Listening } from "../common/http.js";
 import { serverOptions } from "./config.js";
 

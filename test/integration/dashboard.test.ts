@@ -16,7 +16,7 @@ import type { Page } from "playwright-core";
 import { isPodReady, kube, listPods, localCluster, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import { ensureChromium, openBrowser } from "../browser.js";
 import { apiServer } from "../../src/server/run.js";
-import { buildSnapshot } from "../../src/server/views.js";
+import { buildSnapshot } from "../../src/server/dashboard/views.js";
 import { listen } from "../../src/common/http.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";
 import { CACHE_VOLUME, LABEL_HASH, MODELCACHE } from "../../src/core/contract.js";

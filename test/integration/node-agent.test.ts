@@ -44,7 +44,7 @@ import { readManifest } from "../../src/datapath/manifest.js";
 import { capture } from "../../src/datapath/capture.js";
 import { recordElection, tryAcquire } from "../../src/webhook/election.js";
 import { emptyDirPath } from "../../src/node-agent/store.js";
-import { fetchSnapshot } from "../../src/server/views.js";
+import { fetchSnapshot } from "../../src/server/dashboard/views.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";
 import {
   MANUAL_READY,

@@ -31,10 +31,10 @@ import {
 } from "../../src/core/contract.js";
 import { SYSTEM_NAMESPACE, isNotFound, makeApiClient } from "../../src/common/kube.js";
 import { CacheRecords } from "../../src/common/cache-record.js";
-import { reconcileHash, retireLease, type ReleaseDeps } from "../../src/server/release.js";
-import { ReleaseController } from "../../src/server/controller.js";
+import { reconcileHash, retireLease, type ReleaseDeps } from "../../src/server/release-controller/release.js";
+import { ReleaseController } from "../../src/server/release-controller/controller.js";
 import { createServerMetrics } from "../../src/server/metrics.js";
-import { fetchSnapshot } from "../../src/server/views.js";
+import { fetchSnapshot } from "../../src/server/dashboard/views.js";
 import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
 import { CacheSourceSchema, encodeSource } from "../../src/promote/source.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";

@@ -12,7 +12,7 @@ import * as k8s from "@kubernetes/client-node";
 import { kube, tempNamespace, waitFor } from "../harness.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { runServer } from "../../src/server/run.js";
-import { fetchSnapshot, type Snapshot } from "../../src/server/views.js";
+import { fetchSnapshot, type Snapshot } from "../../src/server/dashboard/views.js";
 import { SYSTEM_NAMESPACE } from "../../src/common/kube.js";
 import { ANN_ROLE, LABEL_HASH } from "../../src/core/contract.js";
 

@@ -1,13 +1,13 @@
 import * as k8s from "@kubernetes/client-node";
-import type { Logger } from "../common/log.js";
-import { makeApiClient } from "../common/kube.js";
-import { Controller } from "../common/controller/controller.js";
-import { Informer } from "../common/controller/informer.js";
-import { LABEL_GATED, LABEL_HASH, LABEL_STORE, MODELCACHE } from "../core/contract.js";
-import { realClock, type Clock } from "../common/clock.js";
+import type { Logger } from "../../common/log.js";
+import { makeApiClient } from "../../common/kube.js";
+import { Controller } from "../../common/controller/controller.js";
+import { Informer } from "../../common/controller/informer.js";
+import { LABEL_GATED, LABEL_HASH, LABEL_STORE, MODELCACHE } from "../../core/contract.js";
+import { realClock, type Clock } from "../../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
-import type { ServerMetrics } from "./metrics.js";
-import type { ModelCacheObject } from "../common/modelcache.js";
+import type { ServerMetrics } from "../metrics.js";
+import type { ModelCacheObject } from "../../common/modelcache.js";
 
 /** The objects the views are built from, as the controller's informers hold them. */
 export interface CachedObjects {

@@ -10,9 +10,9 @@ import {
   LABEL_HASH,
   LABEL_STORE,
   MODELCACHE,
-} from "../core/contract.js";
-import { type ModelCacheObject } from "../common/modelcache.js";
-import { redactUrlCredentials } from "../core/env.js";
+} from "../../core/contract.js";
+import { type ModelCacheObject } from "../../common/modelcache.js";
+import { redactUrlCredentials } from "../../core/env.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster's objects. */
 export interface CacheRow {

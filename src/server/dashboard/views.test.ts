@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
-import type { ModelCacheObject } from "../common/modelcache.js";
+import type { ModelCacheObject } from "../../common/modelcache.js";
 import { buildSnapshot, podRow } from "./views.js";
 
 const SHORT = "0123456789abcdef";

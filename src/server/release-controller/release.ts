@@ -1,7 +1,7 @@
 import * as k8s from "@kubernetes/client-node";
-import type { Logger } from "../common/log.js";
-import { apiError, apiErrorInfo, isConflict, isNotFound } from "../common/kube.js";
-import { postPodEvent } from "../common/events.js";
+import type { Logger } from "../../common/log.js";
+import { apiError, apiErrorInfo, isConflict, isNotFound } from "../../common/kube.js";
+import { postPodEvent } from "../../common/events.js";
 import {
   ANN_DEADLINE,
   ANN_ELECTION_ID,
@@ -15,20 +15,20 @@ import {
   SCHEDULING_GATE,
   leaseName,
   shortHash,
-} from "../core/contract.js";
-import { restoreFromOf } from "../core/refs.js";
-import { sourceOf, treeSubPath } from "../promote/source.js";
-import { deleteCachePass } from "../promote/rollback.js";
+} from "../../core/contract.js";
+import { restoreFromOf } from "../../core/refs.js";
+import { sourceOf, treeSubPath } from "../../promote/source.js";
+import { deleteCachePass } from "../../promote/rollback.js";
 import {
   getModelCache,
   recordedLeader,
   statusOf,
   type ModelCacheObject,
   type RestoreRecord,
-} from "../common/modelcache.js";
-import { CacheRecords } from "../common/cache-record.js";
-import { transition } from "../api/transitions.js";
-import { readySeconds } from "./views.js";
+} from "../../common/modelcache.js";
+import { CacheRecords } from "../../common/cache-record.js";
+import { transition } from "../../api/transitions.js";
+import { readySeconds } from "../dashboard/views.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
