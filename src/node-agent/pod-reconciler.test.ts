@@ -49,6 +49,7 @@ function setup(warmupMs = 30_000): {
   enqueued: string[];
   checks: string[];
   sighted: string[];
+  adopted: string[];
   marks: CaptureMarks;
   pass: () => Promise<void | { requeueAfterMs?: number }>;
 } {
@@ -61,6 +62,7 @@ function setup(warmupMs = 30_000): {
   const enqueued: string[] = [];
   const checks: string[] = [];
   const sighted: string[] = [];
+  const adopted: string[] = [];
   const marks = new CaptureMarks();
   const deps: PodReconcilerDeps = {
     node: "gpu-0",
@@ -84,12 +86,29 @@ function setup(warmupMs = 30_000): {
       started.push(mark);
     },
     enqueueCache: (short) => enqueued.push(short),
+    adoptStored: (_hash, election) => {
+      adopted.push(election);
+      return Promise.resolve();
+    },
   };
   const reconcile = podReconciler(deps);
   const { log } = memoryLogger();
   const pass = (): Promise<void | { requeueAfterMs?: number }> =>
     reconcile(KEY, { log, signal: new AbortController().signal, reconcileId: "r" });
-  return { clock, pods, stored, ready, leaderClaim, started, enqueued, checks, sighted, marks, pass };
+  return {
+    clock,
+    pods,
+    stored,
+    ready,
+    leaderClaim,
+    started,
+    enqueued,
+    checks,
+    sighted,
+    adopted,
+    marks,
+    pass,
+  };
 }
 
 test("the warm-up is a requeue for the time left since the pod turned Ready; then the capture starts", async () => {
@@ -164,12 +183,14 @@ test("a committed tree is handed to the cache reconciler, never captured again",
   assert.deepEqual(s.enqueued, [SHORT]);
   assert.equal(s.marks.isCommitted("u1"), true);
   assert.deepEqual(s.checks, [], "a Ready cache needs no election check");
+  assert.deepEqual(s.adopted, []);
 
   const t = setup();
   t.stored.add(HASH);
   t.pods.set(KEY, leader({ readyAt: t.clock.now() }));
   await t.pass();
   assert.deepEqual(t.checks, ["u1"], "not Ready: the leader is checked before its tree is promoted");
+  assert.deepEqual(t.adopted, ["e1"], "the record says this node holds the tree for this election");
   assert.deepEqual(t.enqueued, [SHORT]);
   await t.pass();
   assert.deepEqual(t.started, []);

@@ -34,6 +34,12 @@ export interface PodReconcilerDeps {
   sight(seen: { hash: string; election: string }, uid: string, log: Logger): Promise<void>;
   checkLeader(pod: k8s.V1Pod, hash: string, election: string): Promise<LeaderClaim>;
   startCapture(mark: Mark, pod: k8s.V1Pod, election: string): void;
+  /**
+   * This election's leader is on a node whose store already holds the committed tree (an earlier
+   * election captured it here): the record says so (this node, capturing), and the cache
+   * reconciler promotes it for this election.
+   */
+  adoptStored(hash: string, election: string): Promise<void>;
   /** Ask the cache reconciler to look at this cache (promote it, keep its claims). */
   enqueueCache(short: string): void;
 }
@@ -117,10 +123,13 @@ export function podReconciler(
     if (!leader.ok) return notLeader(leader.why, m, log);
 
     if (stored) {
+      await d.adoptStored(dec.hash, dec.election);
       d.marks.commit(m);
       decision("skipped-already-captured");
       d.metrics.captures.inc({ result: "already-captured" });
-      log.info("skipped: already captured (the store holds its committed tree)");
+      log.info(
+        "skipped: already captured (the store holds its committed tree); promoting it for this election",
+      );
       d.enqueueCache(dec.short);
       return;
     }
@@ -167,6 +176,13 @@ export function podReconcilerDeps(
     },
     sight: (seen, uid, log) => sightLeader(p, seen, uid, log),
     checkLeader: (pod, hash, election) => checkLeader(p, pod, hash, election),
+    adoptStored: async (hash, election) => {
+      await p.records.advance(hash, election, "captureStarted", {
+        reason: "CaptureStarted",
+        message: `node ${p.cfg.node} already holds the committed tree`,
+        node: p.cfg.node,
+      });
+    },
     ...o,
   };
 }
