@@ -699,3 +699,35 @@ test("a gated follower prewarms its cache after seeding (store profile: 6 reader
     [INIT_WAIT_READY, INIT_SEED],
   );
 });
+
+test("a leader evicted for its cache volume's size ends its election as a failed capture, counted once", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, core } = await kube();
+  const ns = await tempNamespace(t, "toolarge");
+  const { hash, pods } = await deployWorkers(ns, 2, `org/toolarge-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const leader = pods.find((p) => role(p) === "leader")!;
+  // What the kubelet writes when the capture volume outgrows its limit.
+  await core.patchNamespacedPodStatus(
+    {
+      namespace: ns,
+      name: leader.metadata!.name!,
+      body: {
+        status: {
+          phase: "Failed",
+          reason: "Evicted",
+          message: 'Usage of EmptyDir volume "warmstart-cache" exceeds the limit "16Mi". ',
+        },
+      },
+    },
+    merge,
+  );
+  let failed: ModelCacheObject | undefined;
+  await reconcileHash(short, deps(kc, { beforeEvict: async () => void (failed ??= await getCache(short)) }));
+  failed ??= await getCache(short);
+  assert.equal(failed?.status?.phase, "Failed", JSON.stringify(failed?.status));
+  assert.equal(failed.status?.reason, "CaptureFailed");
+  assert.match(failed.status?.message ?? "", /larger than its volume's limit/);
+  assert.equal(failed.status?.failedCaptures, 1, "counted: an oversized model is not re-elected forever");
+});

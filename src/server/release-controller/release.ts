@@ -4,6 +4,7 @@ import { apiError, apiErrorInfo, isConflict, isNotFound } from "../../common/kub
 import { postPodEvent } from "../../common/events.js";
 import {
   ANN_DEADLINE,
+  CACHE_VOLUME,
   ANN_ELECTION_ID,
   ANN_HASH,
   ANN_RESTORE_RECORDED,
@@ -147,8 +148,21 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
 
 /** Why an election ended, as the record will say it (reason) and the log (message). */
 interface ElectionEnd {
-  reason: "LeaderGone" | "DeadlinePassed" | "CaptureEnded";
+  reason: "LeaderGone" | "DeadlinePassed" | "CaptureEnded" | "CacheTooLarge";
   message: string;
+}
+
+/**
+ * The kubelet's eviction of a pod whose emptyDir outgrew its size limit (its message names the
+ * volume): for a leader's capture volume that is the cache being too large, a failed capture that
+ * counts (an oversized model would otherwise be re-elected forever), not a leader that went away.
+ */
+export function evictedForCacheSize(pod: k8s.V1Pod): boolean {
+  return (
+    pod.status?.phase === "Failed" &&
+    pod.status.reason === "Evicted" &&
+    new RegExp(`EmptyDir volume "${CACHE_VOLUME}" exceeds`).test(pod.status.message ?? "")
+  );
 }
 
 function electionFailure(
@@ -182,6 +196,12 @@ function electionFailure(
       return { reason: "LeaderGone", message: "leader pod gone" };
     return undefined;
   }
+  if (evictedForCacheSize(leader))
+    return {
+      reason: "CacheTooLarge",
+      message:
+        `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} evicted: ${leader.status?.message ?? ""}`.trim(),
+    };
   if (isTerminated(leader))
     return {
       reason: "LeaderGone",
@@ -444,6 +464,16 @@ async function evictFollowers(
  */
 async function markFailed(d: ReleaseDeps, short: string, holder: string, end: ElectionEnd): Promise<void> {
   const records = new CacheRecords(d.custom);
+  // Counted once per election, like a copy that failed: past the limit the hash is admitted cold.
+  if (end.reason === "CacheTooLarge") {
+    await records.fail(
+      short,
+      holder,
+      "CaptureFailed",
+      `the cache is larger than its volume's limit: ${end.message}`,
+    );
+    return;
+  }
   await records.forElection(short, holder, (c) => {
     const phase = transition(c.status?.phase, "electionEnded", statusOf(c, holder));
     return phase === "ignore" ? undefined : { phase, reason: end.reason, message: end.message };
