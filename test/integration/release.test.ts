@@ -326,6 +326,42 @@ test("a retirement retried after API errors counts the election's failed capture
   assert.equal(cache.status?.lastFailedElection, election);
 });
 
+test("a leader created and recorded while the pass lists pods is not taken for gone: its election stays", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, core, custom } = await kube();
+  const ns = await tempNamespace(t, "late-leader");
+  const body: k8s.V1Pod = {
+    metadata: { name: "leader", annotations: { "sim.warmstart.dev/manual-ready": "true" } },
+    spec: { containers: [gpuContainer("vllm", ["--model", `org/late-leader-${ns}`])] },
+  };
+  // A dry run is admitted with the pod's hash and no election: the hash the pass is about.
+  const dry = await core.createNamespacedPod({ namespace: ns, body, dryRun: "All" });
+  const hash = dry.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  await reconcileHash(
+    short,
+    deps(kc, {
+      // The leader is admitted (Lease, record), created, and recorded by UID only now.
+      afterPodsListed: async () => {
+        const pod = await core.createNamespacedPod({ namespace: ns, body });
+        assert.equal(role(pod), "leader");
+        const claim = await new CacheRecords(custom).claimLeader(
+          short,
+          pod.metadata!.annotations![ANN_ELECTION_ID]!,
+          pod.metadata!.uid!,
+        );
+        assert.ok(claim.ok, "the leader is recorded");
+      },
+    }),
+  );
+  const lease = await leaseOf(hash);
+  assert.ok(lease, "the election's Lease stays");
+  const cache = await getCache(short);
+  assert.equal(cache.status?.phase, "Electing", "the election goes on");
+  assert.equal(cache.status?.failedCaptures ?? 0, 0);
+});
+
 test("an election past its deadline: Failed (DeadlinePassed, not counted), Lease retired, followers evicted, a replacement leads the next", async (t) => {
   await pauseRole(t, "server");
   const { kc, coordination } = await kube();

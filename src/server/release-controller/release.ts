@@ -50,6 +50,8 @@ export interface ReleaseDeps {
   onRetire?: (short: string, reason: ElectionEnd["reason"], message: string) => void;
   onEvict?: (short: string, pods: number) => void;
   onRestore?: (short: string, restores: RestoreRecord[]) => void;
+  /** Tests: runs right after the pass listed the pods (to create a pod the list cannot hold). */
+  afterPodsListed?: () => Promise<void>;
   /** Tests: runs just before each follower's eviction (to replace the pod at that moment). */
   beforeEvict?: (pod: k8s.V1Pod) => void | Promise<void>;
 }
@@ -73,12 +75,16 @@ const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date
  * the durable cache record) and converges, whatever event woke it.
  */
 export async function reconcileHash(short: string, d: ReleaseDeps): Promise<ReconcileResult> {
+  // The record before the pods: a leader it names by UID existed before this list, so a leader
+  // missing from the list is gone (read the other way round, a leader created and recorded while
+  // the list was in flight would be taken for gone, and its election retired).
+  const cache = await getModelCache(d.custom, short);
   // Pods before the Lease: a follower admitted after this list belongs to whatever election
   // exists then, and is never mistaken for an orphan of this pass.
   const pods = (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
+  await d.afterPodsListed?.();
   const followers = pods.filter(isGated);
   const lease = await readLease(d, leaseName(short));
-  const cache = await getModelCache(d.custom, short);
   const phase = cache?.status?.phase;
   const log = d.log.child({ hash: short, followers: followers.length, lease: lease?.metadata?.uid, phase });
 
