@@ -42,7 +42,10 @@ export function registerExplainCommands(program: Command): void {
     )
     .argument("[file2]", "a second pod, workload or ModelCache record to compare with")
     .addOption(
-      new Option("--sharing-scope <scope>", "the webhook's --sharing-scope: who shares a cache")
+      new Option(
+        "--sharing-scope <scope>",
+        "the webhook's --sharing-scope: who shares a cache (the local cluster's; the chart's is namespace)",
+      )
         .choices(SHARING_SCOPES)
         .default("cluster"),
     )

@@ -16,7 +16,7 @@
  * manifest capture-manifest.ts and the deadline capture-stop.ts.
  */
 import { closeSync, lchownSync, constants as fsc } from "node:fs";
-import { mkdir, open, realpath, rename, rm } from "node:fs/promises";
+import { mkdir, open, realpath, rename, rm, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import type { Logger } from "../common/log.js";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
@@ -28,7 +28,7 @@ import { CaptureStop } from "./capture-stop.js";
 import { copyTree, isRoot } from "./copy-tree.js";
 import { DEFAULT_DIGEST, type DigestAlgorithm } from "./digest.js";
 import { readManifest, type Manifest } from "./manifest.js";
-import { disableOpenat2, setTimesNs, syncFilesystem } from "./native.js";
+import { disableOpenat2, setTimesNs, syncFilesystem, syncfsAvailable, syncfsFd } from "./native.js";
 import type { ProgressSink } from "./progress.js";
 import { fsyncDir, writeReadyMarker } from "./ready.js";
 import { isMissing, scanTree, type Scan, type TreeEntry } from "./tree.js";
@@ -112,6 +112,7 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
   const stop = new CaptureStop(src, deadlineMs, opts.signal);
   const restoreOpenat2 = opts.noOpenat2 ? disableOpenat2() : undefined;
   const staging = stagingPath(dest);
+  let flushFh: FileHandle | undefined;
   try {
     stop.check();
     const scan = await scanTree(rootFd, {
@@ -125,10 +126,15 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     activeStaging.add(staging);
     await mkdir(staging, { mode: 0o700 });
     const durable = opts.durable ?? true;
+    // Opened before anything is written: syncfs reports every write error of the filesystem
+    // since its descriptor was opened, so this one hears of all the copy's pages, including
+    // those the kernel wrote back during the copy.
+    if (durable && syncfsAvailable()) flushFh = await open(staging, fsc.O_RDONLY | fsc.O_DIRECTORY);
     const copied = await copyTree(rootFd, staging, scan, {
       parallel,
       progressOut: opts.progress,
       digest,
+      durable,
       stop,
       noOpenat2: opts.noOpenat2 ?? false,
       beforeOpen: opts.hooks?.beforeOpen,
@@ -136,7 +142,11 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     stop.check();
     const tCopy = performance.now();
 
-    if (durable) await syncFilesystem(staging);
+    // One flush for the whole tree, before anything says it is complete (ADR 0006): the copiers
+    // started each file's writeback as they went, and syncfs waits for all of it, every inode
+    // and directory included.
+    if (flushFh) await syncfsFd(flushFh.fd, staging);
+    else if (durable) await syncFilesystem(staging);
     stop.check();
     const tFlush = performance.now();
 
@@ -199,6 +209,7 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     throw err;
   } finally {
     closeSync(rootFd);
+    await flushFh?.close();
     stop.dispose();
     restoreOpenat2?.();
     // Only the staging directory is ours to remove: never the destination, whoever made it.

@@ -28,6 +28,8 @@ export interface CopyOptions {
   parallel: number;
   progressOut: ProgressSink | false | undefined;
   digest: DigestAlgorithm;
+  /** See CopyWorkerData.durable. */
+  durable: boolean;
   stop: CaptureStop;
   noOpenat2: boolean;
   beforeOpen: ((rel: string) => void | Promise<void>) | undefined;
@@ -80,6 +82,7 @@ export async function copyFiles(
     chunkBytes: CHUNK,
     clone,
     digest: o.digest,
+    durable: o.durable,
     noOpenat2: o.noOpenat2,
     askBeforeOpen: o.beforeOpen !== undefined,
     counters,

@@ -29,6 +29,10 @@ export interface CopyWorkerData {
    * attempt is skipped, since it would fail on every file. */
   clone: boolean;
   digest: DigestAlgorithm;
+  /** The capture is flushed before commit: start each file's writeback as soon as it is copied,
+   * so the disk writes while the copy goes on and the capture's one syncfs has little left to
+   * wait for; without the native helpers (no syncfs), fsync each file instead. */
+  durable: boolean;
   /** Walk component by component even where openat2 exists. */
   noOpenat2: boolean;
   /** Ask the main thread before opening each file (a test hook), and wait for its answer. */

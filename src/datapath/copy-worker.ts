@@ -12,6 +12,7 @@ import {
   chmodSync,
   closeSync,
   copyFileSync,
+  fsyncSync,
   fchmodSync,
   fchownSync,
   constants as fsc,
@@ -51,6 +52,7 @@ import {
   kernelCopyFd,
   setFdTimesNs,
   setTimesNsSync,
+  startWriteback,
   StoppedError,
 } from "./native.js";
 import { KEPT_MODE_BITS } from "./beneath.js";
@@ -157,6 +159,7 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
     } else {
       d = hash(fd, size);
     }
+    if (data.durable) startWriteback(out);
     if (!unchanged(fd, before, copied, d.size)) return undefined;
     if (root && (before.uid !== myUid || before.gid !== myGid))
       fchownSync(out, Number(before.uid), Number(before.gid));
@@ -182,6 +185,15 @@ function copyByPath(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer)
   }
   const [atime, mtime] = timesFor(before, m);
   setTimesNsSync(dst, atime, mtime, false);
+  if (data.durable) {
+    // No syncfs without the native helpers: each file is flushed on its own instead.
+    const out = openSync(dst, fsc.O_RDONLY);
+    try {
+      fsyncSync(out);
+    } finally {
+      closeSync(out);
+    }
+  }
   return d;
 }
 

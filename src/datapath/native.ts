@@ -12,7 +12,18 @@ import { constants as osConstants } from "node:os";
 type Utimensat = (dirfd: number, path: Buffer, times: Buffer, flags: number) => number;
 type Futimens = (fd: number, times: Buffer) => number;
 type Ioctl = (fd: number, request: number, argType: "int", arg: number) => number;
-type Syncfs = (fd: number) => number;
+// koffi's `.async` runs the call on a thread of its own and hands back errno with the result.
+type Syncfs = ((fd: number) => number) & {
+  async: (fd: number, done: (err: unknown, result: number) => void) => void;
+};
+type SyncFileRange = (fd: number, offset: number, nbytes: number, flags: number) => number;
+type Fadvise = (fd: number, offset: number, len: number, advice: number) => number;
+// Addresses as integers (intptr_t): the same registers as a pointer on every Linux ABI, and
+// no pointer objects to keep alive across calls.
+type Addr = number | bigint;
+type Mmap = (addr: number, len: number, prot: number, flags: number, fd: number, off: number) => Addr;
+type Munmap = (addr: Addr, len: number) => number;
+type Mincore = (addr: Addr, len: number, vec: Buffer) => number;
 type CopyFileRange = (
   fdIn: number,
   offIn: null,
@@ -27,6 +38,12 @@ interface Libc {
   futimens: Futimens;
   ioctl: Ioctl;
   syncfs: Syncfs;
+  syncFileRange: SyncFileRange;
+  fadvise: Fadvise;
+  mmap: Mmap;
+  munmap: Munmap;
+  mincore: Mincore;
+  pageSize: number;
   copyFileRange: CopyFileRange;
   syscall: (nr: number, ...typedArgs: unknown[]) => number | bigint;
   close: (fd: number) => number;
@@ -37,6 +54,7 @@ const AT_FDCWD = -100;
 const FICLONE = 0x40049409; // _IOW(0x94, 9, int)
 const AT_SYMLINK_NOFOLLOW = 0x100;
 const NS = 1_000_000_000n;
+const SC_PAGESIZE = 30; // glibc and musl alike
 
 async function loadLibc(): Promise<Libc | null> {
   if (process.platform !== "linux" || process.env.WARMSTART_NO_NATIVE === "1") return null;
@@ -50,6 +68,12 @@ async function loadLibc(): Promise<Libc | null> {
       futimens: lib.func("int futimens(int, const void *)") as Futimens,
       ioctl: lib.func("int ioctl(int, unsigned long, ...)") as Ioctl,
       syncfs: lib.func("int syncfs(int)") as Syncfs,
+      syncFileRange: lib.func("int sync_file_range(int, int64_t, int64_t, unsigned int)") as SyncFileRange,
+      fadvise: lib.func("int posix_fadvise(int, int64_t, int64_t, int)") as Fadvise,
+      mmap: lib.func("intptr_t mmap(intptr_t, size_t, int, int, int, int64_t)") as Mmap,
+      munmap: lib.func("int munmap(intptr_t, size_t)") as Munmap,
+      mincore: lib.func("int mincore(intptr_t, size_t, void *)") as Mincore,
+      pageSize: Number((lib.func("long sysconf(int)") as (n: number) => number | bigint)(SC_PAGESIZE)),
       copyFileRange: lib.func(
         "intptr_t copy_file_range(int, void *, int, void *, size_t, unsigned int)",
       ) as CopyFileRange,
@@ -180,14 +204,139 @@ function writeTimespec(buf: Buffer, offset: number, ns: bigint): void {
 export async function syncFilesystem(path: string): Promise<void> {
   const fh = await open(path, fsc.O_RDONLY);
   try {
-    if (libc) {
-      if (libc.syncfs(fh.fd) !== 0) throw errnoError("syncfs", path, libc.errno());
-    } else {
-      await fh.sync();
-    }
+    if (libc) await syncfsFd(fh.fd, path);
+    else await fh.sync();
   } finally {
     await fh.close();
   }
+}
+
+/**
+ * syncfs(2) on a descriptor the caller opened, off the event loop (it can take seconds). Since
+ * Linux 5.8 syncfs also fails when a page of the filesystem failed to be written back at any
+ * time since the descriptor was opened, so a descriptor opened before a copy starts hears of
+ * every write error of that copy, including those of writeback the kernel started on its own.
+ */
+export function syncfsFd(fd: number, what: string): Promise<void> {
+  const lib = libc;
+  if (!lib) return Promise.reject(new Error("syncfs needs the native helpers"));
+  return new Promise((resolve, reject) => {
+    lib.syncfs.async(fd, (err, r) => {
+      if (err) reject(err instanceof Error ? err : new Error(String(err)));
+      else if (r !== 0) reject(errnoError("syncfs", what, lib.errno()));
+      else resolve();
+    });
+  });
+}
+
+/** Whether syncfsFd and startWriteback can be called (koffi loaded). */
+export const syncfsAvailable = (): boolean => libc !== null;
+
+const SYNC_FILE_RANGE_WRITE = 2;
+
+/**
+ * Starts writing back a file's dirty pages without waiting for them (sync_file_range with
+ * SYNC_FILE_RANGE_WRITE alone): the disk works while the copy goes on, so the one syncfs at the
+ * end has little left to wait for. It makes nothing durable by itself (no metadata, no cache
+ * flush), and a failure here only means the final syncfs does all the work; so it is ignored.
+ */
+export function startWriteback(fd: number): void {
+  libc?.syncFileRange(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
+const POSIX_FADV_DONTNEED = 4; // the same on x86_64 and arm64
+
+/** Asks the kernel to drop the clean pages of [offset, offset + len) of a file (len 0: to its
+ * end) from the page cache; tests and benchmarks make a tree "cold" with it. False when it
+ * cannot be asked. Dirty pages stay: flush them first. */
+export function dropFromPageCache(fd: number, offset = 0, len = 0): boolean {
+  return libc !== null && libc.fadvise(fd, offset, len, POSIX_FADV_DONTNEED) === 0;
+}
+
+export type ResidencyMethod = "cachestat" | "mincore";
+const SYS_CACHESTAT = 451; // the same number on x86_64 and arm64 (Linux 6.5 and later)
+const PROT_READ = 1;
+const MAP_SHARED = 1;
+/** mincore looks at a mapping of at most this much at a time (a byte per page of it). */
+const MINCORE_WINDOW = 1 << 30;
+let residency: ResidencyMethod | undefined | null =
+  libc === null ? null : process.env.WARMSTART_NO_CACHESTAT === "1" ? "mincore" : undefined;
+
+/** How page-cache residency is looked up in this thread: undefined until the first lookup,
+ * null when it cannot be (then a prewarm reads everything). */
+export const residencyMethod = (): ResidencyMethod | null | undefined => residency;
+
+/** Forces a residency method in this thread (tests of the fallbacks); returns a function that
+ * puts back what was there. */
+export function useResidency(m: ResidencyMethod | null): () => void {
+  const was = residency;
+  residency = libc === null ? null : m;
+  return () => void (residency = was);
+}
+
+/**
+ * How many pages of [offset, offset + len) of `fd` are not in the page cache, or undefined when
+ * that cannot be known. `offset` must be a multiple of the page size. cachestat(2) (Linux 6.5)
+ * answers in one call without touching the file; where it is missing (ENOSYS) or refused by a
+ * seccomp profile (EPERM), mincore(2) over a read-only shared mapping, which reads nothing
+ * either: a mapping only faults pages in when they are touched.
+ */
+export function missingPages(fd: number, offset: number, len: number): number | undefined {
+  if (!libc || residency === null || len <= 0) return len <= 0 ? 0 : undefined;
+  const ps = libc.pageSize;
+  const pages = Math.ceil(len / ps);
+  if (residency !== "mincore") {
+    const range = Buffer.alloc(16);
+    range.writeBigUInt64LE(BigInt(offset), 0);
+    range.writeBigUInt64LE(BigInt(len), 8);
+    const stat = Buffer.alloc(40);
+    const r = Number(libc.syscall(SYS_CACHESTAT, "int", fd, "void *", range, "void *", stat, "int", 0));
+    if (r === 0) {
+      residency = "cachestat";
+      return Math.max(0, pages - Number(stat.readBigUInt64LE(0)));
+    }
+    const errno = libc.errno();
+    if (errno !== osConstants.errno.ENOSYS && errno !== osConstants.errno.EPERM) return undefined;
+    residency = "mincore";
+  }
+  let missing = 0;
+  for (let off = 0; off < len; off += MINCORE_WINDOW) {
+    const n = Math.min(MINCORE_WINDOW, len - off);
+    const addr = libc.mmap(0, n, PROT_READ, MAP_SHARED, fd, offset + off);
+    if (Number(addr) === -1) return undefined;
+    try {
+      const vec = Buffer.alloc(Math.ceil(n / ps));
+      if (libc.mincore(addr, n, vec) !== 0) {
+        if (libc.errno() === osConstants.errno.ENOSYS) residency = null;
+        return undefined;
+      }
+      for (const b of vec) if ((b & 1) === 0) missing += 1;
+    } finally {
+      libc.munmap(addr, n);
+    }
+  }
+  return missing;
+}
+
+/** The page size the residency counts are in (4096 where the native helpers are missing). */
+export const pageSize = (): number => libc?.pageSize ?? 4096;
+
+// ioprio_set(2): best-effort class, lowest level, for the calling thread only.
+const SYS_IOPRIO_SET = process.arch === "x64" ? 251 : process.arch === "arm64" ? 30 : undefined;
+const IOPRIO_WHO_PROCESS = 1;
+const IOPRIO_BE_LOWEST = (2 << 13) | 7;
+
+/**
+ * Puts the calling thread's reads behind other best-effort I/O on the same disk (class
+ * best-effort, level 7; the default is 4), without the idle class's risk of never being served
+ * while a neighbour keeps the disk busy. True when the kernel took it; schedulers without
+ * priorities (none) simply ignore it.
+ */
+export function lowerIoPriority(): boolean {
+  if (!libc || SYS_IOPRIO_SET === undefined) return false;
+  return (
+    Number(libc.syscall(SYS_IOPRIO_SET, "int", IOPRIO_WHO_PROCESS, "int", 0, "int", IOPRIO_BE_LOWEST)) === 0
+  );
 }
 
 export type CopyMethod = "reflink" | "copy_file_range" | "copy";

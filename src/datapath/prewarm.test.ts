@@ -1,11 +1,16 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { chmod, mkdir, symlink, writeFile } from "node:fs/promises";
+import { closeSync, fstatSync, fsyncSync, openSync } from "node:fs";
+import { chmod, mkdir, readdir, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { test } from "node:test";
+import { test, type TestContext } from "node:test";
 import { ENV_PREWARM } from "../core/contract.js";
-import { prewarm } from "./prewarm.js";
+import { dropFromPageCache, missingPages } from "./native.js";
+import { listTree, loadOrder } from "./prewarm-order.js";
+import { describePrewarm, prewarm } from "./prewarm.js";
 import { canSwitchUid, runCli, tempDir } from "../../test/support/datapath.js";
+
+const MiB = 1 << 20;
 
 /** `n` files of known sizes in nested dirs, plus a symlink (not read twice). Returns total bytes. */
 async function tree(root: string, n: number, size: (i: number) => number): Promise<number> {
@@ -20,15 +25,139 @@ async function tree(root: string, n: number, size: (i: number) => number): Promi
   return total;
 }
 
-void test("prewarm reads every byte of every file once", async (t) => {
+async function filesOf(root: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const e of await readdir(root, { withFileTypes: true, recursive: true }))
+    if (e.isFile()) out.push(join(e.parentPath, e.name));
+  return out;
+}
+
+/** Pages of `path` not in the page cache; undefined when that cannot be told here. */
+function missingOf(path: string): number | undefined {
+  const fd = openSync(path, "r");
+  try {
+    return missingPages(fd, 0, fstatSync(fd).size);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Flushes `path` and drops [offset, offset + len) of it from the page cache (len 0: to the end).
+ * False when this machine cannot (no native helpers, or a filesystem such as tmpfs that keeps
+ * its pages whatever it is told).
+ */
+function evict(path: string, offset = 0, len = 0): boolean {
+  const fd = openSync(path, "r");
+  try {
+    fsyncSync(fd);
+    if (!dropFromPageCache(fd, offset, len)) return false;
+    const m = missingPages(fd, offset, len || fstatSync(fd).size - offset);
+    return m !== undefined && m > 0;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Drops every file of `root` from the page cache, or skips the test where that cannot be done. */
+async function coldTree(t: TestContext, root: string): Promise<boolean> {
+  for (const f of await filesOf(root)) {
+    if (!evict(f)) {
+      t.skip("cannot drop files from the page cache here (no native helpers, or tmpfs)");
+      return false;
+    }
+  }
+  return true;
+}
+
+void test("prewarm reads every byte of a cold tree once, and leaves it in the page cache", async (t) => {
   const dir = tempDir(t);
-  const total = await tree(dir, 20, (i) => (i === 0 ? 9 * 1024 * 1024 + 3 : 1000 * i));
-  const r = await prewarm({ dir, parallel: 4, chunkBytes: 1 << 20 });
+  const total = await tree(dir, 20, (i) => (i === 0 ? 9 * MiB + 3 : 1000 * i));
+  if (!(await coldTree(t, dir))) return;
+  const r = await prewarm({ dir, parallel: 4, chunkBytes: MiB });
   assert.equal(r.skipped, false);
-  assert.equal(r.files, 20);
-  assert.equal(r.bytes, total);
+  assert.deepEqual([r.files, r.bytes, r.residentFiles, r.residentBytes], [20, total, 0, 0]);
   assert.equal(r.errorCount, 0);
+  assert.ok(r.residency === "cachestat" || r.residency === "mincore");
   assert.ok(r.peakReaders >= 1 && r.peakReaders <= 4);
+  for (const f of await filesOf(dir)) assert.equal(missingOf(f), 0, `${f} is in the page cache after`);
+});
+
+void test("a tree already in the page cache is not read: every file is reported in memory", async (t) => {
+  const dir = tempDir(t);
+  const total = await tree(dir, 20, (i) => (i === 0 ? 9 * MiB + 3 : 1000 * i));
+  if (!(await coldTree(t, dir))) return;
+  await prewarm({ dir, parallel: 2 });
+  const again = await prewarm({ dir, parallel: 2 });
+  assert.deepEqual(
+    [again.files, again.bytes, again.residentFiles, again.residentBytes],
+    [0, 0, 20, total],
+  );
+  assert.match(
+    describePrewarm(again),
+    /^prewarm: read 0 files, 0\.0 MB in [\d.]+ s \(0 MB\/s, 2 readers\); 20 files and 9\.6 MB already in memory, not read \((cachestat|mincore)\), 0 errors$/,
+  );
+  const cli = runCli(["prewarm", dir, "--parallel", "3"]);
+  assert.equal(cli.status, 0);
+  assert.match(cli.stdout, /^prewarm: read 0 files, 0\.0 MB .*; 20 files and 9\.6 MB already in memory/);
+});
+
+void test("a file partly in the page cache is read only where it is missing, with either lookup", async (t) => {
+  for (const residency of ["cachestat", "mincore"] as const) {
+    const dir = tempDir(t);
+    const f = join(dir, "model.safetensors");
+    await writeFile(f, randomBytes(8 * MiB));
+    // The first 3 MiB stay in memory, the other 5 go.
+    if (!evict(f, 3 * MiB)) return t.skip("cannot drop files from the page cache here");
+    assert.equal(missingOf(f), (5 * MiB) / 4096);
+    const r = await prewarm({ dir, parallel: 1, chunkBytes: MiB, residency });
+    assert.deepEqual(
+      [r.files, r.bytes, r.residentFiles, r.residentBytes, r.residency],
+      [1, 5 * MiB, 0, 3 * MiB, residency],
+      residency,
+    );
+    assert.equal(missingOf(f), 0);
+  }
+});
+
+void test("where residency cannot be looked up, everything is read and the report says so", async (t) => {
+  const dir = tempDir(t);
+  const total = await tree(dir, 5, () => 4096);
+  const r = await prewarm({ dir, parallel: 2, residency: "none" });
+  assert.deepEqual([r.files, r.bytes, r.residentFiles, r.residency], [5, total, 0, null]);
+  assert.match(describePrewarm(r), /^prewarm: read 5 files, 0\.0 MB .*; residency unknown, all read, 0 errors$/);
+  const noNative = runCli(["prewarm", dir], { env: { WARMSTART_NO_NATIVE: "1" } });
+  assert.match(noNative.stdout, /^prewarm: read 5 files, .*; residency unknown, all read, 0 errors\n$/);
+});
+
+void test("files are read in the order an engine loads them: config and index, shards in index order, the rest", async (t) => {
+  const dir = tempDir(t);
+  const hub = join(dir, "model/hub/models--org--m");
+  const snap = join(hub, "snapshots/rev1");
+  await mkdir(join(hub, "blobs"), { recursive: true });
+  await mkdir(snap, { recursive: true });
+  await mkdir(join(dir, "cache/triton"), { recursive: true });
+  // Blobs are named by digest; the snapshot's names lead to them.
+  const shards = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"];
+  const blobOf = new Map<string, string>();
+  const names = ["config.json", "tokenizer.json", "model.safetensors.index.json", ...shards, "README.md"];
+  names.forEach((n, i) => blobOf.set(n, join(hub, "blobs", `${(9 - i).toString(16).repeat(8)}`)));
+  const index = {
+    metadata: {},
+    // Tensor names sort differently from the files that hold them.
+    weight_map: { "a.weight": shards[2], "b.weight": shards[0], "c.weight": shards[1], "d.bias": shards[0] },
+  };
+  for (const n of names) {
+    const blob = blobOf.get(n) as string;
+    await writeFile(blob, n === "model.safetensors.index.json" ? JSON.stringify(index) : n);
+    await symlink(`../../blobs/${blob.split("/").pop()}`, join(snap, n));
+  }
+  await writeFile(join(dir, "cache/triton/kernel.cubin"), "k");
+  const order = loadOrder(listTree(dir, () => undefined));
+  const b = (n: string): string => blobOf.get(n) as string;
+  assert.deepEqual(order.slice(0, 3).sort(), [b("config.json"), b("tokenizer.json"), b("model.safetensors.index.json")].sort());
+  assert.deepEqual(order.slice(3, 6), shards.map(b));
+  assert.deepEqual(order.slice(6).sort(), [b("README.md"), join(dir, "cache/triton/kernel.cubin")].sort());
 });
 
 void test("prewarm respects its parallelism: exactly P readers at once", async (t) => {
@@ -38,18 +167,18 @@ void test("prewarm respects its parallelism: exactly P readers at once", async (
   // one starts late on a busy machine.
   const three = await prewarm({ dir, parallel: 3, holdMs: 80 });
   assert.equal(three.peakReaders, 3);
-  assert.equal(three.files, 24);
+  assert.equal(three.files + three.residentFiles, 24);
   const one = await prewarm({ dir, parallel: 1, holdMs: 2 });
   assert.equal(one.peakReaders, 1);
-  assert.equal(one.files, 24);
+  assert.equal(one.files + one.residentFiles, 24);
 });
 
 void test("prewarm is best effort: read errors are counted and reported, and it still resolves", async (t) => {
   const dir = tempDir(t);
-  const missing = await prewarm({ dir: join(dir, "no-such-dir") });
-  assert.equal(missing.files, 0);
-  assert.equal(missing.errorCount, 1);
-  assert.match(missing.errors[0] ?? "", /no-such-dir: ENOENT/);
+  const missingDir = await prewarm({ dir: join(dir, "no-such-dir") });
+  assert.equal(missingDir.files, 0);
+  assert.equal(missingDir.errorCount, 1);
+  assert.match(missingDir.errors[0] ?? "", /no-such-dir: ENOENT/);
 
   // Unreadable files need a UID without root's read-anything power.
   const uid = canSwitchUid() ? 12345 : process.getuid?.() === 0 ? undefined : process.getuid?.();
@@ -60,7 +189,7 @@ void test("prewarm is best effort: read errors are counted and reported, and it 
   assert.equal(r.status, 0, "read errors never fail the command");
   assert.match(
     r.stdout,
-    /^prewarm: 2 files, 0\.0 MB in [\d.]+ s \(\d+ MB\/s, 2 readers\), 2 read errors \(first: .*f[01]: EACCES.*\)\n$/,
+    /^prewarm: read \d files, 0\.0 MB in [\d.]+ s \(\d+ MB\/s, 2 readers\); .*, 2 read errors \(first: .*f[01]: EACCES.*\)\n$/,
   );
 });
 
@@ -70,7 +199,7 @@ void test("prewarm skips on --skip, on the env var at 0, and follows --default w
   const off = await prewarm({ dir, respectEnv: ENV_PREWARM, env: { [ENV_PREWARM]: "0" } });
   assert.deepEqual([off.skipped, off.reason, off.files], [true, `${ENV_PREWARM}=0`, 0]);
   const on = await prewarm({ dir, respectEnv: ENV_PREWARM, env: { [ENV_PREWARM]: "1" }, defaultOn: false });
-  assert.deepEqual([on.skipped, on.files], [false, 3]);
+  assert.deepEqual([on.skipped, on.files + on.residentFiles], [false, 3]);
   const unset = await prewarm({ dir, respectEnv: ENV_PREWARM, env: {}, defaultOn: false });
   assert.deepEqual([unset.skipped, unset.reason], [true, `${ENV_PREWARM} unset, default off`]);
   assert.equal((await prewarm({ dir, skip: true })).reason, "--skip given");
@@ -80,7 +209,7 @@ void test("prewarm skips on --skip, on the env var at 0, and follows --default w
   const skip = runCli(["prewarm", dir, "--skip"]);
   assert.deepEqual([skip.status, skip.stdout], [0, "prewarm skipped (--skip given)\n"]);
   const ran = runCli(["prewarm", dir, "--respect-env", ENV_PREWARM], { env: { [ENV_PREWARM]: "" } });
-  assert.match(ran.stdout, /^prewarm: 3 files, 0\.0 MB .*, 0 errors\n$/);
+  assert.match(ran.stdout, /^prewarm: read \d files, 0\.0 MB .*, 0 errors\n$/);
   const bad = runCli(["prewarm", dir, "--parallel", "many"]);
   assert.deepEqual(
     [bad.status, bad.stderr],

@@ -1,11 +1,15 @@
 /**
- * Prewarm: read a whole tree once with P parallel readers so the page cache holds it before the
- * engine faults it in with small random mmap reads. Best effort by design: a read error is
- * counted and reported, never thrown, because a slow start beats a pod that cannot start.
+ * Prewarm: read a tree once with P parallel readers so the page cache holds it before the engine
+ * faults it in with small random mmap reads. Only what is missing is read: a file (or a range of
+ * one) already in the page cache, as on a node where another replica just loaded the same tree,
+ * is skipped after a lookup that reads nothing. Files go in the order the engine loads them
+ * (prewarm-order.ts), so what it opens first is warm first. Best effort by design: a read error
+ * is counted and reported, never thrown, because a slow start beats a pod that cannot start.
  */
-import { readdirSync } from "node:fs";
 import { Worker } from "node:worker_threads";
 import { workerExecArgv } from "./copy-files.js";
+import type { ResidencyMethod } from "./native.js";
+import { listTree, loadOrder } from "./prewarm-order.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
 
 export const DEFAULT_PREWARM_PARALLEL = 6;
@@ -32,14 +36,28 @@ export interface PrewarmOptions {
   chunkBytes?: number;
   /** Test hook: each reader holds each file open this long. */
   holdMs?: number;
+  /** How to tell what is in the page cache: "auto" (default: cachestat, else mincore), one of
+   * them, or "none" (read everything). */
+  residency?: PrewarmWork["residency"];
+  /** Read at a lower I/O priority than other pods' reads (default true). */
+  lowPriority?: boolean;
 }
 
 export interface PrewarmResult {
   skipped: boolean;
   /** Why it was skipped. */
   reason?: string;
+  /** Files read (whole or in part), and the bytes read. */
   files: number;
   bytes: number;
+  /** Files not read because they were wholly in the page cache, and the bytes not read because
+   * they were (those files and the resident ranges of the others). */
+  residentFiles: number;
+  residentBytes: number;
+  /** How residency was looked up, or null when it could not be (everything was read). */
+  residency: ResidencyMethod | null;
+  /** Whether the readers run at the lower I/O priority. */
+  lowPriority: boolean;
   seconds: number;
   parallel: number;
   /** The most readers that were inside a file at the same moment. */
@@ -58,6 +76,10 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     skipped: false,
     files: 0,
     bytes: 0,
+    residentFiles: 0,
+    residentBytes: 0,
+    residency: null,
+    lowPriority: false,
     seconds: 0,
     parallel,
     peakReaders: 0,
@@ -84,14 +106,29 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     if (errors.length < MAX_ERRORS_SHOWN) errors.push({ path, message: (err as Error).message });
   };
   const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
-  const work: PrewarmWork = { shared, chunkBytes: opts.chunkBytes ?? 1 << 20, holdMs: opts.holdMs ?? 0 };
+  const work: PrewarmWork = {
+    shared,
+    chunkBytes: opts.chunkBytes ?? 1 << 20,
+    holdMs: opts.holdMs ?? 0,
+    residency: opts.residency ?? "auto",
+    lowPriority: opts.lowPriority ?? true,
+  };
   const readers = Array.from({ length: parallel }, () => startReader(work));
-  const paths = listFiles(opts.dir, note);
+  let paths: string[] = [];
+  try {
+    paths = loadOrder(listTree(opts.dir, note));
+  } catch (err) {
+    note(opts.dir, err);
+  }
   for (const r of readers) r.worker.postMessage(paths);
   const reports = await Promise.all(readers.map((r) => r.done));
   for (const r of reports) {
     result.files += r.files;
     result.bytes += r.bytes;
+    result.residentFiles += r.residentFiles;
+    result.residentBytes += r.residentBytes;
+    result.residency ??= r.residency;
+    result.lowPriority ||= r.lowPriority;
     errorCount += r.errorCount;
     for (const e of r.errors) if (errors.length < MAX_ERRORS_SHOWN) errors.push(e);
   }
@@ -101,6 +138,17 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   result.errors = errors.map((e) => `${e.path}: ${e.message}`);
   return result;
 }
+
+const EMPTY: PrewarmReport = {
+  files: 0,
+  bytes: 0,
+  residentFiles: 0,
+  residentBytes: 0,
+  residency: null,
+  lowPriority: false,
+  errorCount: 0,
+  errors: [],
+};
 
 function startReader(work: PrewarmWork): { worker: Worker; done: Promise<PrewarmReport> } {
   const worker = new Worker(new URL("./prewarm-worker.js", import.meta.url), {
@@ -112,46 +160,25 @@ function startReader(work: PrewarmWork): { worker: Worker; done: Promise<Prewarm
     worker.once("message", (r: PrewarmReport) => (report = r));
     // A reader that dies is one more error, not a failed prewarm.
     worker.once("error", (err) => {
-      report = { files: 0, bytes: 0, errorCount: 1, errors: [{ path: "(reader)", message: err.message }] };
+      report = { ...EMPTY, errorCount: 1, errors: [{ path: "(reader)", message: err.message }] };
     });
-    worker.once("exit", () => resolve(report ?? { files: 0, bytes: 0, errorCount: 0, errors: [] }));
+    worker.once("exit", () => resolve(report ?? EMPTY));
   });
   return { worker, done };
 }
 
-/**
- * Every regular file under `dir`, symlinks not followed (their targets are in the tree too), in
- * the order `find` would give: depth first, in directory order, which on most filesystems is
- * close to the order on disk, so parallel readers of a cold tree seek less.
- */
-function listFiles(dir: string, note: (path: string, err: unknown) => void): string[] {
-  const out: string[] = [];
-  const walk = (d: string): void => {
-    let entries;
-    try {
-      entries = readdirSync(d, { withFileTypes: true });
-    } catch (err) {
-      note(d, err);
-      return;
-    }
-    for (const e of entries) {
-      const p = `${d}/${e.name}`;
-      if (e.isDirectory()) walk(p);
-      else if (e.isFile()) out.push(p);
-    }
-  };
-  walk(dir);
-  return out;
-}
-
-/** The one-line summary the CLI prints. */
+/** The one-line summary the CLI prints: what was read, and what was not because it was in memory. */
 export function describePrewarm(r: PrewarmResult): string {
   if (r.skipped) return `prewarm skipped (${r.reason ?? ""})`;
   const mb = r.bytes / 1e6;
   const rate = r.seconds > 0 ? mb / r.seconds : 0;
   const errs = r.errorCount ? `, ${r.errorCount} read errors (first: ${r.errors.join("; ")})` : ", 0 errors";
+  const resident =
+    r.residency === null
+      ? "residency unknown, all read"
+      : `${r.residentFiles} files and ${(r.residentBytes / 1e6).toFixed(1)} MB already in memory, not read (${r.residency})`;
   return (
-    `prewarm: ${r.files} files, ${mb.toFixed(1)} MB in ${r.seconds.toFixed(2)} s ` +
-    `(${rate.toFixed(0)} MB/s, ${r.parallel} readers)${errs}`
+    `prewarm: read ${r.files} files, ${mb.toFixed(1)} MB in ${r.seconds.toFixed(2)} s ` +
+    `(${rate.toFixed(0)} MB/s, ${r.parallel} readers); ${resident}${errs}`
   );
 }

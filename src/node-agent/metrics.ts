@@ -85,3 +85,68 @@ export function createNodeAgentMetrics(): NodeAgentMetrics {
     }),
   };
 }
+
+/** Replication between node agents (node-store backend): both the serving and receiving side. */
+export interface ReplicationMetrics {
+  /** Bytes received, by the source node they came from. */
+  receivedBytes: Counter<"source">;
+  /** Trees by result (replicated, present, failed, aborted). */
+  trees: Counter<"result">;
+  replicationSeconds: Histogram;
+  /** Each replicated tree's receive rate, in bytes per second. */
+  replicationRate: Histogram;
+  /** Sources given up on during a replication, by reason (error, timeout, status, protocol,
+   * corrupt, manifest). */
+  sourcesDropped: Counter<"reason">;
+  /** Bytes this node served to its peers. */
+  servedBytes: Counter;
+  /** File streams this node is serving to its peers now. */
+  servingStreams: Gauge;
+}
+
+/** Replication's metrics, registered on the agent's registry (or a test's own). */
+export function createReplicationMetrics(registry: Registry): ReplicationMetrics {
+  const r = [registry];
+  return {
+    receivedBytes: new Counter({
+      name: "warmstart_node_agent_replication_received_bytes_total",
+      help: "Tree bytes received from peer node agents, by source node",
+      labelNames: ["source"],
+      registers: r,
+    }),
+    trees: new Counter({
+      name: "warmstart_node_agent_replications_total",
+      help: "Trees replicated from peers by result (replicated, present, failed, aborted)",
+      labelNames: ["result"],
+      registers: r,
+    }),
+    replicationSeconds: new Histogram({
+      name: "warmstart_node_agent_replication_seconds",
+      help: "Time to replicate one tree from its peers, manifest to commit",
+      buckets: [0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 2400],
+      registers: r,
+    }),
+    replicationRate: new Histogram({
+      name: "warmstart_node_agent_replication_bytes_per_second",
+      help: "Receive rate of each replicated tree (all sources together)",
+      buckets: [1e6, 1e7, 5e7, 1e8, 2.5e8, 5e8, 1e9, 2.5e9, 5e9, 1e10],
+      registers: r,
+    }),
+    sourcesDropped: new Counter({
+      name: "warmstart_node_agent_replication_sources_dropped_total",
+      help: "Sources dropped during a replication, by reason",
+      labelNames: ["reason"],
+      registers: r,
+    }),
+    servedBytes: new Counter({
+      name: "warmstart_node_agent_replication_served_bytes_total",
+      help: "Tree bytes served to peer node agents",
+      registers: r,
+    }),
+    servingStreams: new Gauge({
+      name: "warmstart_node_agent_replication_serving_streams",
+      help: "File streams being served to peer node agents now",
+      registers: r,
+    }),
+  };
+}

@@ -549,7 +549,8 @@ test("a record being deleted is never restored from: the pod is elected, and res
   assert.equal(elected.reason, `won the election (cache ${elected.hash!.slice(0, 16)} is being deleted)`);
   const from = gpuPod();
   from.metadata!.annotations = { "warmstart.dev/restore-from": ` ${hash.slice(0, 16).toUpperCase()} ` };
-  const requested = await decide(review(from), deps(cluster));
+  // A record of no scope is the cluster's: restore-from reaches it only under that scope.
+  const requested = await decide(review(from), deps(cluster, { sharingScope: "cluster" }));
   assert.deepEqual(
     [requested.role, requested.reason],
     ["cold", `restore-from ${hash.slice(0, 16)}: the cache is being deleted`],
@@ -589,4 +590,15 @@ test("a follower gets its leader's recorded cache env; without a record of this 
   // A Failed record speaks for the previous election; the new leader resets it with the template in force.
   assert.ok((await follower(record("Failed"))).includes("HF_HOME=/warmstart/cache-root/model/hub"));
   assert.ok((await follower(undefined)).includes("HF_HOME=/warmstart/cache-root/model/hub"));
+});
+
+test("by default a cache is its namespace's: the same pod in two namespaces gets two hashes", async () => {
+  const inNs = async (namespace: string): Promise<string | undefined> =>
+    (await decide(review(gpuPod(), { namespace }), deps({}))).hash;
+  const [a, b] = [await inNs("team-a"), await inNs("team-b")];
+  assert.ok(a && b);
+  assert.notEqual(a, b, "another namespace never meets this namespace's cache");
+  const shared = async (namespace: string): Promise<string | undefined> =>
+    (await decide(review(gpuPod(), { namespace }), deps({}, { sharingScope: "cluster" }))).hash;
+  assert.equal(await shared("team-a"), await shared("team-b"), "widened by the operator: shared");
 });

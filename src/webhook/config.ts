@@ -109,8 +109,10 @@ export const WEBHOOK_OPTIONS = {
   sharingScope: opt({
     flag: "--sharing-scope <scope>",
     env: "WARMSTART_SHARING_SCOPE",
-    default: "cluster",
-    doc: "who shares a cache: cluster, namespace or group",
+    // The safe default: a cache holds code its restores execute, so sharing it across namespaces
+    // is a trust decision the operator makes (SPEC 1.9).
+    default: "namespace",
+    doc: "who shares a cache: namespace (the default), group, or cluster",
     schema: z.enum(SHARING_SCOPES as ["cluster", "namespace", "group"]),
   }),
   systemNamespace: opt({ default: SYSTEM_NAMESPACE, doc: "the system namespace", schema: z.string() }),

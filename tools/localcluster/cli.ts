@@ -1,5 +1,7 @@
 import { Command, Option } from "commander";
 import { down, status, up, type ClusterState } from "./cluster.js";
+import { SHARING_SCOPES } from "../../src/core/scope.js";
+import type { SharingScope } from "../../src/core/contract.js";
 
 const progress = (line: string): void => {
   process.stderr.write(`[cluster] ${line}\n`);
@@ -50,6 +52,11 @@ export function registerClusterCommands(program: Command): void {
         .default(64)
         .argParser(positiveInt),
     )
+    .addOption(
+      new Option("--sharing-scope <scope>", "the webhook's sharing scope (who shares a cache)")
+        .choices(SHARING_SCOPES)
+        .default("cluster"),
+    )
     .option("--no-csi", "without the CSI stack (driver stand-in and sidecars) on the first real node")
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
     .action(
@@ -61,6 +68,7 @@ export function registerClusterCommands(program: Command): void {
         hubMibS: number;
         csi: boolean;
         bare: boolean;
+        sharingScope: SharingScope;
       }) => {
         const state = await up({
           nodes: opts.nodes,
@@ -70,6 +78,7 @@ export function registerClusterCommands(program: Command): void {
           hubMiBs: opts.hubMibS,
           csi: opts.csi,
           bare: opts.bare,
+          sharingScope: opts.sharingScope,
           progress,
         });
         process.stdout.write(

@@ -31,6 +31,7 @@ import {
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../../src/common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
+import type { SharingScope } from "../../src/core/contract.js";
 
 export interface ClusterOptions {
   nodes: number;
@@ -43,6 +44,8 @@ export interface ClusterOptions {
   /** The CSI stack on the first real node (driver stand-in, sidecars, classes). */
   csi: boolean;
   bare: boolean;
+  /** The webhook's sharing scope (the product's default is `namespace`; the demo and tests share). */
+  sharingScope?: SharingScope;
   progress: (line: string) => void;
 }
 
@@ -68,6 +71,8 @@ export interface ClusterState {
   images?: { warmstart: string; engine: string; engineAsUser: string; pause: string };
   /** The CSI stack, when it runs. */
   csi?: CsiState;
+  /** Who shares a cache: the webhook's `--sharing-scope`. */
+  sharingScope: SharingScope;
   processes: ProcessRecord[];
   stateDir: string;
 }
@@ -168,6 +173,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       roles: {},
       processes: [],
       stateDir: dir,
+      sharingScope: opts.sharingScope ?? "cluster",
     };
     // Persist every pid as soon as it exists, so `down` can clean up even if this process dies midway.
     const launchCommand = async (

@@ -97,13 +97,17 @@ async function startServer(ctx: RoleContext): Promise<string> {
 async function startWebhook(ctx: RoleContext): Promise<string> {
   const port = await freePort();
   const url = `https://127.0.0.1:${port}`;
-  ctx.progress(`starting the webhook at ${url} (election on) and registering it with the API server`);
+  ctx.progress(
+    `starting the webhook at ${url} (election on, sharing scope ${ctx.state.sharingScope ?? "cluster"}) and registering it with the API server`,
+  );
   const rec = await ctx.launch("webhook", [
     "webhook",
     "--host=127.0.0.1",
     `--port=${port}`,
     `--register-url=${url}`,
     "--election-enabled=true",
+    // A cluster recorded before the scope was: the scope it ran with then.
+    `--sharing-scope=${ctx.state.sharingScope ?? "cluster"}`,
     // Only the API server may post reviews: it presents the client certificate `cluster up` issued
     // (a cluster started before it did keeps an open webhook).
     ...(existsSync(join(ctx.state.stateDir, "pki", "webhook-client.crt"))
