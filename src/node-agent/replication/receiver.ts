@@ -1,0 +1,452 @@
+/**
+ * The receiver: fills this node's store with a committed tree held by peers.
+ *
+ * Verification is a chain: the record carries the sha256 of the leader's manifest, the manifest
+ * fetched from any source must hash to it, and every file must hash to the manifest's digest.
+ * Data comes in chunks (ranged GETs) from every live source at once, each chunk going to the
+ * least busy one, written with positional writes into a staging folder beside the final place.
+ * A source that fails, stalls or times out is dropped and its chunks go elsewhere; a file whose
+ * digest is wrong is fetched again from one other source, and the chunks that differ name the
+ * liar, which is dropped. The tree is committed like a capture (commit.ts); on any failure the
+ * staging folder goes and nothing is left in the store.
+ */
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { mkdir, open } from "node:fs/promises";
+import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import type { Logger } from "../../common/log.js";
+import { shortHash } from "../../core/contract.js";
+import { AlreadyCapturedError } from "../../datapath/capture-errors.js";
+import {
+  activeStaging,
+  prepareDest,
+  removeStaleStaging,
+  stagingPath,
+} from "../../datapath/capture-staging.js";
+import { createDigest, type DigestAlgorithm } from "../../datapath/digest.js";
+import { parseManifest, type Manifest } from "../../datapath/manifest.js";
+import { isReady } from "../../datapath/ready.js";
+import type { ReplicationMetrics } from "../metrics.js";
+import { commitTree, finishTree, makeSkeleton, removeStaging, stagedPath } from "./commit.js";
+import {
+  checkManifest,
+  DEFAULT_CHUNK_BYTES,
+  paths,
+  pickSource,
+  planTree,
+  TreeMetaSchema,
+  type Chunk,
+  type TreePlan,
+} from "./plan.js";
+import { manifestDigestOf, type TlsMaterial } from "./server.js";
+import { LocalIoError, Source, SourceError, type DropReason } from "./source.js";
+
+export interface ReplicaSource {
+  /** The node holding a committed copy (for logs and metrics). */
+  node: string;
+  /** Its peer server's base URL, `https://<address>:<port>`. */
+  url: string;
+}
+
+export interface ReplicateOptions {
+  /** The full hash of the tree. */
+  hash: string;
+  /** sha256 (hex) of the manifest's bytes, from the record (manifestDigestOf on the leader). */
+  expectedManifestDigest: string;
+  sources: readonly ReplicaSource[];
+  /** This node's store: the tree lands at `<storeDir>/<short>`. */
+  storeDir: string;
+  tls: TlsMaterial;
+  /** Chunks in flight at once, over all sources (default 8). */
+  streams?: number;
+  /** Bytes per ranged request (default 16 MiB). */
+  chunkBytes?: number;
+  /** A request that receives nothing for this long drops its source (default 30 s). */
+  stallMs?: number;
+  /** Flush the tree to disk before it is committed (default true). */
+  durable?: boolean;
+  signal?: AbortSignal;
+  onProgress?: (p: { doneBytes: number; totalBytes: number }) => void;
+  log?: Logger;
+  metrics?: ReplicationMetrics;
+}
+
+export interface ReplicateResult {
+  hash: string;
+  dest: string;
+  /** True when the store already held this tree: nothing was fetched. */
+  present: boolean;
+  /** Data bytes of the tree. */
+  totalBytes: number;
+  /** Bytes received, re-fetches included. */
+  receivedBytes: number;
+  bySource: Record<string, number>;
+  dropped: { node: string; reason: DropReason }[];
+  durationMs: number;
+  bytesPerSecond: number;
+}
+
+/** The replication failed; nothing was committed. */
+export class ReplicationError extends Error {
+  constructor(
+    message: string,
+    readonly dropped: { node: string; reason: DropReason }[] = [],
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+const MAX_MANIFEST_BYTES = 256 * 1024 * 1024;
+const HEX64 = /^[0-9a-f]{64}$/;
+const sha256 = (b: Buffer): string => createHash("sha256").update(b).digest("hex");
+
+export async function replicateTree(o: ReplicateOptions): Promise<ReplicateResult> {
+  if (!HEX64.test(o.hash)) throw new Error(`not a full hash: ${o.hash}`);
+  if (!HEX64.test(o.expectedManifestDigest))
+    throw new Error("expectedManifestDigest must be 64 hex characters");
+  const streams = o.streams ?? 8;
+  if (!Number.isInteger(streams) || streams < 1 || streams > 256) throw new Error(`streams must be 1 to 256`);
+  const t0 = performance.now();
+  const short = shortHash(o.hash);
+  const dest = join(o.storeDir, short);
+  await mkdir(o.storeDir, { recursive: true, mode: 0o755 });
+  const result = (present: boolean, run?: Run): ReplicateResult => {
+    const durationMs = performance.now() - t0;
+    const bySource: Record<string, number> = {};
+    for (const s of run?.sources ?? []) bySource[s.node] = s.bytes;
+    const receivedBytes = Object.values(bySource).reduce((a, b) => a + b, 0);
+    return {
+      hash: o.hash,
+      dest,
+      present,
+      totalBytes: run?.plan?.totalBytes ?? 0,
+      receivedBytes,
+      bySource,
+      dropped: run?.dropped ?? [],
+      durationMs,
+      bytesPerSecond: durationMs > 0 ? (receivedBytes * 1000) / durationMs : 0,
+    };
+  };
+  const isOurs = async (): Promise<boolean> =>
+    (await isReady(dest)) && manifestDigestOf(dest) === o.expectedManifestDigest;
+
+  if (await isReady(dest)) {
+    if (!(await isOurs())) throw new ReplicationError(`${dest} holds another tree than the record's`);
+    o.metrics?.trees.inc({ result: "present" });
+    return result(true);
+  }
+  const run = new Run(o, short, streams);
+  try {
+    await run.go(dest);
+    const r = result(false, run);
+    o.metrics?.trees.inc({ result: "replicated" });
+    o.metrics?.replicationSeconds.observe(r.durationMs / 1000);
+    o.metrics?.replicationRate.observe(r.bytesPerSecond);
+    o.log?.info(
+      {
+        hash: short,
+        bytes: r.totalBytes,
+        seconds: r.durationMs / 1000,
+        bySource: r.bySource,
+        dropped: r.dropped,
+      },
+      "replicated",
+    );
+    return r;
+  } catch (err) {
+    if (err instanceof AlreadyCapturedError && (await isOurs())) {
+      o.metrics?.trees.inc({ result: "present" });
+      return result(true, run);
+    }
+    o.metrics?.trees.inc({ result: o.signal?.aborted ? "aborted" : "failed" });
+    o.log?.warn({ err, hash: short, dropped: run.dropped }, "replication failed; nothing committed");
+    throw err;
+  } finally {
+    await run.close();
+  }
+}
+
+/** One replication's state: sources, plan, the chunk queue and who sent which chunk. */
+class Run {
+  readonly sources: Source[];
+  readonly dropped: { node: string; reason: DropReason }[] = [];
+  plan?: TreePlan;
+  private failure?: Error;
+  private readonly queue: Chunk[] = [];
+  private remaining: number[] = [];
+  /** Per file, the source index that sent each chunk (by offset / chunkBytes). */
+  private owner: number[][] = [];
+  private readonly retried = new Set<Chunk>();
+  private busy = 0;
+  private waiters: (() => void)[] = [];
+  private doneBytes = 0;
+  private staging?: string;
+  private readonly chunkBytes: number;
+  private readonly onAbort = (): void =>
+    this.fail(new ReplicationError("replication cancelled", this.dropped));
+
+  constructor(
+    private readonly o: ReplicateOptions,
+    private readonly short: string,
+    private readonly streams: number,
+  ) {
+    this.chunkBytes = o.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+    const stallMs = o.stallMs ?? 30_000;
+    this.sources = o.sources.map(
+      (s) =>
+        new Source(s.node, new URL(s.url), o.tls, streams, stallMs, (src, n) =>
+          o.metrics?.receivedBytes.inc({ source: src.node }, n),
+        ),
+    );
+    o.signal?.addEventListener("abort", this.onAbort);
+  }
+
+  async go(dest: string): Promise<void> {
+    if (this.o.signal?.aborted) throw new ReplicationError("replication cancelled");
+    if (this.sources.length === 0) throw new ReplicationError("no source to replicate from");
+    const { raw, manifest, from } = await this.fetchManifest();
+    const plan = (this.plan = await this.fetchPlan(manifest, from));
+    this.check();
+
+    await removeStaleStaging(this.o.storeDir, this.short);
+    await prepareDest(dest);
+    const staging = (this.staging = stagingPath(dest));
+    activeStaging.add(staging);
+    await makeSkeleton(staging, plan);
+    this.queue.push(...plan.chunks);
+    this.remaining = plan.files.map(() => 0);
+    this.owner = plan.files.map(() => []);
+    for (const c of plan.chunks) this.remaining[c.file] = (this.remaining[c.file] ?? 0) + 1;
+    // Empty files have no chunk: they are checked now.
+    for (let i = 0; i < plan.files.length; i++) if (this.remaining[i] === 0) await this.verify(i);
+    this.check();
+    await Promise.all(Array.from({ length: this.streams }, () => this.worker()));
+    this.check();
+    await finishTree(staging, plan);
+    await commitTree(staging, dest, {
+      manifest: raw,
+      hash: this.o.hash,
+      root: plan.root,
+      durable: this.o.durable ?? true,
+      beforeRename: () => this.check(),
+    });
+    activeStaging.delete(staging);
+    this.o.onProgress?.({ doneBytes: plan.totalBytes, totalBytes: plan.totalBytes });
+  }
+
+  /** Ends every request and removes the staging folder unless it was committed. */
+  async close(): Promise<void> {
+    this.o.signal?.removeEventListener("abort", this.onAbort);
+    for (const s of this.sources) s.close();
+    const staging = this.staging;
+    if (staging && activeStaging.delete(staging)) await removeStaging(staging);
+  }
+
+  /** Throws the replication's failure, if any. */
+  private check(): void {
+    if (this.failure) throw this.failure;
+  }
+
+  private fail(err: Error): void {
+    if (this.failure) return;
+    this.failure = err;
+    for (const s of this.sources) s.close();
+    this.wake();
+  }
+
+  private noSourceLeft(what: string): ReplicationError {
+    const why = this.dropped.map((d) => `${d.node}: ${d.reason}`).join(", ");
+    return new ReplicationError(`no source left ${what} (${why || "none given"})`, this.dropped);
+  }
+
+  private drop(s: Source, reason: DropReason, err?: unknown): void {
+    if (!s.drop(reason)) return;
+    this.dropped.push({ node: s.node, reason });
+    this.o.metrics?.sourcesDropped.inc({ reason });
+    this.o.log?.warn({ err, source: s.node, reason, hash: this.short }, "replication source dropped");
+  }
+
+  /** A request to `s` failed: drop `s` for it, unless the run itself is ending or our disk failed. */
+  private sourceFailed(s: Source, err: unknown): void {
+    if (this.failure) return;
+    if (err instanceof LocalIoError) return this.fail(err);
+    this.drop(s, err instanceof SourceError ? err.reason : "error", err);
+  }
+
+  private live(exclude: ReadonlySet<number>): number | undefined {
+    return pickSource(this.sources.map((s, i) => (exclude.has(i) ? { ...s, alive: false } : s)));
+  }
+
+  /** The manifest from the least busy source whose copy hashes to the record's digest. */
+  private async fetchManifest(): Promise<{ raw: Buffer; manifest: Manifest; from: number }> {
+    const tried = new Set<number>();
+    for (;;) {
+      this.check();
+      const i = this.live(tried);
+      if (i === undefined) throw this.noSourceLeft("with the record's manifest");
+      tried.add(i);
+      const s = this.sources[i] as Source;
+      let raw: Buffer;
+      try {
+        raw = await s.fetchBody(paths.manifest(this.short), MAX_MANIFEST_BYTES, this.o.signal);
+      } catch (err) {
+        this.sourceFailed(s, err);
+        continue;
+      }
+      if (sha256(raw) !== this.o.expectedManifestDigest) {
+        this.drop(s, "manifest", new Error("its manifest does not hash to the record's digest"));
+        continue;
+      }
+      // It is the leader's manifest: if it is unusable, no other source can do better.
+      const manifest = parseManifest(raw.toString("utf8"), `of ${this.short} from ${s.node}`);
+      checkManifest(manifest, this.o.hash);
+      return { raw, manifest, from: i };
+    }
+  }
+
+  /** The plan, from the metadata of the manifest's source first, then of any other. */
+  private async fetchPlan(manifest: Manifest, from: number): Promise<TreePlan> {
+    const tried = new Set<number>();
+    for (let i: number | undefined = from; ; i = this.live(tried)) {
+      this.check();
+      if (i === undefined) throw this.noSourceLeft("with the tree's metadata");
+      tried.add(i);
+      const s = this.sources[i] as Source;
+      if (!s.alive) continue;
+      try {
+        const body = await s.fetchBody(paths.meta(this.short), 2 * MAX_MANIFEST_BYTES, this.o.signal);
+        const meta = TreeMetaSchema.parse(JSON.parse(body.toString("utf8")));
+        return planTree(manifest, meta, this.chunkBytes);
+      } catch (err) {
+        this.sourceFailed(s, err instanceof SourceError ? err : new SourceError("protocol", String(err)));
+      }
+    }
+  }
+
+  private wake(): void {
+    const w = this.waiters;
+    this.waiters = [];
+    for (const f of w) f();
+  }
+
+  private async worker(): Promise<void> {
+    for (;;) {
+      if (this.failure) return;
+      const c = this.queue.shift();
+      if (!c) {
+        // Nothing queued and nobody working: done. Otherwise a failed chunk may come back.
+        if (this.busy === 0) return this.wake();
+        await new Promise<void>((resolve) => this.waiters.push(resolve));
+        continue;
+      }
+      this.busy++;
+      try {
+        await this.pull(c);
+      } catch (err) {
+        this.fail(err as Error);
+      } finally {
+        this.busy--;
+        this.wake();
+      }
+    }
+  }
+
+  private fileOf(i: number): { path: Buffer; rel: string; size: number; digest: string } {
+    const f = (this.plan as TreePlan).files[i] as TreePlan["files"][number];
+    return { path: stagedPath(this.staging as string, f.rel), rel: f.rel, size: f.size, digest: f.digest };
+  }
+
+  /** Fetches one chunk from the least busy source; on failure drops it and requeues the chunk. */
+  private async pull(c: Chunk): Promise<void> {
+    const i = pickSource(this.sources);
+    if (i === undefined) return this.fail(this.noSourceLeft("to fetch from"));
+    const s = this.sources[i] as Source;
+    const f = this.fileOf(c.file);
+    const first = !this.retried.has(c);
+    this.retried.add(c);
+    const fh = await open(f.path, "r+");
+    try {
+      await s.fetchRange(paths.file(this.short, f.rel), c.offset, c.length, fh, {
+        skipZeros: first,
+        compare: false,
+        signal: this.o.signal,
+      });
+    } catch (err) {
+      this.sourceFailed(s, err);
+      if (!this.failure) this.queue.unshift(c);
+      return;
+    } finally {
+      await fh.close();
+    }
+    (this.owner[c.file] as number[])[Math.floor(c.offset / this.chunkBytes)] = i;
+    this.doneBytes += c.length;
+    this.o.onProgress?.({ doneBytes: this.doneBytes, totalBytes: (this.plan as TreePlan).totalBytes });
+    this.remaining[c.file] = (this.remaining[c.file] as number) - 1;
+    if (this.remaining[c.file] === 0) await this.verify(c.file);
+  }
+
+  /** Checks a complete file against the manifest; a wrong one is repaired from another source. */
+  private async verify(file: number): Promise<void> {
+    const f = this.fileOf(file);
+    const alg = (this.plan as TreePlan).digest;
+    if ((await digestFile(f.path, alg)) === f.digest) return;
+    this.o.log?.warn({ hash: this.short, file: f.rel }, "a replicated file does not match its digest");
+    await this.repair(file);
+  }
+
+  /**
+   * Fetches the whole file again from one source, other than those that sent it where one is
+   * left, comparing each chunk with what is on disk before overwriting it. If the result
+   * verifies, the sources whose chunks differed lied and are dropped; if not, this one did.
+   */
+  private async repair(file: number): Promise<void> {
+    const f = this.fileOf(file);
+    const alg = (this.plan as TreePlan).digest;
+    const owners = this.owner[file] as number[];
+    const suspects = new Set(owners);
+    for (;;) {
+      if (this.failure) return;
+      const i = pickSource(this.sources, suspects);
+      if (i === undefined) return this.fail(this.noSourceLeft(`with a good copy of ${f.rel}`));
+      const s = this.sources[i] as Source;
+      const differs: boolean[] = [];
+      const fh = await open(f.path, "r+");
+      try {
+        for (let off = 0, k = 0; off < f.size; off += this.chunkBytes, k++) {
+          const len = Math.min(this.chunkBytes, f.size - off);
+          differs[k] = await s.fetchRange(paths.file(this.short, f.rel), off, len, fh, {
+            skipZeros: false,
+            compare: true,
+            signal: this.o.signal,
+          });
+        }
+      } catch (err) {
+        this.sourceFailed(s, err);
+        continue;
+      } finally {
+        await fh.close();
+      }
+      if ((await digestFile(f.path, alg)) === f.digest) {
+        differs.forEach((d, k) => {
+          const liar = owners[k];
+          if (d && liar !== undefined && liar !== i)
+            this.drop(this.sources[liar] as Source, "corrupt", new Error(`sent wrong bytes of ${f.rel}`));
+        });
+        return;
+      }
+      this.drop(s, "corrupt", new Error(`sent a copy of ${f.rel} that does not match its digest`));
+      owners.fill(i);
+      suspects.add(i);
+    }
+  }
+}
+
+/** The digest of a file, read in 1 MiB pieces. */
+async function digestFile(path: Buffer, alg: DigestAlgorithm): Promise<string> {
+  const d = createDigest(alg);
+  for await (const b of createReadStream(path, { highWaterMark: 1024 * 1024 }) as AsyncIterable<Buffer>)
+    d.update(b);
+  return d.hex();
+}

@@ -1,0 +1,406 @@
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
+import { readdir, readFile, readlink, rename, rm, symlink } from "node:fs/promises";
+import https from "node:https";
+import { join } from "node:path";
+import { test, type TestContext } from "node:test";
+import { Registry } from "prom-client";
+import { createCA, issueCert, type Issuer, type Pem } from "../../common/certs.js";
+import { MANIFEST_FILE, READY_MARKER, shortHash } from "../../core/contract.js";
+import { capture } from "../../datapath/capture.js";
+import { setTimesNs } from "../../datapath/native.js";
+import {
+  BLOB_BIG,
+  KERNEL,
+  LINK_A,
+  LINK_B,
+  makeCacheTree,
+  SNAP_CONFIG,
+  SNAP_WEIGHTS,
+  stampTimes,
+  statOnly,
+  tempDir,
+  TOP,
+  type Snap,
+} from "../../../test/support/datapath.js";
+import { createReplicationMetrics } from "../metrics.js";
+import { CacheStore } from "../store.js";
+import { ACTIVE_STREAMS_HEADER, paths } from "./plan.js";
+import { replicateTree, ReplicationError, type ReplicateOptions } from "./receiver.js";
+import { manifestDigestOf, PeerServer, type PeerServerOptions } from "./server.js";
+
+const HASH = "5e".repeat(32);
+const SHORT = shortHash(HASH);
+const CHUNK = 64 * 1024;
+
+interface Node {
+  name: string;
+  storeDir: string;
+  tree: string;
+  server: PeerServer;
+  url: string;
+}
+
+interface Fixture {
+  dir: string;
+  ca: Issuer;
+  client: Pem;
+  nodes: Node[];
+  files: Map<string, Buffer>;
+  expected: Map<string, Snap>;
+  digest: string;
+  receiverStore: string;
+  opts: (over?: Partial<ReplicateOptions>) => ReplicateOptions;
+}
+
+/**
+ * A tree captured with the real capture into the stores of `n` nodes (one manifest, byte for
+ * byte the same on each, as replicas hold it), sealed as the agent seals it, each store served
+ * by a PeerServer on loopback with a certificate of one CA.
+ */
+async function fixture(t: TestContext, n = 3, server: Partial<PeerServerOptions> = {}): Promise<Fixture> {
+  const dir = tempDir(t, "ws-replication-");
+  const src = join(dir, "src");
+  const { files, expected } = await makeCacheTree(src);
+  const ca = await createCA("warmstart node agents");
+  const client = await issueCert(ca, { commonName: "receiver", usage: "both", ips: ["127.0.0.1"] });
+  const nodes: Node[] = [];
+  let manifest: Buffer | undefined;
+  for (let k = 0; k < n; k++) {
+    const storeDir = join(dir, `node-${k}`);
+    const tree = join(storeDir, SHORT);
+    // Listing a folder moves its atime: the source gets its stamped times back for each capture.
+    if (k > 0) await stampTimes(src);
+    await capture({ src, dest: tree, hash: HASH, model: "org/m", progress: false, durable: false });
+    if (manifest) {
+      // A replica holds the leader's manifest, not one of its own.
+      chmodSync(tree, 0o755);
+      chmodSync(join(tree, MANIFEST_FILE), 0o644);
+      writeFileSync(join(tree, MANIFEST_FILE), manifest);
+      chmodSync(join(tree, MANIFEST_FILE), 0o444);
+    } else {
+      manifest = readFileSync(join(tree, MANIFEST_FILE));
+    }
+    await new CacheStore(storeDir).seal(HASH);
+    // Sealing lists every folder, which moves its atime: the captured times go back.
+    for (const [rel, st] of expected)
+      await setTimesNs(rel === "" ? tree : join(tree, rel), st.atimeNs, st.mtimeNs, st.kind === "symlink");
+    const pem = await issueCert(ca, { commonName: `node-${k}`, usage: "both", ips: ["127.0.0.1"] });
+    const s = new PeerServer({ storeDir, tls: { ca: ca.cert, ...pem }, ...server });
+    const port = await s.listen(0, "127.0.0.1");
+    t.after(() => s.close());
+    nodes.push({ name: `node-${k}`, storeDir, tree, server: s, url: `https://127.0.0.1:${port}` });
+  }
+  const digest = manifestDigestOf((nodes[0] as Node).tree);
+  const receiverStore = join(dir, "receiver");
+  const opts = (over: Partial<ReplicateOptions> = {}): ReplicateOptions => ({
+    hash: HASH,
+    expectedManifestDigest: digest,
+    sources: nodes.map((x) => ({ node: x.name, url: x.url })),
+    storeDir: receiverStore,
+    tls: { ca: ca.cert, ...client },
+    streams: 6,
+    chunkBytes: CHUNK,
+    stallMs: 5_000,
+    durable: false,
+    ...over,
+  });
+  return { dir, ca, client, nodes, files, expected, digest, receiverStore, opts };
+}
+
+/** The replicated tree is the captured one: content, kinds, modes (read-only), nanosecond
+ * times, hard links, symlinks, and the leader's manifest bytes. */
+async function assertSameTree(f: Fixture, dest: string): Promise<void> {
+  const rels = [...f.expected.keys()];
+  const got = await statOnly(dest, rels);
+  for (const rel of rels) {
+    const want = f.expected.get(rel) as Snap;
+    const have = got.get(rel) as Snap;
+    assert.equal(have.kind, want.kind, `${rel} kind`);
+    assert.equal(have.mtimeNs, want.mtimeNs, `${rel} mtime`);
+    assert.equal(have.atimeNs, want.atimeNs, `${rel} atime`);
+    if (have.kind !== "symlink") assert.equal(have.mode, want.mode & ~0o222, `${rel} mode, read-only`);
+  }
+  assert.notEqual((got.get(BLOB_BIG) as Snap).mtimeNs % 1000n, 0n, "nanosecond digits kept");
+  assert.equal(got.get(LINK_A)?.ino, got.get(LINK_B)?.ino, "a hard link stays a hard link");
+  assert.equal(await readlink(join(dest, SNAP_WEIGHTS)), "../../blobs/aaaa");
+  assert.equal(await readlink(join(dest, SNAP_CONFIG)), "../../blobs/bbbb");
+  for (const [rel, body] of f.files)
+    assert.ok((await readFile(join(dest, rel))).equals(body), `${rel} content`);
+  assert.ok(existsSync(join(dest, READY_MARKER)), "ready marker");
+  assert.equal(manifestDigestOf(dest), f.digest, "the leader's manifest, byte for byte");
+  const names = (await readdir(dest)).sort();
+  const want = [...new Set(rels.filter((r) => r !== "").map((r) => r.split("/")[0] as string))];
+  assert.deepEqual(names, [...want, MANIFEST_FILE, READY_MARKER].sort(), "nothing more at the root");
+}
+
+/** Nothing of the tree in the store: no committed tree, no staging folder. */
+async function assertNothingLeft(storeDir: string): Promise<void> {
+  const names = await readdir(storeDir).catch(() => [] as string[]);
+  assert.deepEqual(names, [], "the store holds nothing of the failed replication");
+}
+
+/** A GET to a peer server with the given client certificate (or none). */
+function get(
+  url: string,
+  path: string,
+  tls: { ca: string; cert?: string; key?: string },
+  headers: Record<string, string> = {},
+): Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    const req = https.request(new URL(path, url), {
+      ...tls,
+      headers,
+      agent: false,
+      checkServerIdentity: () => undefined,
+    });
+    req.on("error", reject);
+    req.on("response", (res) => {
+      const parts: Buffer[] = [];
+      res.on("data", (b: Buffer) => parts.push(b));
+      res.on("error", reject);
+      res.on("end", () =>
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(parts) }),
+      );
+    });
+    req.end();
+  });
+}
+
+const tlsOf = (f: Fixture): { ca: string; cert: string; key: string } => ({ ca: f.ca.cert, ...f.client });
+
+void test("a tree replicated from three sources is the captured tree, and every source served part of it", async (t) => {
+  const f = await fixture(t);
+  const registry = new Registry();
+  const metrics = createReplicationMetrics(registry);
+  const progress: number[] = [];
+  const r = await replicateTree(f.opts({ metrics, onProgress: (p) => progress.push(p.doneBytes) }));
+
+  assert.equal(r.present, false);
+  assert.equal(r.dest, join(f.receiverStore, SHORT));
+  await assertSameTree(f, r.dest);
+  for (const n of f.nodes) assert.ok((r.bySource[n.name] ?? 0) > 0, `${n.name} served bytes`);
+  assert.equal(r.receivedBytes, r.totalBytes, "every byte fetched once");
+  assert.equal(r.dropped.length, 0);
+  assert.ok(r.bytesPerSecond > 0 && r.durationMs > 0);
+  assert.equal(progress.at(-1), r.totalBytes, "progress ends at the total");
+  const text = await registry.metrics();
+  assert.match(text, /warmstart_node_agent_replications_total\{result="replicated"\} 1/);
+  assert.match(text, /warmstart_node_agent_replication_received_bytes_total\{source="node-2"\} [1-9]/);
+
+  const again = await replicateTree(f.opts());
+  assert.equal(again.present, true, "a committed tree is not fetched again");
+  assert.equal(again.receivedBytes, 0);
+});
+
+void test("a source closed mid-transfer is dropped and the tree completes from the others", async (t) => {
+  const f = await fixture(t);
+  const first = f.nodes[0] as Node;
+  let closed: Promise<void> | undefined;
+  const r = await replicateTree(
+    f.opts({
+      streams: 3,
+      onProgress: () => {
+        closed ??= first.server.close();
+      },
+    }),
+  );
+  await closed;
+  assert.deepEqual(
+    r.dropped.map((d) => d.node),
+    [first.name],
+  );
+  assert.ok(["error", "timeout"].includes(r.dropped[0]?.reason ?? ""), `reason ${r.dropped[0]?.reason}`);
+  await assertSameTree(f, r.dest);
+});
+
+void test("a source that flips a byte is caught by the digest and dropped, and the tree is still right", async (t) => {
+  const f = await fixture(t);
+  const liar = f.nodes[1] as Node;
+  // One wrong byte in every chunk of every file the liar holds: whatever it serves is wrong.
+  for (const [rel, body] of f.files) {
+    if (body.length === 0 || rel === LINK_B) continue;
+    const path = join(liar.tree, rel);
+    const bad = Buffer.from(body);
+    for (let off = 0; off < bad.length; off += CHUNK) bad[off] = (bad[off] as number) ^ 0x40;
+    chmodSync(path, 0o644);
+    writeFileSync(path, bad);
+  }
+  const registry = new Registry();
+  const metrics = createReplicationMetrics(registry);
+  const r = await replicateTree(f.opts({ metrics }));
+  assert.deepEqual(r.dropped, [{ node: liar.name, reason: "corrupt" }]);
+  await assertSameTree(f, r.dest);
+  assert.match(await registry.metrics(), /sources_dropped_total\{reason="corrupt"\} 1/);
+});
+
+void test("a manifest that does not hash to the record's digest fails the replication and commits nothing", async (t) => {
+  const f = await fixture(t);
+  const registry = new Registry();
+  const metrics = createReplicationMetrics(registry);
+  await assert.rejects(
+    replicateTree(f.opts({ expectedManifestDigest: "0".repeat(64), metrics })),
+    (err: unknown) => {
+      assert.ok(err instanceof ReplicationError);
+      assert.match(err.message, /no source left/);
+      assert.deepEqual(
+        err.dropped.map((d) => d.reason),
+        ["manifest", "manifest", "manifest"],
+      );
+      return true;
+    },
+  );
+  await assertNothingLeft(f.receiverStore);
+  assert.match(await registry.metrics(), /replications_total\{result="failed"\} 1/);
+});
+
+void test("a peer without a client certificate of the node agents' CA is refused", async (t) => {
+  const f = await fixture(t, 1);
+  const url = (f.nodes[0] as Node).url;
+  const ok = await get(url, paths.manifest(SHORT), tlsOf(f));
+  assert.equal(ok.status, 200, "the CA's client is served");
+  assert.equal(manifestDigestOf((f.nodes[0] as Node).tree), createHashHex(ok.body));
+
+  await assert.rejects(get(url, paths.manifest(SHORT), { ca: f.ca.cert }), "no client certificate");
+  const other = await createCA("someone else");
+  const foreign = await issueCert(other, { commonName: "node-x", usage: "both" });
+  await assert.rejects(get(url, paths.manifest(SHORT), { ca: f.ca.cert, ...foreign }), "foreign certificate");
+  await assert.rejects(replicateTree(f.opts({ tls: { ca: f.ca.cert, ...foreign } })), ReplicationError);
+  await assertNothingLeft(f.receiverStore);
+});
+
+void test("the authorize hook refuses a tree outside the peer's scope", async (t) => {
+  const seen: string[] = [];
+  const f = await fixture(t, 1, {
+    authorize: (short, peer) => {
+      seen.push(`${short}:${peer.commonName}`);
+      return peer.commonName !== "receiver";
+    },
+  });
+  const res = await get((f.nodes[0] as Node).url, paths.manifest(SHORT), tlsOf(f));
+  assert.equal(res.status, 403);
+  assert.deepEqual(seen, [`${SHORT}:receiver`]);
+  await assert.rejects(replicateTree(f.opts()), ReplicationError);
+});
+
+void test("the server serves only the manifest's regular files, below the tree, with correct ranges", async (t) => {
+  const f = await fixture(t, 1);
+  const node = f.nodes[0] as Node;
+  const tls = tlsOf(f);
+  const file = (rel: string): string => paths.file(SHORT, rel);
+  const big = f.files.get(BLOB_BIG) as Buffer;
+
+  const full = await get(node.url, file(KERNEL), tls);
+  assert.equal(full.status, 200);
+  assert.ok(full.body.equals(f.files.get(KERNEL) as Buffer));
+  assert.equal(full.headers[ACTIVE_STREAMS_HEADER], "0");
+  const part = await get(node.url, file(BLOB_BIG), tls, { range: "bytes=100-199" });
+  assert.equal(part.status, 206);
+  assert.equal(part.headers["content-range"], `bytes 100-199/${big.length}`);
+  assert.ok(part.body.equals(big.subarray(100, 200)));
+  const tail = await get(node.url, file(BLOB_BIG), tls, { range: "bytes=-10" });
+  assert.equal(tail.status, 206);
+  assert.ok(tail.body.equals(big.subarray(big.length - 10)));
+  const past = await get(node.url, file(BLOB_BIG), tls, { range: `bytes=${big.length}-` });
+  assert.equal(past.status, 416);
+  assert.equal(past.headers["content-range"], `bytes */${big.length}`);
+
+  const refused = async (path: string, status: number): Promise<void> => {
+    const res = await get(node.url, path, tls);
+    assert.equal(res.status, status, path);
+    assert.ok(!res.body.includes(Buffer.from("root:")), path);
+  };
+  await refused(`/v1/trees/${SHORT}/files/../../../../etc/passwd`, 404);
+  await refused(`/v1/trees/${SHORT}/files/..%2F..%2F..%2F..%2Fetc%2Fpasswd`, 404);
+  await refused(`/v1/trees/${SHORT}/files/%2Fetc%2Fpasswd`, 404);
+  await refused(`/v1/trees/${SHORT}/files/model%zz`, 400);
+  await refused(`/v1/trees/../${SHORT}/manifest`, 404);
+  await refused(`/v1/trees/not-a-hash/manifest`, 400);
+  await refused(file("no/such/file"), 404);
+  await refused(file(READY_MARKER), 404);
+  await refused(file(SNAP_WEIGHTS), 404); // a symlink of the tree, not a regular file
+  await refused("/etc/passwd", 404);
+
+  // A listed file swapped for a symlink to something outside is not followed.
+  chmodSync(node.tree, 0o755);
+  await rename(join(node.tree, TOP), join(node.tree, "top.moved"));
+  await symlink("/etc/passwd", join(node.tree, TOP));
+  await refused(file(TOP), 404);
+  // A listed file below a directory swapped for a symlink is not reached either.
+  chmodSync(join(node.tree, "cache/triton"), 0o755);
+  await rename(join(node.tree, "cache/triton/abc"), join(node.tree, "cache/triton/abc.moved"));
+  await symlink("abc.moved", join(node.tree, "cache/triton/abc"));
+  await refused(file(KERNEL), 404);
+});
+
+void test("a tree that is not committed is not served", async (t) => {
+  const f = await fixture(t, 1);
+  const node = f.nodes[0] as Node;
+  const tls = tlsOf(f);
+  chmodSync(node.tree, 0o755);
+  await rm(join(node.tree, READY_MARKER));
+  assert.equal((await get(node.url, paths.manifest(SHORT), tls)).status, 404);
+  assert.equal((await get(node.url, paths.meta(SHORT), tls)).status, 404);
+  assert.equal((await get(node.url, paths.file(SHORT, KERNEL), tls)).status, 404);
+  assert.equal((await get(node.url, paths.manifest("0123456789abcdef"), tls)).status, 404);
+  await assert.rejects(replicateTree(f.opts()), ReplicationError);
+  await assertNothingLeft(f.receiverStore);
+});
+
+void test("with every source dead mid-transfer the replication fails cleanly and leaves nothing", async (t) => {
+  const f = await fixture(t);
+  let closing: Promise<unknown> | undefined;
+  await assert.rejects(
+    replicateTree(
+      f.opts({
+        streams: 2,
+        onProgress: () => {
+          closing ??= Promise.all(f.nodes.map((n) => n.server.close()));
+        },
+      }),
+    ),
+    (err: unknown) => err instanceof ReplicationError && /no source left/.test(err.message),
+  );
+  assert.ok(closing, "the sources died while data was moving");
+  await assertNothingLeft(f.receiverStore);
+});
+
+void test("an abort stops the replication and leaves nothing", async (t) => {
+  const f = await fixture(t);
+  const ac = new AbortController();
+  await assert.rejects(
+    replicateTree(f.opts({ streams: 2, signal: ac.signal, onProgress: () => ac.abort() })),
+    /cancelled/,
+  );
+  await assertNothingLeft(f.receiverStore);
+});
+
+void test("a source that stalls is dropped after stallMs and another serves", async (t) => {
+  const f = await fixture(t, 1);
+  const pem = await issueCert(f.ca, { commonName: "staller", usage: "both", ips: ["127.0.0.1"] });
+  // Accepts, answers headers, then never sends a byte of the body.
+  const staller = https.createServer({ ca: f.ca.cert, ...pem, requestCert: true }, (_req, res) => {
+    res.writeHead(200, { "content-length": "1000" });
+    res.flushHeaders();
+  });
+  await new Promise<void>((resolve) => staller.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    staller.closeAllConnections();
+    staller.close();
+  });
+  const port = (staller.address() as { port: number }).port;
+  const r = await replicateTree(
+    f.opts({
+      stallMs: 300,
+      sources: [
+        { node: "staller", url: `https://127.0.0.1:${port}` },
+        { node: "node-0", url: (f.nodes[0] as Node).url },
+      ],
+    }),
+  );
+  assert.deepEqual(r.dropped, [{ node: "staller", reason: "timeout" }]);
+  await assertSameTree(f, r.dest);
+});
+
+const createHashHex = (b: Buffer): string => createHash("sha256").update(b).digest("hex");

@@ -1,0 +1,353 @@
+/**
+ * The peer server: serves this node's committed trees to other node agents, over HTTPS that
+ * requires a client certificate signed by the node agents' CA.
+ *
+ *   GET /v1/trees/<short>/manifest          the stored manifest, byte for byte
+ *   GET /v1/trees/<short>/meta              kind, mode, owner and nanosecond times of each entry
+ *   GET /v1/trees/<short>/files/<path>      a file the manifest lists, with byte ranges
+ *   GET /v1/load                            how many file streams this server is sending
+ *
+ * Every answer carries ACTIVE_STREAMS_HEADER, so a receiver learns how busy a source is from
+ * the responses it gets anyway. Only committed trees are served (ready marker, manifest naming a
+ * hash of that short); only regular files the manifest lists, opened below the tree's root with
+ * no symlink at any component (datapath/beneath.ts), and streamed with backpressure.
+ */
+import { createHash } from "node:crypto";
+import { closeSync, constants as fsc, fstatSync, readFileSync } from "node:fs";
+import { open } from "node:fs/promises";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import https from "node:https";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+import { pipeline } from "node:stream/promises";
+import type { TLSSocket } from "node:tls";
+import type { Logger } from "../../common/log.js";
+import { MANIFEST_FILE, READY_MARKER, shortHash } from "../../core/contract.js";
+import { at, closeFd, lstatAt, O_PATH, openBeneath, openDirNoFollow } from "../../datapath/beneath.js";
+import { nameFields, nameOf, parseManifest, type Manifest } from "../../datapath/manifest.js";
+import { scanTree } from "../../datapath/tree.js";
+import type { ReplicationMetrics } from "../metrics.js";
+import { ACTIVE_STREAMS_HEADER, decodeRel, parseRange, type TreeMeta } from "./plan.js";
+
+export interface PeerIdentity {
+  /** The client certificate's subject CN (the chart issues one per node agent). */
+  commonName: string;
+  organization?: string;
+  fingerprint256: string;
+}
+
+export interface TlsMaterial {
+  ca: string | Buffer;
+  cert: string | Buffer;
+  key: string | Buffer;
+}
+
+export interface PeerServerOptions {
+  /** The node's cache store: committed trees at `<storeDir>/<short>`. */
+  storeDir: string;
+  tls: TlsMaterial;
+  /** Whether `peer` may have the tree `short` (the node agent checks the sharing scope); default
+   * allows every authenticated peer. */
+  authorize?: (short: string, peer: PeerIdentity) => boolean | Promise<boolean>;
+  log?: Logger;
+  metrics?: ReplicationMetrics;
+  /** A connection with no traffic for this long is closed (a peer that stopped reading). */
+  idleTimeoutMs?: number;
+}
+
+/** One committed tree as served: its manifest bytes, and its files by byte-string name. */
+interface Served {
+  key: string;
+  raw: Buffer;
+  manifest: Manifest;
+  sizes: Map<string, number>;
+  meta?: Buffer;
+}
+
+class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const MAX_MANIFEST_BYTES = 512 * 1024 * 1024;
+
+/**
+ * Opens the committed tree `<storeDir>/<short>` (no symlink anywhere below the store) and calls
+ * `use` with its root descriptor and its manifest's descriptor and stat; undefined when the tree
+ * is not committed.
+ */
+function withTree<T>(
+  storeDir: string,
+  short: string,
+  use: (rootFd: number, manifestFd: number, key: string) => T,
+): T | undefined {
+  let rootFd: number;
+  try {
+    rootFd = openDirNoFollow(join(storeDir, short));
+  } catch {
+    return undefined;
+  }
+  try {
+    try {
+      if (!lstatAt(rootFd, READY_MARKER).isFile()) return undefined;
+    } catch {
+      return undefined;
+    }
+    let mfd: number;
+    try {
+      mfd = openBeneath(rootFd, MANIFEST_FILE, fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY);
+    } catch {
+      return undefined;
+    }
+    try {
+      const st = fstatSync(mfd, { bigint: true });
+      if (!st.isFile() || st.size > BigInt(MAX_MANIFEST_BYTES)) return undefined;
+      return use(rootFd, mfd, `${st.dev}:${st.ino}:${st.mtimeNs}:${st.size}`);
+    } finally {
+      closeFd(mfd);
+    }
+  } finally {
+    closeSync(rootFd);
+  }
+}
+
+/** The stored manifest of a committed tree, raw and parsed; undefined when there is none. */
+export function readStoredManifest(treeDir: string): { raw: Buffer; manifest: Manifest } | undefined {
+  const parts = treeDir.replace(/\/+$/, "").split("/");
+  const short = parts.pop() as string;
+  return withTree(parts.join("/") || "/", short, (_root, mfd) => {
+    const raw = readFileSync(mfd);
+    return { raw, manifest: parseManifest(raw.toString("utf8"), `${treeDir}/${MANIFEST_FILE}`) };
+  });
+}
+
+/** sha256 of a stored manifest's bytes, as the record carries it: what a receiver checks the
+ * manifest it fetched against. Throws when `treeDir` holds no committed tree. */
+export function manifestDigestOf(treeDir: string): string {
+  const stored = readStoredManifest(treeDir);
+  if (!stored) throw new Error(`${treeDir} holds no committed tree`);
+  return createHash("sha256").update(stored.raw).digest("hex");
+}
+
+export class PeerServer {
+  readonly server: https.Server;
+  private active = 0;
+  private readonly trees = new Map<string, Served>();
+
+  constructor(private readonly o: PeerServerOptions) {
+    this.server = https.createServer(
+      {
+        ca: o.tls.ca,
+        cert: o.tls.cert,
+        key: o.tls.key,
+        // Only node agents hold certificates of this CA: nobody else gets a byte of a tree.
+        requestCert: true,
+        rejectUnauthorized: true,
+        minVersion: "TLSv1.2",
+      },
+      (req, res) => void this.handle(req, res),
+    );
+    this.server.timeout = o.idleTimeoutMs ?? 60_000;
+    this.server.headersTimeout = 15_000;
+    this.server.keepAliveTimeout = 30_000;
+  }
+
+  /** File streams being sent now. */
+  get activeStreams(): number {
+    return this.active;
+  }
+
+  /** Listens; resolves with the port (0 picks a free one). */
+  listen(port: number, host: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.server.once("error", reject);
+      this.server.listen(port, host, () => {
+        this.server.off("error", reject);
+        resolve((this.server.address() as AddressInfo).port);
+      });
+    });
+  }
+
+  /** Stops listening and cuts every connection, streams included. */
+  close(): Promise<void> {
+    return new Promise((resolve) => {
+      this.server.close(() => resolve());
+      this.server.closeAllConnections();
+    });
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    res.setHeader(ACTIVE_STREAMS_HEADER, String(this.active));
+    try {
+      if (req.method !== "GET" && req.method !== "HEAD") throw new HttpError(405, "only GET and HEAD");
+      const url = req.url ?? "/";
+      if (url === "/v1/load")
+        return send(res, 200, JSON.stringify({ activeStreams: this.active }), "application/json");
+      const m = /^\/v1\/trees\/([^/]+)\/(manifest|meta|files\/(.+))$/.exec(url);
+      if (!m) throw new HttpError(404, "no such endpoint");
+      const short = m[1] as string;
+      if (!/^[0-9a-f]{16}$/.test(short)) throw new HttpError(400, "not a short hash");
+      const peer = peerOf(req);
+      if (!(await (this.o.authorize ?? (() => true))(short, peer))) {
+        this.o.log?.warn({ short, peer: peer.commonName }, "peer refused a tree outside its scope");
+        throw new HttpError(403, "not shared with this peer");
+      }
+      const tree = this.load(short);
+      if (!tree) throw new HttpError(404, "no committed tree");
+      if (m[2] === "manifest") return send(res, 200, tree.raw, "application/json", req.method === "HEAD");
+      if (m[2] === "meta")
+        return send(res, 200, await this.meta(short, tree), "application/json", req.method === "HEAD");
+      const rel = decodeRel(m[3] as string);
+      if (rel === undefined) throw new HttpError(400, "bad path encoding");
+      const size = tree.sizes.get(rel);
+      if (size === undefined) throw new HttpError(404, "not a file of this tree");
+      await this.sendFile(req, res, short, rel, size);
+    } catch (err) {
+      const status = err instanceof HttpError ? err.status : 500;
+      if (status === 500) this.o.log?.error({ err, url: req.url }, "peer request failed");
+      if (!res.headersSent) send(res, status, `${(err as Error).message}\n`, "text/plain");
+      else res.destroy();
+    }
+  }
+
+  /** The committed tree `short`, from the cache while its manifest is the same file. */
+  private load(short: string): Served | undefined {
+    return withTree(this.o.storeDir, short, (_root, mfd, key) => {
+      const cached = this.trees.get(short);
+      if (cached?.key === key) return cached;
+      const raw = readFileSync(mfd);
+      let manifest: Manifest;
+      try {
+        manifest = parseManifest(raw.toString("utf8"), `${short}/${MANIFEST_FILE}`);
+      } catch (err) {
+        this.o.log?.warn({ err, short }, "a committed tree's manifest does not parse; not serving it");
+        return undefined;
+      }
+      if (!manifest.hash || shortHash(manifest.hash) !== short) return undefined;
+      const sizes = new Map(manifest.files.map((f) => [nameOf(f.path, f.pathBytes), f.size]));
+      const served: Served = { key, raw, manifest, sizes };
+      this.trees.set(short, served);
+      return served;
+    });
+  }
+
+  /** Kind, mode, owner and times of every entry, walked below the root without symlinks. */
+  private async meta(short: string, tree: Served): Promise<Buffer> {
+    if (tree.meta) return tree.meta;
+    const rootFd = openDirNoFollow(join(this.o.storeDir, short));
+    let scanned;
+    try {
+      scanned = (await scanTree(rootFd, { reserved: [READY_MARKER, MANIFEST_FILE] })).entries;
+    } finally {
+      closeSync(rootFd);
+    }
+    const body: TreeMeta = {
+      hash: tree.manifest.hash,
+      entries: scanned.map((e) => ({
+        ...nameFields(e.rel, "path"),
+        // A committed tree holds nothing else: capture never copies specials.
+        kind: e.kind as "dir" | "file" | "symlink",
+        mode: Number(e.stat.mode) & 0o7777,
+        uid: Number(e.stat.uid),
+        gid: Number(e.stat.gid),
+        atimeNs: String(e.stat.atimeNs),
+        mtimeNs: String(e.stat.mtimeNs),
+      })),
+    };
+    tree.meta = Buffer.from(JSON.stringify(body));
+    return tree.meta;
+  }
+
+  private async sendFile(
+    req: IncomingMessage,
+    res: ServerResponse,
+    short: string,
+    rel: string,
+    size: number,
+  ): Promise<void> {
+    const pathFd = openTreeFile(join(this.o.storeDir, short), rel, size);
+    if (pathFd === undefined) throw new HttpError(404, "the file is not the one the manifest lists");
+    // Reopened through the checked descriptor: the stream gets an ordinary one of Node's fs.
+    const flags = fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY;
+    // O_NOATIME: serving a tree leaves its access times as captured (owner or root only).
+    const file = await open(at(pathFd), flags | fsc.O_NOATIME)
+      .catch((err: NodeJS.ErrnoException) => {
+        if (err.code !== "EPERM") throw err;
+        return open(at(pathFd), flags);
+      })
+      .finally(() => closeFd(pathFd));
+    try {
+      const ask = parseRange(req.headers.range, size);
+      res.setHeader("accept-ranges", "bytes");
+      if (ask.kind === "unsatisfiable") {
+        res.setHeader("content-range", `bytes */${size}`);
+        throw new HttpError(416, "range not satisfiable");
+      }
+      const [start, end] = ask.kind === "range" ? [ask.start, ask.end] : [0, size - 1];
+      res.statusCode = ask.kind === "range" ? 206 : 200;
+      res.setHeader("content-type", "application/octet-stream");
+      res.setHeader("content-length", String(end - start + 1));
+      if (ask.kind === "range") res.setHeader("content-range", `bytes ${start}-${end}/${size}`);
+      if (req.method === "HEAD" || size === 0) {
+        res.end();
+        return;
+      }
+      const stream = file.createReadStream({ start, end, highWaterMark: 1024 * 1024, autoClose: false });
+      stream.on("data", (b: Buffer | string) => this.o.metrics?.servedBytes.inc(b.length));
+      this.active++;
+      this.o.metrics?.servingStreams.inc();
+      try {
+        await pipeline(stream, res);
+      } catch (err) {
+        this.o.log?.debug({ err, short }, "a peer stream ended early");
+      } finally {
+        this.active--;
+        this.o.metrics?.servingStreams.dec();
+      }
+    } finally {
+      await file.close();
+    }
+  }
+}
+
+/**
+ * A descriptor (O_PATH) of the regular file `rel` of a committed tree, opened below its root
+ * with no symlink at any component; undefined when it is missing, not a regular file, or not of
+ * the manifest's size. The caller reopens it for reading and closes it.
+ */
+function openTreeFile(treeDir: string, rel: string, size: number): number | undefined {
+  let rootFd: number;
+  try {
+    rootFd = openDirNoFollow(treeDir);
+  } catch {
+    return undefined;
+  }
+  try {
+    const pathFd = openBeneath(rootFd, rel, O_PATH);
+    const st = fstatSync(pathFd, { bigint: true });
+    if (st.isFile() && st.size === BigInt(size)) return pathFd;
+    closeFd(pathFd);
+    return undefined;
+  } catch {
+    return undefined;
+  } finally {
+    closeSync(rootFd);
+  }
+}
+
+function peerOf(req: IncomingMessage): PeerIdentity {
+  const cert = (req.socket as TLSSocket).getPeerCertificate();
+  const subject = (cert.subject ?? {}) as unknown as Record<string, string | undefined>;
+  return { commonName: subject.CN ?? "", organization: subject.O, fingerprint256: cert.fingerprint256 ?? "" };
+}
+
+function send(res: ServerResponse, status: number, body: string | Buffer, type: string, head = false): void {
+  res.statusCode = status;
+  res.setHeader("content-type", type);
+  res.setHeader("content-length", String(Buffer.byteLength(body)));
+  res.end(head ? undefined : body);
+}

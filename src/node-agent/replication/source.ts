@@ -1,0 +1,197 @@
+/**
+ * One peer a receiver pulls from: its HTTPS agent (client certificate, kept-alive connections),
+ * what the receiver knows of its load, and the requests in flight to it, so dropping it cuts
+ * them all at once. A request that sees no byte for `stallMs` fails as a stall.
+ */
+import type { FileHandle } from "node:fs/promises";
+import type { ClientRequest, IncomingMessage } from "node:http";
+import https from "node:https";
+import type { TlsMaterial } from "./server.js";
+import { ACTIVE_STREAMS_HEADER, type SourceLoad } from "./plan.js";
+
+/** Why a source was given up on (the metric's label). */
+export type DropReason = "error" | "timeout" | "status" | "protocol" | "corrupt" | "manifest";
+
+/** A request to a source failed; `reason` says how, for the source's drop. */
+export class SourceError extends Error {
+  constructor(
+    readonly reason: DropReason,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+/** The receiver's own disk failed (not the source's fault: no source is dropped for it). */
+export class LocalIoError extends Error {}
+
+const local = async <T>(what: string, op: Promise<T>): Promise<T> => {
+  try {
+    return await op;
+  } catch (err) {
+    throw new LocalIoError(`${what}: ${(err as Error).message}`, { cause: err });
+  }
+};
+
+const ZERO = Buffer.alloc(1024 * 1024);
+const isZero = (b: Buffer): boolean => b.length <= ZERO.length && b.equals(ZERO.subarray(0, b.length));
+
+export class Source implements SourceLoad {
+  alive = true;
+  inflight = 0;
+  others = 0;
+  bytes = 0;
+  dropReason?: DropReason;
+  private readonly agent: https.Agent;
+  private readonly requests = new Set<ClientRequest>();
+  private readonly stalled = new WeakMap<IncomingMessage, SourceError>();
+
+  constructor(
+    readonly node: string,
+    readonly url: URL,
+    tls: TlsMaterial,
+    streams: number,
+    private readonly stallMs: number,
+    private readonly onBytes: (source: Source, n: number) => void,
+  ) {
+    this.agent = new https.Agent({
+      ca: tls.ca,
+      cert: tls.cert,
+      key: tls.key,
+      keepAlive: true,
+      maxSockets: streams,
+      // The CA signs node agents only, and the chart cannot know every node's address when it
+      // issues their certificates: the chain is the check, not the name (docs/adr/0010).
+      checkServerIdentity: () => undefined,
+    });
+  }
+
+  /** Gives up on this source: every request in flight to it fails now. */
+  drop(reason: DropReason): boolean {
+    if (!this.alive) return false;
+    this.alive = false;
+    this.dropReason = reason;
+    for (const r of this.requests)
+      r.destroy(new SourceError(reason, `source ${this.node} dropped (${reason})`));
+    this.agent.destroy();
+    return true;
+  }
+
+  close(): void {
+    for (const r of this.requests) r.destroy();
+    this.agent.destroy();
+  }
+
+  /** GET `path`; resolves with the response once its headers are in (any status). */
+  private get(path: string, headers: Record<string, string>, signal?: AbortSignal): Promise<IncomingMessage> {
+    if (!this.alive)
+      return Promise.reject(new SourceError(this.dropReason ?? "error", `source ${this.node} is dropped`));
+    return new Promise((resolve, reject) => {
+      const req = https.request(new URL(path, this.url), { agent: this.agent, headers, signal });
+      let response: IncomingMessage | undefined;
+      this.requests.add(req);
+      req.on("close", () => this.requests.delete(req));
+      req.setTimeout(this.stallMs, () => {
+        const err = new SourceError("timeout", `source ${this.node} sent nothing for ${this.stallMs} ms`);
+        // Once the body is flowing, the reader sees a bare "aborted": the reason is kept for it.
+        if (response) this.stalled.set(response, err);
+        req.destroy(err);
+      });
+      req.on("error", (err) => reject(asSourceError(err, this.node)));
+      req.on("response", (res) => {
+        response = res;
+        const active = Number(res.headers[ACTIVE_STREAMS_HEADER]);
+        // Its count includes our own streams to it.
+        if (Number.isFinite(active)) this.others = Math.max(0, active - this.inflight + 1);
+        resolve(res);
+      });
+      req.end();
+    });
+  }
+
+  /** The whole body of `path` (manifest, metadata), at most `max` bytes. */
+  async fetchBody(path: string, max: number, signal?: AbortSignal): Promise<Buffer> {
+    const res = await this.get(path, {}, signal);
+    try {
+      if (res.statusCode !== 200)
+        throw new SourceError("status", `source ${this.node}: ${path} answered ${res.statusCode}`);
+      const parts: Buffer[] = [];
+      let n = 0;
+      for await (const b of res as AsyncIterable<Buffer>) {
+        n += b.length;
+        if (n > max)
+          throw new SourceError("protocol", `source ${this.node}: ${path} is larger than ${max} bytes`);
+        parts.push(b);
+      }
+      if (!res.complete) throw new SourceError("error", `source ${this.node}: ${path} ended early`);
+      return Buffer.concat(parts);
+    } catch (err) {
+      res.destroy();
+      throw this.stalled.get(res) ?? asSourceError(err, this.node);
+    }
+  }
+
+  /**
+   * Fetches `length` bytes at `offset` of the file at `path` into `fh` at the same offset, with
+   * positional writes as they arrive (the socket waits for the disk: no buffering). `skipZeros`
+   * leaves runs of zeros unwritten (the file was created sparse at its size), so holes stay
+   * holes. With `compare`, each run is first read back from `fh`; resolves with whether any
+   * byte on disk differed from what this source sent.
+   */
+  async fetchRange(
+    path: string,
+    offset: number,
+    length: number,
+    fh: FileHandle,
+    o: { skipZeros: boolean; compare: boolean; signal?: AbortSignal },
+  ): Promise<boolean> {
+    this.inflight++;
+    try {
+      const end = offset + length - 1;
+      const res = await this.get(path, { range: `bytes=${offset}-${end}` }, o.signal);
+      let differed = false;
+      try {
+        if (res.statusCode !== 206)
+          throw new SourceError("status", `source ${this.node}: range of ${path} answered ${res.statusCode}`);
+        const cr = /^bytes (\d+)-(\d+)\/\d+$/.exec(String(res.headers["content-range"]));
+        if (!cr || Number(cr[1]) !== offset || Number(cr[2]) !== end)
+          throw new SourceError("protocol", `source ${this.node}: wrong content-range for ${path}`);
+        let pos = offset;
+        const scratch = o.compare ? Buffer.allocUnsafe(1024 * 1024) : undefined;
+        for await (const b of res as AsyncIterable<Buffer>) {
+          if (pos + b.length > offset + length)
+            throw new SourceError("protocol", `source ${this.node}: more bytes than asked for ${path}`);
+          if (scratch) {
+            for (let i = 0; i < b.length; i += scratch.length) {
+              const part = b.subarray(i, i + scratch.length);
+              const { bytesRead } = await local("reading back", fh.read(scratch, 0, part.length, pos + i));
+              if (bytesRead !== part.length || !part.equals(scratch.subarray(0, part.length)))
+                differed = true;
+            }
+          }
+          if (!(o.skipZeros && isZero(b))) await local("writing", fh.write(b, 0, b.length, pos));
+          pos += b.length;
+          this.bytes += b.length;
+          this.onBytes(this, b.length);
+        }
+        if (pos !== offset + length)
+          throw new SourceError("error", `source ${this.node}: ${path} ended early`);
+        return differed;
+      } catch (err) {
+        res.destroy();
+        throw this.stalled.get(res) ?? asSourceError(err, this.node);
+      }
+    } finally {
+      this.inflight--;
+    }
+  }
+}
+
+function asSourceError(err: unknown, node: string): Error {
+  if (err instanceof SourceError || err instanceof LocalIoError) return err;
+  const e = err as Error;
+  // An abort is the caller's, not the source's fault: passed on as it is.
+  if (e.name === "AbortError") return e;
+  return new SourceError("error", `source ${node}: ${e.message}`, { cause: err });
+}
