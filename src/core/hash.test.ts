@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import type { V1Container, V1EnvVar, V1Pod } from "@kubernetes/client-node";
 import { classifyPod } from "./classify.js";
 import { REDACTED, cacheHash, hashOfInputs, scopeOfInputs, sealInputs, stripRoleArgs } from "./hash.js";
-import { scopeKey } from "./scope.js";
+import { namespaceInScope, scopeKey } from "./scope.js";
 
 function pod(c: Partial<V1Container>, extra: V1Container[] = []): V1Pod {
   return {
@@ -516,6 +516,25 @@ void describe("cacheHash: sharing scope", () => {
     assert.equal(scopeKey("group", "b", { "warmstart.dev/share-group": "g" }), "group:g");
     assert.equal(scopeKey("group", "c", {}), "namespace:c");
     assert.equal(scopeKey("group", "c", { "warmstart.dev/share-group": "" }), "namespace:c");
+  });
+
+  void test("namespaceInScope: a namespace is inside a scope key exactly when scopeKey would give it", () => {
+    const g = { "warmstart.dev/share-group": "g" };
+    assert.equal(namespaceInScope("cluster", "any", undefined), true);
+    assert.equal(namespaceInScope("namespace:a", "a", undefined), true);
+    assert.equal(namespaceInScope("namespace:a", "b", g), false, "another namespace");
+    assert.equal(namespaceInScope("group:g", "b", g), true);
+    assert.equal(namespaceInScope("group:g", "c", {}), false, "no label: its own group");
+    assert.equal(namespaceInScope("group:g", "c", { "warmstart.dev/share-group": "h" }), false);
+    assert.equal(namespaceInScope("namespace:", "", undefined), false, "no namespace is no scope");
+    assert.equal(namespaceInScope("bogus", "a", g), false, "an unknown key admits nobody");
+    for (const scope of ["cluster", "namespace", "group"] as const)
+      for (const [ns, labels] of [
+        ["a", g],
+        ["b", {}],
+        ["c", { "warmstart.dev/share-group": "h" }],
+      ] as const)
+        assert.equal(namespaceInScope(scopeKey(scope, ns, labels), ns, labels), true, `${scope} ${ns}`);
   });
 
   void test("a record's scope is read from its inputs; none means the cluster", () => {

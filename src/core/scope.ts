@@ -24,3 +24,23 @@ export function scopeKey(
   if (scope === "group" && group) return `group:${group}`;
   return `namespace:${namespace}`;
 }
+
+/**
+ * Whether a namespace lies inside a cache's scope key (a record's `scopeOfInputs`). A pod's stamp
+ * says which hash it wants, not that it may have it: claims go only where this holds.
+ */
+export function namespaceInScope(
+  scope: string,
+  namespace: string,
+  namespaceLabels: Readonly<Record<string, string>> | undefined,
+): boolean {
+  if (!namespace) return false;
+  if (scope === CLUSTER_SCOPE_KEY) return true;
+  if (scope.startsWith("namespace:")) return scope === `namespace:${namespace}`;
+  if (scope.startsWith("group:"))
+    return namespaceLabels?.[LABEL_SHARE_GROUP] === scope.slice("group:".length);
+  return false;
+}
+
+/** Whether deciding `namespaceInScope` needs the namespace's labels. */
+export const scopeNeedsLabels = (scope: string): boolean => scope.startsWith("group:");

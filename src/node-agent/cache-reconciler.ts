@@ -9,6 +9,7 @@
 import type * as k8s from "@kubernetes/client-node";
 import type { ReconcileContext, ReconcileResult } from "../common/controller/controller.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
+import { scopeOfInputs } from "../core/hash.js";
 import { sourceOf, type CacheSource } from "../promote/source.js";
 import type { AgentParts } from "./parts.js";
 import type { PromoteContext, PromoteOutcome, Promoter } from "./promoter.js";
@@ -29,7 +30,7 @@ export interface CacheReconcilerDeps {
   pod(namespace: string, name: string): k8s.V1Pod | undefined;
   removeTree(short: string, why: string): Promise<void>;
   promote(hash: string, ctx: PromoteContext): Promise<PromoteOutcome>;
-  keepClaims(short: string, source: CacheSource): Promise<boolean>;
+  keepClaims(short: string, scope: string, source: CacheSource): Promise<boolean>;
 }
 
 export function cacheReconciler(
@@ -59,7 +60,7 @@ export function cacheReconciler(
 
     if (status.phase === "Ready") {
       const source = sourceOf(cache);
-      if (source) await d.keepClaims(short, source);
+      if (source) await d.keepClaims(short, scopeOfInputs(cache.spec.inputs), source);
       return;
     }
     if (!ours) return;
@@ -101,7 +102,7 @@ export function cacheReconcilerDeps(
         throw err;
       }
     },
-    keepClaims: (short, source) => o.promoter.keepClaims(short, source),
+    keepClaims: (short, scope, source) => o.promoter.keepClaims(short, scope, source),
     capturing: o.capturing,
     removeTree: o.removeTree,
     lastResync: o.lastResync,

@@ -6,6 +6,7 @@
 import { performance } from "node:perf_hooks";
 import type * as k8s from "@kubernetes/client-node";
 import { ANN_CACHE_SOURCE, claimName, shortHash } from "../core/contract.js";
+import { scopeOfInputs } from "../core/hash.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { formatBytes } from "../datapath/progress.js";
 import { describeFailures, ensureClaimsForStampedPods, type ClaimsResult } from "../promote/promote.js";
@@ -108,7 +109,8 @@ export class Promoter {
       }
     }
 
-    const claims = await this.ensureClaims(short, source, pod?.metadata?.namespace);
+    const scope = scopeOfInputs(moved.cache.spec.inputs);
+    const claims = await this.ensureClaims(short, scope, source, pod?.metadata?.namespace);
     if (!claims.ok) {
       const message = claims.unsupported ?? describeFailures(claims);
       if (wasReady) {
@@ -157,13 +159,16 @@ export class Promoter {
     );
     // Followers admitted while this ran (after the namespaces were listed) get theirs now; the
     // cache's periodic look covers anything later still.
-    await this.keepClaims(short, source);
+    await this.keepClaims(short, scope, source);
     return "ready";
   }
 
-  /** A Ready cache's claims in every namespace with stamped pods, added to the record's list. */
-  async keepClaims(short: string, source: CacheSource): Promise<boolean> {
-    const claims = await this.ensureClaims(short, source, undefined);
+  /**
+   * A Ready cache's claims in every namespace of its scope (`scopeOfInputs` of its record) with
+   * stamped pods, added to the record's list.
+   */
+  async keepClaims(short: string, scope: string, source: CacheSource): Promise<boolean> {
+    const claims = await this.ensureClaims(short, scope, source, undefined);
     if (claims.ok) await this.recordNamespaces(short, claims.namespaces);
     else
       this.p.log.warn(
@@ -175,6 +180,7 @@ export class Promoter {
 
   private ensureClaims(
     short: string,
+    scope: string,
     source: CacheSource,
     leaderNamespace: string | undefined,
   ): Promise<ClaimsResult> {
@@ -183,6 +189,7 @@ export class Promoter {
     return ensureClaimsForStampedPods({
       clients: this.p.clients,
       short,
+      scope,
       source,
       log: this.p.log.child({ hash: short }),
       extraNamespaces: leaderNamespace ? [leaderNamespace] : [],

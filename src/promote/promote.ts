@@ -9,7 +9,8 @@ import type * as k8s from "@kubernetes/client-node";
 import { setTimeout as sleep } from "node:timers/promises";
 import { LABEL_HASH } from "../core/contract.js";
 import { Backoff } from "../core/backoff.js";
-import { apiError } from "../common/kube.js";
+import { apiError, isNotFound } from "../common/kube.js";
+import { namespaceInScope, scopeNeedsLabels } from "../core/scope.js";
 import type { Logger } from "../common/log.js";
 import { ensureClaim, UnsupportedBackendError, type EnsureOutcome, type PromoteClients } from "./claims.js";
 import type { CacheSource } from "./source.js";
@@ -71,6 +72,8 @@ export async function stampedNamespaces(core: k8s.CoreV1Api, short: string): Pro
 export interface EnsureAllOptions {
   clients: PromoteClients;
   short: string;
+  /** The cache's scope key (its record's): no claim is made in a namespace outside it. */
+  scope: string;
   source: CacheSource;
   log: Logger;
   /** Namespaces to cover besides those found by label (the leader's). */
@@ -83,14 +86,43 @@ export interface EnsureAllOptions {
   onAttempt?: (namespace: string, result: "created" | "exists" | "gone" | "retry" | "failed") => void;
 }
 
-/** Ensures the claim in every namespace with stamped pods, each with its own bounded retries. */
+async function inScope(o: EnsureAllOptions, namespace: string): Promise<boolean> {
+  if (!scopeNeedsLabels(o.scope)) return namespaceInScope(o.scope, namespace, undefined);
+  const labels = await retry(
+    async () => {
+      try {
+        return (await o.clients.core.readNamespace({ name: namespace })).metadata?.labels ?? {};
+      } catch (err) {
+        if (isNotFound(err)) return undefined;
+        throw apiError(`reading Namespace ${namespace}`, err);
+      }
+    },
+    { ...DEFAULT_CLAIM_RETRY, ...o.retry, signal: o.signal },
+  );
+  return labels !== undefined && namespaceInScope(o.scope, namespace, labels);
+}
+
+/**
+ * Ensures the claim in every namespace inside the cache's scope with stamped pods, each with its
+ * own bounded retries.
+ */
 export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<ClaimsResult> {
   const found = await retry(() => stampedNamespaces(o.clients.core, o.short), {
     ...DEFAULT_CLAIM_RETRY,
     ...o.retry,
     signal: o.signal,
   });
-  const namespaces = [...new Set([...found, ...(o.extraNamespaces ?? [])])].sort();
+  const wanted = [...new Set([...found, ...(o.extraNamespaces ?? [])])].sort();
+  // A stamp is a claim, not a proof (the webhook may have failed open on a forged one).
+  const namespaces: string[] = [];
+  for (const ns of wanted) {
+    if (await inScope(o, ns)) namespaces.push(ns);
+    else
+      o.log.warn(
+        { namespace: ns, scope: o.scope },
+        "pods stamped with this cache in a namespace outside its scope: no claim there",
+      );
+  }
   const results: NamespaceResult[] = [];
   let unsupported: string | undefined;
   const queue = [...namespaces];

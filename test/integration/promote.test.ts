@@ -18,6 +18,7 @@ import {
   ANN_CACHE_SOURCE,
   LABEL_HASH,
   LABEL_NAMESPACE,
+  LABEL_SHARE_GROUP,
   SKIP,
   STORAGE_PROFILES_CONFIGMAP,
   claimName,
@@ -209,6 +210,57 @@ for (const [backend, make] of [
   });
 }
 
+/** A pod in `namespace` wearing the cache's label, as a forger (or a webhook that failed open) leaves it. */
+async function stampedPod(namespace: string, short: string): Promise<void> {
+  const { core } = await kube();
+  const name = `stamped-${short}`;
+  await core.createNamespacedPod({
+    namespace,
+    body: {
+      metadata: { name, annotations: { [SKIP]: "true" } },
+      spec: { containers: [{ name: "c", image: "busybox" }], schedulingGates: [{ name: "test/hold" }] },
+    },
+  });
+  await core.patchNamespacedPod(
+    { namespace, name, body: { metadata: { labels: { [LABEL_HASH]: short } } } },
+    mergePatch,
+  );
+}
+
+void test("a forged hash label in a namespace outside the cache's scope gets no claim (namespace and group scopes)", async (t) => {
+  const { kc, core } = await kube();
+  const owner = await tempNamespace(t, "scope-owner");
+  const attacker = await tempNamespace(t, "scope-attacker");
+  const mate = await tempNamespace(t, "scope-mate");
+  const group = `g-${randomBytes(4).toString("hex")}`;
+  for (const ns of [owner, mate])
+    await core.patchNamespace(
+      { name: ns, body: { metadata: { labels: { [LABEL_SHARE_GROUP]: group } } } },
+      mergePatch,
+    );
+  for (const [scope, allowed] of [
+    [`namespace:${owner}`, [owner]],
+    [`group:${group}`, [mate, owner].sort()],
+  ] as const) {
+    const short = newShort();
+    cleanup(t, short);
+    for (const ns of [owner, attacker, mate]) await stampedPod(ns, short);
+    const r = await ensureClaimsForStampedPods({
+      clients: promoteClients(kc),
+      short,
+      scope,
+      source: hostPathSource(short),
+      log,
+    });
+    assert.equal(r.ok, true, JSON.stringify(r.results));
+    assert.deepEqual(r.namespaces, allowed, scope);
+    const claim = await core
+      .readNamespacedPersistentVolumeClaim({ namespace: attacker, name: claimName(short) })
+      .catch((err: unknown) => (ignoreNotFound(err), undefined));
+    assert.equal(claim, undefined, `${scope}: no claim in the forger's namespace`);
+  }
+});
+
 void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim counts, in every namespace with stamped pods", async (t) => {
   const { kc, core, custom } = await kube();
   const storage = kc.makeApiClient(k8s.StorageV1Api);
@@ -245,6 +297,7 @@ void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim cou
   const r = await ensureClaimsForStampedPods({
     clients: promoteClients(kc),
     short,
+    scope: "cluster",
     source: snapshotSource(className),
     log,
   });
