@@ -222,7 +222,7 @@ export function syncfsFd(fd: number, what: string): Promise<void> {
   if (!lib) return Promise.reject(new Error("syncfs needs the native helpers"));
   return new Promise((resolve, reject) => {
     lib.syncfs.async(fd, (err, r) => {
-      if (err) reject(err instanceof Error ? err : new Error(String(err)));
+      if (err) reject(err instanceof Error ? err : new Error("syncfs call failed", { cause: err }));
       else if (r !== 0) reject(errnoError("syncfs", what, lib.errno()));
       else resolve();
     });

@@ -97,10 +97,19 @@ function warm(fd: number): void {
     report.bytes += readRange(fd, 0, size);
     return;
   }
-  // Partly there (a follower on a node where another replica read part of it): chunk by chunk.
-  for (let pos = 0; pos < size; pos += buf.length) {
+  // Partly there (a follower on a node where another replica read part of it): chunk by chunk,
+  // every chunk looked up before any is read, so what the kernel reads ahead for us is not
+  // taken for what was there before.
+  const chunks = Math.ceil(size / buf.length);
+  const there = new Uint8Array(chunks);
+  for (let c = 0; c < chunks; c++) {
+    const pos = c * buf.length;
+    there[c] = missingPages(fd, pos, Math.min(buf.length, size - pos)) === 0 ? 1 : 0;
+  }
+  for (let c = 0; c < chunks; c++) {
+    const pos = c * buf.length;
     const end = Math.min(size, pos + buf.length);
-    if (missingPages(fd, pos, end - pos) === 0) report.residentBytes += end - pos;
+    if (there[c]) report.residentBytes += end - pos;
     else report.bytes += readRange(fd, pos, end);
   }
 }
