@@ -88,7 +88,14 @@ export async function finishTree(staging: string, plan: TreePlan): Promise<void>
 export async function commitTree(
   staging: string,
   dest: string,
-  o: { manifest: Buffer; hash: string; root: EntryMeta; durable: boolean; beforeRename: () => void },
+  o: {
+    manifest: Buffer;
+    hash: string;
+    capturedAt: string;
+    root: EntryMeta;
+    durable: boolean;
+    beforeRename: () => void;
+  },
 ): Promise<void> {
   if (o.durable) await syncFilesystem(staging);
   await writeDurably(`${staging}/${MANIFEST_FILE}`, o.manifest.toString("utf8"));
@@ -104,10 +111,8 @@ export async function commitTree(
     throw err;
   }
   await fsyncDir(dirname(dest));
-  await writeReadyMarker(
-    dest,
-    `${JSON.stringify({ hash: o.hash, replicatedAt: new Date().toISOString() })}\n`,
-  );
+  const marker = { hash: o.hash, capturedAt: o.capturedAt, replicatedAt: new Date().toISOString() };
+  await writeReadyMarker(dest, `${JSON.stringify(marker)}\n`);
   const fh = await open(dest, "r");
   try {
     await fh.chmod(o.root.mode & READ_ONLY_BITS);

@@ -8,7 +8,7 @@
  */
 import { z } from "zod";
 import { MANIFEST_FILE, READY_MARKER } from "../../core/contract.js";
-import { digestAvailable, type DigestAlgorithm } from "../../datapath/digest.js";
+import { digestAvailable, digestOf, type DigestAlgorithm } from "../../datapath/digest.js";
 import { nameOf, type Manifest } from "../../datapath/manifest.js";
 import { staysInside } from "../../datapath/tree.js";
 
@@ -158,6 +158,7 @@ export function checkManifest(m: Manifest, hash: string): void {
   if (m.hash !== hash) throw new Error(`the manifest is for ${m.hash || "no hash"}, not ${hash}`);
   if (!digestAvailable(m.digest)) throw new Error(`this node cannot compute ${m.digest} digests`);
   if (m.fileCount !== m.files.length) throw new Error("the manifest's fileCount is not its file list");
+  const empty = digestOf(m.digest, "");
   const seen = new Set<string>();
   const data = new Map<string, { size: number; digest: string }>();
   let total = 0;
@@ -166,6 +167,8 @@ export function checkManifest(m: Manifest, hash: string): void {
     if (!safeRel(rel) || seen.has(rel))
       throw new Error(`the manifest lists a bad or repeated path: ${f.path}`);
     seen.add(rel);
+    // An empty file is never fetched, so its digest is checked here.
+    if (f.size === 0 && f.digest !== empty) throw new Error(`empty file ${f.path} has another digest`);
     if (f.linkTo === undefined) {
       data.set(rel, f);
       total += f.size;

@@ -228,6 +228,7 @@ class Run {
     await commitTree(staging, dest, {
       manifest: raw,
       hash: this.o.hash,
+      capturedAt: manifest.createdAt,
       root: plan.root,
       durable: this.o.durable ?? true,
       beforeRename: () => this.check(),
@@ -300,9 +301,19 @@ class Run {
         continue;
       }
       // It is the leader's manifest: if it is unusable, no other source can do better.
-      const manifest = parseManifest(raw.toString("utf8"), `of ${this.short} from ${s.node}`);
-      checkManifest(manifest, this.o.hash);
-      return { raw, manifest, from: i };
+      try {
+        const manifest = parseManifest(raw.toString("utf8"), `of ${this.short} from ${s.node}`);
+        checkManifest(manifest, this.o.hash);
+        return { raw, manifest, from: i };
+      } catch (err) {
+        throw new ReplicationError(
+          `the record's manifest cannot be used: ${(err as Error).message}`,
+          this.dropped,
+          {
+            cause: err,
+          },
+        );
+      }
     }
   }
 

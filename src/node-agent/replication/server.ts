@@ -216,6 +216,12 @@ export class PeerServer {
 
   /** The committed tree `short`, from the cache while its manifest is the same file. */
   private load(short: string): Served | undefined {
+    const served = this.read(short);
+    if (!served) this.trees.delete(short);
+    return served;
+  }
+
+  private read(short: string): Served | undefined {
     return withTree(this.o.storeDir, short, (_root, mfd, key) => {
       const cached = this.trees.get(short);
       if (cached?.key === key) return cached;

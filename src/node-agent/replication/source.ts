@@ -112,7 +112,15 @@ export class Source implements SourceLoad {
 
   /** The whole body of `path` (manifest, metadata), at most `max` bytes. */
   async fetchBody(path: string, max: number, signal?: AbortSignal): Promise<Buffer> {
-    const res = await this.get(path, {}, signal);
+    this.inflight++;
+    try {
+      return await this.body(await this.get(path, {}, signal), path, max);
+    } finally {
+      this.inflight--;
+    }
+  }
+
+  private async body(res: IncomingMessage, path: string, max: number): Promise<Buffer> {
     try {
       if (res.statusCode !== 200)
         throw new SourceError("status", `source ${this.node}: ${path} answered ${res.statusCode}`);
