@@ -34,7 +34,8 @@ const local = async <T>(what: string, op: Promise<T>): Promise<T> => {
   }
 };
 
-const ZERO = Buffer.alloc(1024 * 1024);
+const RUN_BYTES = 1024 * 1024;
+const ZERO = Buffer.alloc(64 * 1024);
 const isZero = (b: Buffer): boolean => b.length <= ZERO.length && b.equals(ZERO.subarray(0, b.length));
 
 export class Source implements SourceLoad {
@@ -166,23 +167,28 @@ export class Source implements SourceLoad {
         if (!cr || Number(cr[1]) !== offset || Number(cr[2]) !== end)
           throw new SourceError("protocol", `source ${this.node}: wrong content-range for ${path}`);
         let pos = offset;
-        const scratch = o.compare ? Buffer.allocUnsafe(1024 * 1024) : undefined;
+        // Pieces arrive as TLS records (16 KiB): gathered into runs of about 1 MiB, one
+        // positional write each, while the socket waits.
+        let run: Buffer[] = [];
+        let runBytes = 0;
+        const flush = async (): Promise<void> => {
+          if (runBytes === 0) return;
+          if (o.compare && (await differs(fh, run, pos))) differed = true;
+          if (!(o.skipZeros && run.every(isZero))) await local("writing", fh.writev(run, pos));
+          pos += runBytes;
+          run = [];
+          runBytes = 0;
+        };
         for await (const b of res as AsyncIterable<Buffer>) {
-          if (pos + b.length > offset + length)
+          if (pos + runBytes + b.length > offset + length)
             throw new SourceError("protocol", `source ${this.node}: more bytes than asked for ${path}`);
-          if (scratch) {
-            for (let i = 0; i < b.length; i += scratch.length) {
-              const part = b.subarray(i, i + scratch.length);
-              const { bytesRead } = await local("reading back", fh.read(scratch, 0, part.length, pos + i));
-              if (bytesRead !== part.length || !part.equals(scratch.subarray(0, part.length)))
-                differed = true;
-            }
-          }
-          if (!(o.skipZeros && isZero(b))) await local("writing", fh.write(b, 0, b.length, pos));
-          pos += b.length;
+          run.push(b);
+          runBytes += b.length;
           this.bytes += b.length;
           this.onBytes(this, b.length);
+          if (runBytes >= RUN_BYTES) await flush();
         }
+        await flush();
         if (pos !== offset + length)
           throw new SourceError("error", `source ${this.node}: ${path} ended early`);
         return differed;
@@ -194,6 +200,18 @@ export class Source implements SourceLoad {
       this.inflight--;
     }
   }
+}
+
+/** Whether the bytes at `pos` of `fh` differ from `run`. */
+async function differs(fh: FileHandle, run: readonly Buffer[], pos: number): Promise<boolean> {
+  let at = pos;
+  for (const b of run) {
+    const have = Buffer.allocUnsafe(b.length);
+    const { bytesRead } = await local("reading back", fh.read(have, 0, b.length, at));
+    if (bytesRead !== b.length || !have.equals(b)) return true;
+    at += b.length;
+  }
+  return false;
 }
 
 function asSourceError(err: unknown, node: string): Error {
