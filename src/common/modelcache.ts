@@ -47,3 +47,16 @@ export async function getModelCache(
   }
   return parseModelCache(found);
 }
+
+/**
+ * Whether the election record names this pod: admission records the leader's namespace, and its
+ * name when the pod had one. Wearing the election's id proves nothing (the record, readable
+ * cluster-wide, shows it); a pod elsewhere is never the leader.
+ */
+export function recordNamesPod(
+  leader: { namespace?: string; name?: string } | undefined,
+  pod: { namespace?: string; name?: string },
+): boolean {
+  if (!leader?.namespace || leader.namespace !== pod.namespace) return false;
+  return !leader.name || leader.name === pod.name;
+}

@@ -36,13 +36,22 @@ export function timeToReadySeconds(pod: k8s.V1Pod): number | undefined {
  * A pod that says it leads an election on this node, Ready or not: the first one seen is recorded
  * as the election's leader (a copy of its stamps can only come later).
  */
-export function leaderSighting(pod: k8s.V1Pod, node: string): { hash: string; election: string } | undefined {
+export interface LeaderSighting {
+  hash: string;
+  election: string;
+  namespace: string;
+  name: string;
+}
+
+export function leaderSighting(pod: k8s.V1Pod, node: string): LeaderSighting | undefined {
   const d = decidePod(pod, node);
-  if (d.action === "consider") return { hash: d.hash, election: d.election };
+  const at = { namespace: pod.metadata?.namespace ?? "", name: pod.metadata?.name ?? "" };
+  if (d.action === "consider") return { hash: d.hash, election: d.election, ...at };
   if (d.reason !== "not-ready") return undefined;
   return {
     hash: pod.metadata!.annotations![ANN_HASH]!,
     election: pod.metadata!.annotations![ANN_ELECTION_ID]!,
+    ...at,
   };
 }
 

@@ -8,10 +8,11 @@ import type * as k8s from "@kubernetes/client-node";
 import type { LeaderClaim } from "../common/cache-record.js";
 import { apiError, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
-import { recordedLeader } from "../common/modelcache.js";
+import { recordNamesPod, recordedLeader } from "../common/modelcache.js";
 import { classifyPod } from "../core/classify.js";
 import { redactUrlCredentials } from "../core/env.js";
-import { ANN_HASH, leaseName, shortHash } from "../core/contract.js";
+import { ANN_HASH, ANN_LEADER_NAMESPACE, leaseName, shortHash } from "../core/contract.js";
+import type { LeaderSighting } from "./decide.js";
 import type { AgentParts } from "./parts.js";
 
 /**
@@ -21,7 +22,7 @@ import type { AgentParts } from "./parts.js";
  */
 export async function sightLeader(
   p: AgentParts,
-  seen: { hash: string; election: string },
+  seen: LeaderSighting,
   uid: string,
   log: Logger,
 ): Promise<void> {
@@ -31,6 +32,13 @@ export async function sightLeader(
   // Not this election's record (yet): a later pass looks again.
   if (!cache || cache.spec.electionId !== seen.election || cache.metadata.deletionTimestamp) return;
   if (recordedLeader(cache)) return;
+  if (!recordNamesPod(cache.spec.leader, seen)) {
+    log.warn(
+      { election: seen.election, leader: cache.spec.leader },
+      "ignored: wears the election's id, but the record names another pod",
+    );
+    return;
+  }
   const claim = await p.records.claimLeader(seen.hash, seen.election, uid);
   if (!claim.ok) log.warn({ election: seen.election, why: claim.why }, "ignored: not the elected leader");
 }
@@ -55,7 +63,13 @@ export async function checkLeader(
   }
   const leaseHash = lease.metadata?.annotations?.[ANN_HASH];
   if (leaseHash && leaseHash !== hash) return { ok: false, why: `the Lease is for hash ${leaseHash}` };
-  cache ??= await p.records.get(short);
+  const at = { namespace: pod.metadata?.namespace, name: pod.metadata?.name };
+  const leaseNamespace = lease.metadata?.annotations?.[ANN_LEADER_NAMESPACE];
+  if (leaseNamespace !== at.namespace)
+    return { ok: false, why: `the election's leader is in namespace ${leaseNamespace ?? "(none)"}` };
+  if (cache?.spec.electionId !== election) cache = await p.records.get(short);
+  if (cache && cache.spec.electionId === election && !recordNamesPod(cache.spec.leader, at))
+    return { ok: false, why: "the election's record names another pod", cache };
   if (!cache) {
     // The election's record is gone (deleted on purpose, or never written): the Lease vouches for it.
     const model = classifyPod(pod).model;

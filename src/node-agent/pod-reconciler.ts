@@ -14,7 +14,14 @@ import type { Manifest } from "../datapath/manifest.js";
 import { SETTLED } from "./capture-jobs.js";
 import { checkLeader, sightLeader } from "./leader.js";
 import type { AgentParts } from "./parts.js";
-import { cancelReasonFor, cancelsCapture, decidePod, leaderSighting, readySince } from "./decide.js";
+import {
+  cancelReasonFor,
+  cancelsCapture,
+  decidePod,
+  leaderSighting,
+  readySince,
+  type LeaderSighting,
+} from "./decide.js";
 import type { CaptureMarks, Mark, ReleaseReason } from "./marks.js";
 import type { NodeAgentMetrics } from "./metrics.js";
 
@@ -31,7 +38,7 @@ export interface PodReconcilerDeps {
   committed(hash: string): Promise<Manifest | undefined>;
   /** Whether the cache's record (informer) is Ready and not being deleted. */
   cacheReady(short: string): boolean;
-  sight(seen: { hash: string; election: string }, uid: string, log: Logger): Promise<void>;
+  sight(seen: LeaderSighting, uid: string, log: Logger): Promise<void>;
   checkLeader(pod: k8s.V1Pod, hash: string, election: string): Promise<LeaderClaim>;
   startCapture(mark: Mark, pod: k8s.V1Pod, election: string): void;
   /**

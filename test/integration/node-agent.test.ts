@@ -12,7 +12,7 @@ import { mkdir, mkdtemp, readdir, rm, stat, truncate, writeFile } from "node:fs/
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import type * as k8s from "@kubernetes/client-node";
+import * as k8s from "@kubernetes/client-node";
 import {
   gpuContainer,
   isPodReady,
@@ -689,6 +689,76 @@ void test("only the elected leader is captured: pods forging the capture label, 
   const manifest = await readManifest(join(ta.store, short));
   assert.equal(manifest.fileCount, tree.files);
   assert.ok(!manifest.files.some((f) => f.path.includes("poison")), "no byte of the forgers' trees");
+});
+
+void test("a pod of another namespace wearing the election's id, seen before the leader, is never recorded nor captured", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where);
+  const { core } = await kube();
+  const ns = await tempNamespace(t, "forge-first");
+  const model = `org/forge-first-${ns}`;
+  // The real leader, admitted and recorded, held unscheduled so no node agent sees it yet.
+  const body = workerPod("leader", model, { manualReady: true, node: ta.node });
+  body.spec!.schedulingGates = [{ name: "test/hold" }];
+  const created = await createPod(ns, body);
+  assert.equal(created.metadata?.annotations?.[ANN_ROLE], "leader");
+  const hash = created.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  // The election id is public (the record shows it); a pod the webhook never saw wears it.
+  const record = (await getCache(short))!;
+  assert.equal(record.spec.electionId, electionOf(created));
+  const name = uniqueName("first");
+  await core.createNamespacedPod({
+    namespace: "kube-system",
+    body: {
+      metadata: {
+        name,
+        labels: { [LABEL_CAPTURE]: "true", [LABEL_HASH]: short },
+        annotations: { [ANN_HASH]: hash, [ANN_ROLE]: "leader", [ANN_ELECTION_ID]: record.spec.electionId! },
+      },
+      spec: {
+        containers: [gpuContainer("vllm", ["--model", model])],
+        nodeSelector: { "kubernetes.io/hostname": ta.node },
+      },
+    },
+  });
+  t.after(() =>
+    core
+      .deleteNamespacedPod({ namespace: "kube-system", name, gracePeriodSeconds: 0 })
+      .then(() => undefined, ignoreNotFound),
+  );
+  const forger = await bound("kube-system", name);
+  const root = emptyDirPath(ta.kubeletRoot, forger.metadata!.uid!, CACHE_VOLUME);
+  await mkdir(join(root, "model"), { recursive: true });
+  await writeFile(join(root, "model", "poison.safetensors"), "not the model");
+  await makeReady("kube-system", name);
+  await waitFor("the agent to decide about the forger", () =>
+    Boolean(
+      ta.agent.marks.lastRelease(forger.metadata!.uid!) || ta.agent.marks.isCommitted(forger.metadata!.uid!),
+    ),
+  );
+  assert.equal(ta.agent.marks.isCommitted(forger.metadata!.uid!), false, "not captured");
+  assert.equal(ta.agent.marks.lastRelease(forger.metadata!.uid!), "not-leader");
+  // (The release controller may record the held leader by UID meanwhile: it is the only pod of
+  // the election's namespace wearing its id.)
+  assert.notEqual(
+    (await getCache(short))?.status?.leaderUid,
+    forger.metadata!.uid,
+    "not recorded as the leader",
+  );
+  await assert.rejects(stat(join(ta.store, short)), /ENOENT/, "nothing of its tree stored");
+
+  // The real leader, once scheduled, is the one recorded.
+  await core.patchNamespacedPod(
+    { namespace: ns, name: "leader", body: [{ op: "remove", path: "/spec/schedulingGates" }] },
+    k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch),
+  );
+  const leader = await bound(ns, "leader");
+  await waitFor(
+    "the leader recorded by UID",
+    async () => (await getCache(short))?.status?.leaderUid === leader.metadata!.uid,
+  );
 });
 
 void test("a capture that fails counts once, and the next election captures", async (t) => {

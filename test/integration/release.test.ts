@@ -362,6 +362,55 @@ test("a leader created and recorded while the pass lists pods is not taken for g
   assert.equal(cache.status?.failedCaptures ?? 0, 0);
 });
 
+test("a pod of another namespace wearing the election's id is never recorded as its leader", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, core } = await kube();
+  const ns = await tempNamespace(t, "copy-id");
+  const leader = await core.createNamespacedPod({
+    namespace: ns,
+    body: {
+      metadata: { name: "leader" },
+      spec: {
+        containers: [gpuContainer("vllm", ["--model", `org/copy-id-${ns}`])],
+        schedulingGates: [{ name: "test/hold" }],
+      },
+    },
+  });
+  assert.equal(role(leader), "leader");
+  const hash = leader.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  // A pod the webhook never saw (kube-system) wears the public election id; the real leader goes.
+  const name = `copy-id-${short}`;
+  const forger = await core.createNamespacedPod({
+    namespace: "kube-system",
+    body: {
+      metadata: {
+        name,
+        labels: { [LABEL_HASH]: short },
+        annotations: {
+          [ANN_HASH]: hash,
+          [ANN_ROLE]: "leader",
+          [ANN_ELECTION_ID]: leader.metadata!.annotations![ANN_ELECTION_ID]!,
+        },
+      },
+      spec: { containers: [gpuContainer("vllm")], schedulingGates: [{ name: "test/hold" }] },
+    },
+  });
+  t.after(() =>
+    core.deleteNamespacedPod({ namespace: "kube-system", name }).then(
+      () => undefined,
+      () => undefined,
+    ),
+  );
+  await core.deleteNamespacedPod({ namespace: ns, name: "leader", gracePeriodSeconds: 0 });
+  await waitFor("the leader gone", async () => (await listPods(ns)).length === 0);
+  await reconcileHash(short, deps(kc));
+  const cache = await getCache(short);
+  assert.notEqual(cache.status?.leaderUid, forger.metadata!.uid, "the copy is not the leader");
+  assert.equal(cache.status?.leaderUid, undefined);
+});
+
 test("an election past its deadline: Failed (DeadlinePassed, not counted), Lease retired, followers evicted, a replacement leads the next", async (t) => {
   await pauseRole(t, "server");
   const { kc, coordination } = await kube();

@@ -22,6 +22,7 @@ import { sourceOf, treeSubPath } from "../../promote/source.js";
 import { deleteCachePass } from "../../promote/rollback.js";
 import {
   getModelCache,
+  recordNamesPod,
   recordedLeader,
   statusOf,
   type ModelCacheObject,
@@ -230,8 +231,13 @@ async function recordLeader(
 ): Promise<void> {
   if (cache.spec.electionId !== holder || recordedLeader(cache)) return;
   if (transition(cache.status?.phase, "leaderSeen", statusOf(cache, holder)) === "ignore") return;
+  // Only pods where the record says the leader is: the election id is public (the record shows
+  // it), so a pod elsewhere wearing it is a copy.
   const wearing = pods.filter(
-    (p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder && !isTerminated(p),
+    (p) =>
+      p.metadata?.annotations?.[ANN_ELECTION_ID] === holder &&
+      !isTerminated(p) &&
+      recordNamesPod(cache.spec.leader, p.metadata ?? {}),
   );
   if (wearing.length !== 1) {
     if (wearing.length > 1)
