@@ -1,3 +1,4 @@
+import { recordNamesPod } from "../common/modelcache.js";
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { V1Pod } from "@kubernetes/client-node";
@@ -65,8 +66,9 @@ void test("the capture label without an election id is ignored: only an elected 
 });
 
 void test("a leader is sighted (for its UID) before it is Ready, not when it is terminating or elsewhere", () => {
-  assert.deepEqual(leaderSighting(leader({ ready: false }), "gpu-0"), { hash: HASH, election: "e1" });
-  assert.deepEqual(leaderSighting(leader(), "gpu-0"), { hash: HASH, election: "e1" });
+  const sighting = { hash: HASH, election: "e1", namespace: "ns", name: "leader" };
+  assert.deepEqual(leaderSighting(leader({ ready: false }), "gpu-0"), sighting);
+  assert.deepEqual(leaderSighting(leader(), "gpu-0"), sighting);
   assert.equal(leaderSighting(leader({ deleting: true }), "gpu-0"), undefined);
   assert.equal(leaderSighting(leader({ node: "gpu-1" }), "gpu-0"), undefined);
 });
@@ -117,4 +119,13 @@ void test("time to Ready works with watch strings and list Dates", () => {
   p.status!.conditions![0]!.lastTransitionTime = new Date("2026-01-01T00:00:10Z");
   assert.equal(timeToReadySeconds(p), 10);
   assert.equal(timeToReadySeconds(leader({ ready: false })), undefined);
+});
+
+test("only the pod the election record names can be its leader: its namespace, and its name when recorded", () => {
+  assert.equal(recordNamesPod({ namespace: "ns" }, { namespace: "ns", name: "any" }), true);
+  assert.equal(recordNamesPod({ namespace: "ns", name: "a" }, { namespace: "ns", name: "a" }), true);
+  assert.equal(recordNamesPod({ namespace: "ns", name: "a" }, { namespace: "ns", name: "b" }), false);
+  assert.equal(recordNamesPod({ namespace: "ns" }, { namespace: "kube-system", name: "a" }), false);
+  assert.equal(recordNamesPod(undefined, { namespace: "ns" }), false, "a record naming nobody names nobody");
+  assert.equal(recordNamesPod({}, { namespace: "" }), false);
 });

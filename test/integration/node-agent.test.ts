@@ -702,7 +702,7 @@ void test("a pod of another namespace wearing the election's id, seen before the
   body.spec!.schedulingGates = [{ name: "test/hold" }];
   const created = await createPod(ns, body);
   assert.equal(created.metadata?.annotations?.[ANN_ROLE], "leader");
-  const hash = created.metadata!.annotations![ANN_HASH]!;
+  const hash = created.metadata.annotations[ANN_HASH]!;
   const short = shortHash(hash);
   cleanupCache(t, short, [ta.store]);
   // The election id is public (the record shows it); a pod the webhook never saw wears it.
@@ -715,7 +715,7 @@ void test("a pod of another namespace wearing the election's id, seen before the
       metadata: {
         name,
         labels: { [LABEL_CAPTURE]: "true", [LABEL_HASH]: short },
-        annotations: { [ANN_HASH]: hash, [ANN_ROLE]: "leader", [ANN_ELECTION_ID]: record.spec.electionId! },
+        annotations: { [ANN_HASH]: hash, [ANN_ROLE]: "leader", [ANN_ELECTION_ID]: record.spec.electionId },
       },
       spec: {
         containers: [gpuContainer("vllm", ["--model", model])],
