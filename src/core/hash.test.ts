@@ -488,6 +488,44 @@ void describe("cacheHash: every container that touches the cache", () => {
     assert.ok(!JSON.stringify(inputsOf(secret)).includes(token));
   });
 
+  void test("with a shared process namespace every container running beside the engine counts (it reaches /proc/<pid>/root)", () => {
+    const side = (v: string): V1Container => ({ name: "side", image: `debug:${v}` });
+    const shared = (p: V1Pod): V1Pod => ({ ...p, spec: { ...p.spec!, shareProcessNamespace: true } });
+    const a = shared(pod({ args: ["--model", "m"] }, [side("1")]));
+    const b = shared(pod({ args: ["--model", "m"] }, [side("2")]));
+    assert.notEqual(hashOf(a), hashOf(b), "the sidecar that can write the tree is in the hash");
+    assert.deepEqual(inputsOf(a).containers, [
+      {
+        kind: "container",
+        image: "debug:1",
+        argv: [],
+        env: [],
+        envFrom: [],
+        mounts: [],
+        sharedProcesses: true,
+      },
+    ]);
+    // A sidecar init container (restartPolicy Always) runs beside the engine; a plain one ends first.
+    const withInit = (c: V1Container): V1Pod => {
+      const p = shared(pod({ args: ["--model", "m"] }));
+      p.spec!.initContainers = [c];
+      return p;
+    };
+    assert.notEqual(
+      hashOf(withInit({ name: "s", image: "debug:1", restartPolicy: "Always" })),
+      hashOf(withInit({ name: "s", image: "debug:2", restartPolicy: "Always" })),
+    );
+    assert.equal(
+      hashOf(withInit({ name: "s", image: "busybox:1", command: ["true"] })),
+      hashOf(withInit({ name: "s", image: "busybox:2", command: ["true"] })),
+    );
+    // Without a shared process namespace nothing changes.
+    assert.equal(
+      hashOf(pod({ args: ["--model", "m"] }, [side("1")])),
+      hashOf(pod({ args: ["--model", "m"] }, [side("2")])),
+    );
+  });
+
   void test("an init container touching nothing of the cache changes nothing", () => {
     assert.equal(
       hashOf(init({ image: "busybox", command: ["true"] })),

@@ -42,6 +42,11 @@ export interface OtherContainerInputs extends ContainerInputs {
   kind: "init" | "container";
   /** Where it mounts the cache volume (`path` or `path:subPath`), if it does. */
   mounts: string[];
+  /**
+   * It shares the pod's process namespace while the engine runs, and so reaches the engine's
+   * files through `/proc/<pid>/root` whatever it mounts. Absent otherwise (hashes stay as they were).
+   */
+  sharedProcesses?: true;
 }
 
 /**
@@ -325,14 +330,25 @@ function otherCacheContainers(
     Array.isArray(v)
       ? (v as unknown[]).filter((c): c is V1Container => typeof c === "object" && c !== null)
       : [];
+  // With one process namespace, a container running beside the engine reaches its files.
+  const shared = pod.spec?.shareProcessNamespace === true;
+  const via = (
+    c: V1Container,
+    running: boolean,
+  ): Pick<OtherContainerInputs, "mounts" | "sharedProcesses"> => ({
+    mounts: cacheMounts(c, captured),
+    ...(shared && running && !touchesCache(c, captured) ? { sharedProcesses: true as const } : {}),
+  });
   const out: OtherContainerInputs[] = [];
   for (const c of list(pod.spec?.initContainers)) {
-    if (touchesCache(c, captured))
-      out.push({ kind: "init", ...containerInputs(c), mounts: cacheMounts(c, captured) });
+    // A sidecar (restartPolicy Always) keeps running beside the engine; a plain init container ends first.
+    const sidecar = c.restartPolicy === "Always";
+    if (touchesCache(c, captured) || (shared && sidecar))
+      out.push({ kind: "init", ...containerInputs(c), ...via(c, sidecar) });
   }
   list(pod.spec?.containers).forEach((c, i) => {
-    if (i !== mainIndex && touchesCache(c, captured))
-      out.push({ kind: "container", ...containerInputs(c), mounts: cacheMounts(c, captured) });
+    if (i !== mainIndex && (touchesCache(c, captured) || shared))
+      out.push({ kind: "container", ...containerInputs(c), ...via(c, true) });
   });
   return out;
 }
