@@ -1,8 +1,11 @@
 /**
  * `npm run bench -- datapath`: capture against `cp -a` (wall and CPU seconds, with capture's
- * BLAKE3 digests and with sha256 ones), prewarm against `find | xargs cat`, and capture's peak
- * memory, all on one synthetic model tree built here (large weight shards plus many small
- * compile-cache files). Every figure is the median of runs taken in alternating order.
+ * BLAKE3 digests and with sha256 ones), durable capture against `cp -a && sync -f`, prewarm of a
+ * cold tree against `find | xargs cat`, prewarm of a tree already in memory against reading it,
+ * and capture's peak memory, all on one synthetic model tree built here (large weight shards
+ * plus many small compile-cache files). Every figure is the median of runs taken in alternating
+ * order. A cold run first drops the tree's pages from the page cache (posix_fadvise DONTNEED per
+ * file, which needs no privilege; else drop_caches).
  *
  * Sizes (env): WARMSTART_BENCH_SHARDS (4), WARMSTART_BENCH_SHARD_MB (512),
  * WARMSTART_BENCH_SMALL_FILES (20000), WARMSTART_BENCH_RUNS (2). The tree lives in a temp dir
@@ -10,7 +13,16 @@
  */
 import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, readFileSync, rmSync, statfsSync } from "node:fs";
+import {
+  closeSync,
+  existsSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  statfsSync,
+} from "node:fs";
 import { mkdir, open, rm, writeFile } from "node:fs/promises";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,7 +30,8 @@ import { fileURLToPath } from "node:url";
 import { capture } from "../src/datapath/capture.js";
 import { DEFAULT_DIGEST } from "../src/datapath/digest.js";
 import { runPool } from "./pool.js";
-import { prewarm } from "../src/datapath/prewarm.js";
+import { dropFromPageCache } from "../src/datapath/native.js";
+import { describePrewarm, prewarm, type PrewarmResult } from "../src/datapath/prewarm.js";
 
 const BIN = fileURLToPath(new URL("../../bin/warmstart", import.meta.url));
 const MiB = 1024 * 1024;
@@ -132,6 +145,21 @@ function dropCaches(): boolean {
   } catch {
     return false;
   }
+}
+
+/** Drops the pages of every file under `root` from the page cache (they are clean: the tree was
+ * flushed when it was built). False when the kernel cannot be asked. */
+function dropTree(root: string): boolean {
+  for (const e of readdirSync(root, { withFileTypes: true, recursive: true })) {
+    if (!e.isFile()) continue;
+    const fd = openSync(join(e.parentPath, e.name), "r");
+    try {
+      if (!dropFromPageCache(fd)) return false;
+    } finally {
+      closeSync(fd);
+    }
+  }
+  return true;
 }
 
 interface Row {
@@ -276,35 +304,41 @@ export async function runDatapathBench(): Promise<void> {
     const baseKb = Number(/(\d+)\s*$/.exec(baseRss.stderr.trim())?.[1]);
     await fresh("rss");
 
-    // --- prewarm vs find | xargs cat, from disk when caches can be dropped
-    const canDrop = dropCaches();
+    // --- prewarm vs find | xargs cat, from disk: the tree's pages dropped before each run
+    settle();
+    const dropHow = dropTree(src) ? "fadvise" : dropCaches() ? "drop_caches" : "";
     const pw: Record<string, Sample[]> = {
       prewarm: [],
       xargs: [],
       xargsN: [],
       prewarmWarm: [],
+      readWarm: [],
       xargsWarm: [],
     };
     const xargs = `find '${src}' -type f -print0 | xargs -0 -P6 cat > /dev/null`;
     const xargsN = `find '${src}' -type f -print0 | xargs -0 -n 64 -P6 cat > /dev/null`;
     const cold = async (f: () => unknown): Promise<Sample> => {
-      if (canDrop) dropCaches();
+      if (dropHow === "fadvise") dropTree(src);
+      else if (dropHow) dropCaches();
       return timed(f);
     };
+    const reports: { cold?: PrewarmResult; warm?: PrewarmResult } = {};
     for (let r = 0; r < runs; r++) {
       const steps: [string, () => unknown][] = [
-        ["prewarm", () => prewarm({ dir: src, parallel: 6 })],
+        ["prewarm", async () => void (reports.cold = await prewarm({ dir: src, parallel: 6 }))],
         ["xargs", () => sh(xargs)],
         ["xargsN", () => sh(xargsN)],
       ];
       if (r % 2 === 1) steps.reverse();
       for (const [k, f] of steps) pw[k]?.push(await cold(f));
     }
-    // Warm: everything already in the page cache (what both measure when caches cannot drop).
+    // In memory: the tree is resident (a follower on the leader's node). Prewarm looks and
+    // skips; "read anyway" is the same readers without the lookup, i.e. the prewarm before it.
     sh(xargsN);
     for (let r = 0; r < runs; r++) {
       const steps: [string, () => unknown][] = [
-        ["prewarmWarm", () => prewarm({ dir: src, parallel: 6 })],
+        ["prewarmWarm", async () => void (reports.warm = await prewarm({ dir: src, parallel: 6 }))],
+        ["readWarm", () => prewarm({ dir: src, parallel: 6, residency: "none" })],
         ["xargsWarm", () => sh(xargsN)],
       ];
       if (r % 2 === 1) steps.reverse();
@@ -317,9 +351,9 @@ export async function runDatapathBench(): Promise<void> {
 
     const ratio = (base: Sample[] | undefined, ours: Sample[] | undefined): string =>
       `${(wall(base) / wall(ours)).toFixed(2)}x`;
-    const coldNote = canDrop
-      ? "page cache dropped before each run"
-      : "could not drop caches: both read from the page cache";
+    const coldNote = dropHow
+      ? `tree's pages dropped before each run (${dropHow})`
+      : "could not drop pages: both read from the page cache";
     console.log(
       table([
         {
@@ -340,18 +374,32 @@ export async function runDatapathBench(): Promise<void> {
         { what: "prewarm -P6 (cold)", samples: pw.prewarm ?? [], bytes: total, note: coldNote },
         { what: "find | xargs -0 -P6 cat (cold)", samples: pw.xargs ?? [], bytes: total },
         { what: "find | xargs -0 -n64 -P6 cat (cold)", samples: pw.xargsN ?? [], bytes: total },
-        { what: "prewarm -P6 (warm)", samples: pw.prewarmWarm ?? [], bytes: total },
-        { what: "find | xargs -0 -n64 -P6 cat (warm)", samples: pw.xargsWarm ?? [], bytes: total },
+        {
+          what: "prewarm -P6 (in memory)",
+          samples: pw.prewarmWarm ?? [],
+          bytes: total,
+          note: "looks, skips",
+        },
+        {
+          what: "prewarm -P6 (in memory, read anyway)",
+          samples: pw.readWarm ?? [],
+          bytes: total,
+          note: "no residency lookup",
+        },
+        { what: "find | xargs -0 -n64 -P6 cat (in memory)", samples: pw.xargsWarm ?? [], bytes: total },
       ]),
     );
+    const cpuRatio = cpu(t.cap) / cpu(t.cp);
     console.log(
       [
         "",
         `capture vs cp -a:                   ${ratio(t.cp, t.cap)} (goal >= 1.0x)`,
-        `capture CPU vs cp -a CPU:           ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s)`,
-        `capture vs cp -a && sync (durable): ${ratio(t.cpSync, t.capSync)}`,
-        `prewarm vs find|xargs -P6 cat:      ${ratio(pw.xargs, pw.prewarm)} cold (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)} cold, ${ratio(pw.xargsWarm, pw.prewarmWarm)} warm`,
-        `drop_caches:                        ${canDrop ? "worked" : "not permitted"}`,
+        `durable capture vs cp -a && sync -f: ${ratio(t.cpSync, t.capSync)} (goal >= 1.0x)`,
+        `capture CPU vs cp -a CPU:           ${Number.isFinite(cpuRatio) ? cpuRatio.toFixed(2) : "n/a"}x: ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (goal <= 1.0x; ${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s)`,
+        `prewarm cold vs find|xargs -P6 cat: ${ratio(pw.xargs, pw.prewarm)} (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)}`,
+        `prewarm in memory vs reading it:    ${ratio(pw.readWarm, pw.prewarmWarm)} (goal >= 5x); vs xargs -n64 cat: ${ratio(pw.xargsWarm, pw.prewarmWarm)}`,
+        `prewarm's own line, cold:           ${reports.cold ? describePrewarm(reports.cold) : "n/a"}`,
+        `prewarm's own line, in memory:      ${reports.warm ? describePrewarm(reports.warm) : "n/a"}`,
         `capture peak RSS (CLI):             ${rss} (goal < 256 MiB; the CLI alone: ${Number.isFinite(baseKb) ? `${(baseKb / 1024).toFixed(0)} MiB` : "n/a"})`,
         `CLI start-up (prewarm --skip):      ${cliStart.wall.toFixed(2)} s, not in the prewarm figures`,
         `load average (1 min) start/end:     ${loadStart.toFixed(1)} / ${loadavg()[0]?.toFixed(1)} on ${availableParallelism()} CPUs`,

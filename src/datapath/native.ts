@@ -5,7 +5,7 @@
  * itself (docs/adr/0003-nanosecond-times.md). When koffi cannot load (an unusual platform), the
  * fallbacks keep working at microsecond precision and `exactTimes` says so.
  */
-import { constants as fsc, lutimesSync } from "node:fs";
+import { constants as fsc, fstatSync, lutimesSync } from "node:fs";
 import { copyFile, open, rm } from "node:fs/promises";
 import { constants as osConstants } from "node:os";
 
@@ -43,6 +43,7 @@ interface Libc {
   mmap: Mmap;
   munmap: Munmap;
   mincore: Mincore;
+  lseek: (fd: number, off: number, whence: number) => number | bigint;
   pageSize: number;
   copyFileRange: CopyFileRange;
   syscall: (nr: number, ...typedArgs: unknown[]) => number | bigint;
@@ -73,6 +74,7 @@ async function loadLibc(): Promise<Libc | null> {
       mmap: lib.func("intptr_t mmap(intptr_t, size_t, int, int, int, int64_t)") as Mmap,
       munmap: lib.func("int munmap(intptr_t, size_t)") as Munmap,
       mincore: lib.func("int mincore(intptr_t, size_t, void *)") as Mincore,
+      lseek: lib.func("int64_t lseek(int, int64_t, int)") as Libc["lseek"],
       pageSize: Number((lib.func("long sysconf(int)") as (n: number) => number | bigint)(SC_PAGESIZE)),
       copyFileRange: lib.func(
         "intptr_t copy_file_range(int, void *, int, void *, size_t, unsigned int)",
@@ -262,6 +264,10 @@ const MINCORE_WINDOW = 1 << 30;
 let residency: ResidencyMethod | undefined | null =
   libc === null ? null : process.env.WARMSTART_NO_CACHESTAT === "1" ? "mincore" : undefined;
 
+// cachestat's struct cachestat_range and struct cachestat, reused by every call of a thread.
+const csRange = Buffer.alloc(16);
+const csStat = Buffer.alloc(40);
+
 /** How page-cache residency is looked up in this thread: undefined until the first lookup,
  * null when it cannot be (then a prewarm reads everything). */
 export const residencyMethod = (): ResidencyMethod | null | undefined => residency;
@@ -286,14 +292,16 @@ export function missingPages(fd: number, offset: number, len: number): number | 
   const ps = libc.pageSize;
   const pages = Math.ceil(len / ps);
   if (residency !== "mincore") {
-    const range = Buffer.alloc(16);
-    range.writeBigUInt64LE(BigInt(offset), 0);
-    range.writeBigUInt64LE(BigInt(len), 8);
-    const stat = Buffer.alloc(40);
-    const r = Number(libc.syscall(SYS_CACHESTAT, "int", fd, "void *", range, "void *", stat, "int", 0));
+    // Offsets and counts stay far below 2^53: plain numbers, split by hand, in reused buffers.
+    csRange.writeUInt32LE(offset % 2 ** 32, 0);
+    csRange.writeUInt32LE(Math.floor(offset / 2 ** 32), 4);
+    csRange.writeUInt32LE(len % 2 ** 32, 8);
+    csRange.writeUInt32LE(Math.floor(len / 2 ** 32), 12);
+    const r = Number(libc.syscall(SYS_CACHESTAT, "int", fd, "void *", csRange, "void *", csStat, "int", 0));
     if (r === 0) {
       residency = "cachestat";
-      return Math.max(0, pages - Number(stat.readBigUInt64LE(0)));
+      const cached = csStat.readUInt32LE(0) + csStat.readUInt32LE(4) * 2 ** 32;
+      return Math.max(0, pages - cached);
     }
     const errno = libc.errno();
     if (errno !== osConstants.errno.ENOSYS && errno !== osConstants.errno.EPERM) return undefined;
@@ -318,25 +326,46 @@ export function missingPages(fd: number, offset: number, len: number): number | 
   return missing;
 }
 
+const SEEK_END = 2;
+
+/** The size of the open file `fd` (lseek to its end: one call, no stat object built). */
+export function fileSize(fd: number): number {
+  if (!libc) return fstatSync(fd).size;
+  const n = Number(libc.lseek(fd, 0, SEEK_END));
+  if (n < 0) throw errnoError("lseek", `fd ${fd}`, libc.errno());
+  return n;
+}
+
 /** The page size the residency counts are in (4096 where the native helpers are missing). */
 export const pageSize = (): number => libc?.pageSize ?? 4096;
 
-// ioprio_set(2): best-effort class, lowest level, for the calling thread only.
-const SYS_IOPRIO_SET = process.arch === "x64" ? 251 : process.arch === "arm64" ? 30 : undefined;
+// ioprio_set(2) and ioprio_get(2), for one thread (IOPRIO_WHO_PROCESS with a thread id of 0).
+const SYS_IOPRIO = { x64: [251, 252], arm64: [30, 31] }[process.arch as "x64" | "arm64"] as
+  [number, number] | undefined;
 const IOPRIO_WHO_PROCESS = 1;
 const IOPRIO_BE_LOWEST = (2 << 13) | 7;
 
 /**
- * Puts the calling thread's reads behind other best-effort I/O on the same disk (class
- * best-effort, level 7; the default is 4), without the idle class's risk of never being served
- * while a neighbour keeps the disk busy. True when the kernel took it; schedulers without
- * priorities (none) simply ignore it.
+ * Runs `fn` with the calling thread's I/O priority at best-effort level 7 (the default is 4),
+ * then puts the old one back. Threads started inside `fn` (worker threads) keep the lower one,
+ * which is how a prewarm's readers get it: their reads go behind other pods' reads on the same
+ * disk, without the idle class's risk of never being served while a neighbour keeps it busy.
+ * Returns whether the kernel took it; schedulers without priorities (none) simply ignore it.
  */
-export function lowerIoPriority(): boolean {
-  if (!libc || SYS_IOPRIO_SET === undefined) return false;
-  return (
-    Number(libc.syscall(SYS_IOPRIO_SET, "int", IOPRIO_WHO_PROCESS, "int", 0, "int", IOPRIO_BE_LOWEST)) === 0
-  );
+export function withLowIoPriority(fn: () => void): boolean {
+  const nr = SYS_IOPRIO;
+  const was = libc && nr ? Number(libc.syscall(nr[1], "int", IOPRIO_WHO_PROCESS, "int", 0)) : -1;
+  const set = (v: number): boolean =>
+    libc !== null &&
+    nr !== undefined &&
+    Number(libc.syscall(nr[0], "int", IOPRIO_WHO_PROCESS, "int", 0, "int", v)) === 0;
+  const lowered = was >= 0 && set(IOPRIO_BE_LOWEST);
+  try {
+    fn();
+  } finally {
+    if (lowered) set(was);
+  }
+  return lowered;
 }
 
 export type CopyMethod = "reflink" | "copy_file_range" | "copy";

@@ -17,7 +17,7 @@ import {
   readlinkSync,
   readSync,
 } from "node:fs";
-import { basename, dirname, resolve } from "node:path";
+import { dirname, resolve } from "node:path";
 
 /** Read first: what an engine opens before any weight. */
 const META_NAMES = new Set(["merges.txt", "vocab.txt", "tokenizer.model", "spiece.model"]);
@@ -100,28 +100,34 @@ function indexedFiles(path: string): string[] {
 
 /** The files of `listing` in the order an engine loads them (see the module comment). */
 export function loadOrder(listing: Listing): string[] {
-  // Every name a file goes by: its own path and those of the links that lead to it.
-  const names = new Map<string, string[]>(listing.files.map((f) => [f, [f]]));
-  for (const [link, file] of listing.aliases) names.get(file)?.push(link);
-  const fileOf = (p: string): string | undefined => (names.has(p) ? p : listing.aliases.get(p));
+  // The names other than its own that a file goes by: those of the links that lead to it.
+  const linksTo = new Map<string, string[]>();
+  for (const [link, file] of listing.aliases) {
+    const l = linksTo.get(file);
+    if (l) l.push(link);
+    else linksTo.set(file, [link]);
+  }
+  const known = new Set(listing.files);
+  const fileOf = (p: string): string | undefined => (known.has(p) ? p : listing.aliases.get(p));
+  const nameOf = (p: string): string => p.slice(p.lastIndexOf("/") + 1);
 
   const shardRank = new Map<string, number>();
-  for (const [file, all] of names) {
-    for (const p of all) {
-      if (!isIndex(basename(p))) continue;
-      for (const shard of indexedFiles(file)) {
-        const f = fileOf(resolve(dirname(p), shard));
-        if (f !== undefined && !shardRank.has(f)) shardRank.set(f, shardRank.size);
-      }
+  const rank = (file: string, indexPath: string): void => {
+    for (const shard of indexedFiles(file)) {
+      const f = fileOf(resolve(dirname(indexPath), shard));
+      if (f !== undefined && !shardRank.has(f)) shardRank.set(f, shardRank.size);
     }
+  };
+  for (const f of listing.files) {
+    if (isIndex(nameOf(f))) rank(f, f);
+    for (const l of linksTo.get(f) ?? []) if (isIndex(nameOf(l))) rank(f, l);
   }
   const meta: string[] = [];
   const rest: string[] = [];
   for (const f of listing.files) {
     if (shardRank.has(f)) continue;
-    const all = names.get(f) ?? [f];
-    (all.some((p) => isMeta(basename(p))) ? meta : rest).push(f);
+    const isM = isMeta(nameOf(f)) || (linksTo.get(f)?.some((l) => isMeta(nameOf(l))) ?? false);
+    (isM ? meta : rest).push(f);
   }
-  const shards = [...shardRank.keys()];
-  return [...meta, ...shards, ...rest];
+  return [...meta, ...shardRank.keys(), ...rest];
 }

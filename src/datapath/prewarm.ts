@@ -8,8 +8,9 @@
  */
 import { Worker } from "node:worker_threads";
 import { workerExecArgv } from "./copy-files.js";
-import type { ResidencyMethod } from "./native.js";
+import { useResidency, withLowIoPriority, type ResidencyMethod } from "./native.js";
 import { listTree, loadOrder } from "./prewarm-order.js";
+import { planReads, type ReadPlan } from "./prewarm-plan.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
 
 export const DEFAULT_PREWARM_PARALLEL = 6;
@@ -38,7 +39,7 @@ export interface PrewarmOptions {
   holdMs?: number;
   /** How to tell what is in the page cache: "auto" (default: cachestat, else mincore), one of
    * them, or "none" (read everything). */
-  residency?: PrewarmWork["residency"];
+  residency?: "auto" | ResidencyMethod | "none";
   /** Read at a lower I/O priority than other pods' reads (default true). */
   lowPriority?: boolean;
 }
@@ -105,30 +106,37 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     errorCount += 1;
     if (errors.length < MAX_ERRORS_SHOWN) errors.push({ path, message: (err as Error).message });
   };
-  const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
-  const work: PrewarmWork = {
-    shared,
-    chunkBytes: opts.chunkBytes ?? 1 << 20,
-    holdMs: opts.holdMs ?? 0,
-    residency: opts.residency ?? "auto",
-    lowPriority: opts.lowPriority ?? true,
-  };
-  const readers = Array.from({ length: parallel }, () => startReader(work));
-  let paths: string[] = [];
+  const chunkBytes = opts.chunkBytes ?? 1 << 20;
+  let plan: ReadPlan = { tasks: [], residentFiles: 0, residentBytes: 0, residency: null };
+  const mode = opts.residency ?? "auto";
+  const restoreResidency = mode === "auto" ? undefined : useResidency(mode === "none" ? null : mode);
   try {
-    paths = loadOrder(listTree(opts.dir, note));
+    plan = planReads(loadOrder(listTree(opts.dir, note)), chunkBytes, note);
   } catch (err) {
     note(opts.dir, err);
+  } finally {
+    restoreResidency?.();
   }
-  for (const r of readers) r.worker.postMessage(paths);
+  result.residentFiles = plan.residentFiles;
+  result.residentBytes = plan.residentBytes;
+  result.residency = plan.residency;
+
+  // Readers only for what is missing: a tree already in memory starts none.
+  const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
+  const work: PrewarmWork = { shared, chunkBytes, holdMs: opts.holdMs ?? 0 };
+  let readers: ReturnType<typeof startReader>[] = [];
+  const startReaders = (): void => {
+    readers = Array.from({ length: Math.min(parallel, plan.tasks.length) }, () => startReader(work));
+  };
+  if (plan.tasks.length > 0) {
+    if (opts.lowPriority ?? true) result.lowPriority = withLowIoPriority(startReaders);
+    else startReaders();
+  }
+  for (const r of readers) r.worker.postMessage(plan.tasks);
   const reports = await Promise.all(readers.map((r) => r.done));
   for (const r of reports) {
     result.files += r.files;
     result.bytes += r.bytes;
-    result.residentFiles += r.residentFiles;
-    result.residentBytes += r.residentBytes;
-    result.residency ??= r.residency;
-    result.lowPriority ||= r.lowPriority;
     errorCount += r.errorCount;
     for (const e of r.errors) if (errors.length < MAX_ERRORS_SHOWN) errors.push(e);
   }
@@ -139,16 +147,7 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   return result;
 }
 
-const EMPTY: PrewarmReport = {
-  files: 0,
-  bytes: 0,
-  residentFiles: 0,
-  residentBytes: 0,
-  residency: null,
-  lowPriority: false,
-  errorCount: 0,
-  errors: [],
-};
+const EMPTY: PrewarmReport = { files: 0, bytes: 0, errorCount: 0, errors: [] };
 
 function startReader(work: PrewarmWork): { worker: Worker; done: Promise<PrewarmReport> } {
   const worker = new Worker(new URL("./prewarm-worker.js", import.meta.url), {
