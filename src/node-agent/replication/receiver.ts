@@ -177,7 +177,7 @@ class Run {
   private readonly queue: Chunk[] = [];
   private remaining: number[] = [];
   /** Per file, the source index that sent each chunk (by offset / chunkBytes). */
-  private owner: number[][] = [];
+  private owner: (number | undefined)[][] = [];
   private readonly retried = new Set<Chunk>();
   private busy = 0;
   private waiters: (() => void)[] = [];
@@ -391,7 +391,7 @@ class Run {
     } finally {
       await fh.close();
     }
-    (this.owner[c.file] as number[])[Math.floor(c.offset / this.chunkBytes)] = i;
+    (this.owner[c.file] as (number | undefined)[])[Math.floor(c.offset / this.chunkBytes)] = i;
     this.doneBytes += c.length;
     this.o.onProgress?.({ doneBytes: this.doneBytes, totalBytes: (this.plan as TreePlan).totalBytes });
     this.remaining[c.file] = (this.remaining[c.file] as number) - 1;
@@ -411,27 +411,36 @@ class Run {
    * Fetches the whole file again from one source, other than those that sent it where one is
    * left, comparing each chunk with what is on disk before overwriting it. If the result
    * verifies, the sources whose chunks differed lied and are dropped; if not, this one did.
+   * Each chunk's owner follows what is on disk: an attempt that fails part way leaves the chunks
+   * it wrote as its own, and a chunk it was writing when it failed as nobody's (mixed bytes
+   * blame no one).
    */
   private async repair(file: number): Promise<void> {
     const f = this.fileOf(file);
     const alg = (this.plan as TreePlan).digest;
-    const owners = this.owner[file] as number[];
-    const suspects = new Set(owners);
+    const owners = this.owner[file] as (number | undefined)[];
+    const suspects = new Set(owners.filter((o): o is number => o !== undefined));
     for (;;) {
       if (this.failure) return;
       const i = pickSource(this.sources, suspects);
       if (i === undefined) return this.fail(this.noSourceLeft(`with a good copy of ${f.rel}`));
       const s = this.sources[i] as Source;
-      const differs: boolean[] = [];
+      suspects.add(i);
+      /** Per chunk, who had sent the bytes this source's differed from. */
+      const liars: (number | undefined)[] = [];
       const fh = await open(f.path, "r+");
       try {
         for (let off = 0, k = 0; off < f.size; off += this.chunkBytes, k++) {
           const len = Math.min(this.chunkBytes, f.size - off);
-          differs[k] = await s.fetchRange(paths.file(this.short, f.rel), off, len, fh, {
+          const before = owners[k];
+          owners[k] = undefined;
+          const differed = await s.fetchRange(paths.file(this.short, f.rel), off, len, fh, {
             skipZeros: false,
             compare: true,
             signal: this.o.signal,
           });
+          owners[k] = i;
+          if (differed) liars[k] = before;
         }
       } catch (err) {
         this.sourceFailed(s, err);
@@ -440,16 +449,12 @@ class Run {
         await fh.close();
       }
       if ((await digestFile(f.path, alg)) === f.digest) {
-        differs.forEach((d, k) => {
-          const liar = owners[k];
-          if (d && liar !== undefined && liar !== i)
+        for (const liar of new Set(liars))
+          if (liar !== undefined && liar !== i)
             this.drop(this.sources[liar] as Source, "corrupt", new Error(`sent wrong bytes of ${f.rel}`));
-        });
         return;
       }
       this.drop(s, "corrupt", new Error(`sent a copy of ${f.rel} that does not match its digest`));
-      owners.fill(i);
-      suspects.add(i);
     }
   }
 }
