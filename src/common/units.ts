@@ -76,3 +76,11 @@ export const kubeQuantity = z
   .string()
   .trim()
   .refine((q) => quantityBytes(q) !== undefined, { message: "not a size (use e.g. 200Gi, 1Ti)" });
+
+/** A CPU quantity as Kubernetes writes one: cores (`1`, `0.5`) or millicores (`250m`), above zero. */
+export const cpuQuantity = z
+  .string()
+  .trim()
+  .refine((q) => /^(\d+(\.\d+)?|\.\d+)m?$/.test(q) && Number.parseFloat(q) > 0, {
+    message: "not a CPU quantity (use e.g. 50m, 0.5, 2)",
+  });

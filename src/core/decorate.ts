@@ -98,6 +98,8 @@ export interface RestoreOptions extends DecorationOptions {
   imagePullPolicy?: string;
   /** Resources for the init containers (namespaces with quotas may require them). */
   initResources?: V1ResourceRequirements;
+  /** Pull secrets for the init containers' image, added to the pod's own (each once). */
+  imagePullSecrets?: readonly string[];
   /** emptyDir size limit of the writable shadow. */
   shadowSizeLimit?: string;
   /**
@@ -253,6 +255,11 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   const spec = p.spec as NonNullable<V1Pod["spec"]>;
   const ours = new Set([INIT_WAIT_READY, INIT_SEED, INIT_PREWARM]);
   spec.initContainers = [...inits, ...(spec.initContainers ?? []).filter((x) => !ours.has(x.name))];
+  const secrets = (opts.imagePullSecrets ?? []).filter(
+    (name) => !(spec.imagePullSecrets ?? []).some((s) => s.name === name),
+  );
+  if (secrets.length)
+    spec.imagePullSecrets = [...(spec.imagePullSecrets ?? []), ...secrets.map((name) => ({ name }))];
   return p;
 }
 

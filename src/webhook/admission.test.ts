@@ -602,3 +602,35 @@ test("by default a cache is its namespace's: the same pod in two namespaces gets
     (await decide(review(gpuPod(), { namespace }), deps({}, { sharingScope: "cluster" }))).hash;
   assert.equal(await shared("team-a"), await shared("team-b"), "widened by the operator: shared");
 });
+
+test("a follower's init containers get requests (quotas), no memory limit by default, and the configured pull secrets once", async () => {
+  const pod = gpuPod();
+  pod.spec!.imagePullSecrets = [{ name: "own" }, { name: "registry" }];
+  const follower = await decide(
+    review(pod),
+    deps(
+      { tryAcquire: () => Promise.resolve({ role: "follower" }) },
+      { imagePullSecrets: "registry,mirror" },
+    ),
+  );
+  assert.equal(follower.role, "follower");
+  const inits = follower.pod!.spec!.initContainers!;
+  assert.ok(inits.length >= 2);
+  for (const c of inits) {
+    assert.deepEqual(c.resources, { requests: { cpu: "50m", memory: "64Mi" } }, c.name);
+  }
+  assert.deepEqual(
+    follower.pod!.spec!.imagePullSecrets!.map((s) => s.name),
+    ["own", "registry", "mirror"],
+    "the pod's own kept, ours added once",
+  );
+  const limited = await decide(
+    review(gpuPod()),
+    deps(
+      { tryAcquire: () => Promise.resolve({ role: "follower" }) },
+      { initCpuLimit: "1", initMemoryLimit: "2Gi" },
+    ),
+  );
+  assert.deepEqual(limited.pod!.spec!.initContainers![0]!.resources?.limits, { cpu: "1", memory: "2Gi" });
+  assert.throws(() => loadWebhookConfig({ initCpuRequest: "lots" }, {}), /CPU quantity/);
+});

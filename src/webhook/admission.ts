@@ -9,6 +9,7 @@ import {
   decorateRestore,
   jsonPatch,
   type CacheEnvTemplate,
+  type RestoreOptions,
 } from "../core/decorate.js";
 import {
   ANN_CACHE_ENV,
@@ -146,6 +147,8 @@ export async function decide(
   };
   // Where this pod's engine writes, for the decorations: the same for every pod of the hash.
   const placement = { containerIndex: c.containerIndex, locations: c.locations?.locations ?? [] };
+  // What the init containers of a restore need to be pulled and admitted under a quota.
+  const initContainers = initContainerOptions(deps.cfg);
   const restore = async (cache: ModelCacheObject, reason: string): Promise<Decision> => {
     const cacheHashFull = cache.spec.hash;
     // A dry run must not create the claim (the webhook declares no side effects on dry runs).
@@ -167,6 +170,7 @@ export async function decide(
         claimName: claimName(cacheHashFull),
         sourceHash: cacheHashFull,
         image: deps.cfg.image,
+        ...initContainers,
         cacheRoot: deps.cfg.cacheRoot,
         cacheEnvTemplate: template,
         prewarm: profile.prewarm,
@@ -298,11 +302,29 @@ export async function decide(
       hash,
       reason: "another pod is downloading",
       image: deps.cfg.image,
+      ...initContainers,
       cacheRoot: deps.cfg.cacheRoot,
       cacheEnvTemplate: recorded ?? template,
       prewarm: profile.prewarm,
       prewarmParallelism: profile.prewarmParallelism,
     }),
+  };
+}
+
+/** The init containers' pull secrets and resources, from the webhook's settings. */
+function initContainerOptions(
+  cfg: WebhookConfig,
+): Pick<RestoreOptions, "initResources" | "imagePullSecrets"> {
+  const limits = {
+    ...(cfg.initCpuLimit ? { cpu: cfg.initCpuLimit } : {}),
+    ...(cfg.initMemoryLimit ? { memory: cfg.initMemoryLimit } : {}),
+  };
+  return {
+    initResources: {
+      requests: { cpu: cfg.initCpuRequest, memory: cfg.initMemoryRequest },
+      ...(Object.keys(limits).length ? { limits } : {}),
+    },
+    imagePullSecrets: cfg.imagePullSecrets,
   };
 }
 

@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { SYSTEM_NAMESPACE } from "../common/kube.js";
 import { defineOptions, listOption, type OptionDef } from "../common/options.js";
-import { durationSeconds, kubeQuantity, quantityBytes } from "../common/units.js";
+import { cpuQuantity, durationSeconds, kubeQuantity, quantityBytes } from "../common/units.js";
 import { HOST_PATH_PROVISIONER } from "../core/contract.js";
 import { SHARING_SCOPES } from "../core/scope.js";
 
@@ -122,6 +122,49 @@ export const WEBHOOK_OPTIONS = {
     default: "ghcr.io/warmstart/warmstart:0.1.0",
     doc: "the warmstart image for init containers",
     schema: z.string(),
+  }),
+  /**
+   * Pull secrets decorated pods reference, for the init containers' image (a private registry).
+   * A pod's own secrets stay; each named Secret must exist in the pod's namespace.
+   */
+  imagePullSecrets: opt({
+    flag: "--image-pull-secret <names>",
+    env: "WARMSTART_IMAGE_PULL_SECRETS",
+    default: [],
+    defaultText: "none",
+    doc: "image pull secrets added to decorated pods, comma-separated",
+    schema: listOption,
+  }),
+  /**
+   * The init containers' resources: requests by default (a namespace with a compute quota
+   * refuses containers without them). No memory limit by default: prewarm fills the page cache,
+   * which is charged to the container, so a small limit would evict what it just read.
+   */
+  initCpuRequest: opt({
+    flag: "--init-cpu-request <cpu>",
+    env: "WARMSTART_INIT_CPU_REQUEST",
+    default: "50m",
+    doc: "CPU request of the init containers",
+    schema: cpuQuantity,
+  }),
+  initMemoryRequest: opt({
+    flag: "--init-memory-request <memory>",
+    env: "WARMSTART_INIT_MEMORY_REQUEST",
+    default: "64Mi",
+    doc: "memory request of the init containers",
+    schema: kubeQuantity,
+  }),
+  initCpuLimit: opt({
+    flag: "--init-cpu-limit <cpu>",
+    env: "WARMSTART_INIT_CPU_LIMIT",
+    doc: "CPU limit of the init containers (none by default)",
+    schema: cpuQuantity.optional(),
+  }),
+  initMemoryLimit: opt({
+    flag: "--init-memory-limit <memory>",
+    env: "WARMSTART_INIT_MEMORY_LIMIT",
+    doc: "memory limit of the init containers (none by default; prewarm's page cache counts in it)",
+    schema: kubeQuantity.optional(),
   }),
   cacheRoot: opt({
     default: "/warmstart/cache-root",

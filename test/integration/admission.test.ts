@@ -254,6 +254,35 @@ test("generateName pods (no name, no UID at admission) are elected and stamped",
   assert.match(leader.metadata.name!, /^worker-/);
 });
 
+test("a namespace with a compute quota admits a follower: its init containers carry requests", async (t) => {
+  const ns = await tempNamespace(t, "quota");
+  const { core } = await kube();
+  await core.createNamespacedResourceQuota({
+    namespace: ns,
+    body: {
+      metadata: { name: "compute" },
+      spec: { hard: { "requests.cpu": "8", "requests.memory": "16Gi" } },
+    },
+  });
+  // The quota's admission refuses containers without requests until the quota is observed.
+  await waitFor("the quota in force", async () => {
+    const q = await core.readNamespacedResourceQuota({ namespace: ns, name: "compute" });
+    return q.status?.hard?.["requests.cpu"] !== undefined;
+  });
+  const model = `org/quota-${ns}`;
+  const worker = (name: string): k8s.V1Pod => {
+    const c = gpuContainer("vllm", ["--model", model]);
+    c.resources = { ...c.resources, requests: { cpu: "1", memory: "1Gi" } };
+    return { metadata: { name }, spec: { containers: [c] } };
+  };
+  const leader = await core.createNamespacedPod({ namespace: ns, body: worker("a") });
+  await cleanupHash(t, leader.metadata!.labels![LABEL_HASH]!);
+  assert.equal(role(leader), "leader");
+  const follower = await core.createNamespacedPod({ namespace: ns, body: worker("b") });
+  assert.equal(role(follower), "follower");
+  for (const c of follower.spec!.initContainers!) assert.ok(c.resources?.requests?.cpu, c.name);
+});
+
 test("a Ready ModelCache makes new pods of its hash restore, in any namespace; restore-from skips the election", async (t) => {
   const nsA = await tempNamespace(t, "restore-a");
   const nsB = await tempNamespace(t, "restore-b");

@@ -50,11 +50,21 @@ void test("helm lint passes with the default values and with every feature on", 
   await assert.rejects(runHelm(["template", CHART, "--set", "election.deadline=soon"]), /election\/deadline/);
 });
 
-void test("helm template: SPEC 0 values reach the webhook (election off, 60m, cluster scope by default)", async () => {
+void test("helm template: SPEC 0 values reach the webhook (election off, 60m, namespace scope by default)", async () => {
   const defaults = await renderChart();
   const hook = args(defaults, "-webhook");
-  for (const a of ["--election-enabled=false", "--election-deadline=60m", "--sharing-scope=cluster"])
+  for (const a of [
+    "--election-enabled=false",
+    "--election-deadline=60m",
+    "--sharing-scope=namespace",
+    "--init-cpu-request=50m",
+    "--init-memory-request=64Mi",
+  ])
     assert.ok(hook.includes(a), `default ${a}`);
+  assert.ok(!hook.some((a) => a.startsWith("--init-memory-limit")), "no memory limit on prewarm by default");
+  assert.ok(!hook.some((a) => a.startsWith("--image-pull-secret")));
+  const pulled = args(await renderChart({ imagePullSecrets: [{ name: "a" }, { name: "b" }] }), "-webhook");
+  assert.ok(pulled.includes("--image-pull-secret=a,b"), "the release's pull secrets reach decorated pods");
   const set = await renderChart({
     "election.enabled": true,
     "election.deadline": "15m",
