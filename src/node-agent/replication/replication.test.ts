@@ -1,6 +1,17 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  closeSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  writeFileSync,
+  writeSync,
+} from "node:fs";
 import { readdir, readFile, readlink, rename, rm, symlink } from "node:fs/promises";
 import https from "node:https";
 import { join } from "node:path";
@@ -404,3 +415,55 @@ void test("a source that stalls is dropped after stallMs and another serves", as
 });
 
 const createHashHex = (b: Buffer): string => createHash("sha256").update(b).digest("hex");
+
+void test("a name that is not UTF-8 travels byte for byte, and a sparse file stays sparse", async (t) => {
+  const dir = tempDir(t, "ws-replication-");
+  const src = join(dir, "src");
+  const odd = Buffer.concat([
+    Buffer.from(`${src}/model/`),
+    Buffer.from([0x77, 0xff, 0xfe, 0x25, 0x20, 0x3f]),
+  ]);
+  mkdirSync(join(src, "model"), { recursive: true });
+  writeFileSync(odd, "odd name\n");
+  const sparse = join(src, "model", "sparse.bin");
+  const tail = Buffer.from("end of a file with a hole\n");
+  const fd = openSync(sparse, "w");
+  writeSync(fd, tail, 0, tail.length, 64 * 1024 * 1024);
+  closeSync(fd);
+  const storeDir = join(dir, "node-0");
+  await capture({ src, dest: join(storeDir, SHORT), hash: HASH, progress: false, durable: false });
+  const ca = await createCA("warmstart node agents");
+  const pem = await issueCert(ca, { commonName: "node-0", usage: "both", ips: ["127.0.0.1"] });
+  const server = new PeerServer({ storeDir, tls: { ca: ca.cert, ...pem } });
+  const port = await server.listen(0, "127.0.0.1");
+  t.after(() => server.close());
+
+  const r = await replicateTree({
+    hash: HASH,
+    expectedManifestDigest: manifestDigestOf(join(storeDir, SHORT)),
+    sources: [{ node: "node-0", url: `https://127.0.0.1:${port}` }],
+    storeDir: join(dir, "receiver"),
+    tls: { ca: ca.cert, ...pem },
+    durable: false,
+  });
+  const names = readdirSync(Buffer.from(join(r.dest, "model")), { encoding: "buffer" });
+  assert.ok(
+    names.some((n) => n.equals(Buffer.from([0x77, 0xff, 0xfe, 0x25, 0x20, 0x3f]))),
+    "the odd name",
+  );
+  const oddCopy = Buffer.concat([
+    Buffer.from(`${r.dest}/model/`),
+    Buffer.from([0x77, 0xff, 0xfe, 0x25, 0x20, 0x3f]),
+  ]);
+  assert.equal(readFileSync(oddCopy, "utf8"), "odd name\n");
+  const st = statSync(join(r.dest, "model", "sparse.bin"));
+  assert.equal(st.size, 64 * 1024 * 1024 + tail.length);
+  assert.ok(st.blocks * 512 < 1024 * 1024, `the hole stays a hole (${st.blocks} blocks)`);
+  const fh = readFileSync(join(r.dest, "model", "sparse.bin"));
+  assert.ok(fh.subarray(64 * 1024 * 1024).equals(tail));
+  assert.equal(
+    r.receivedBytes,
+    r.totalBytes,
+    "the zeros of a hole still travel: only their writes are saved",
+  );
+});
