@@ -204,3 +204,21 @@ void test("every rendered object passes a server-side dry run against the real A
   }
   assert.deepEqual(failures, []);
 });
+
+void test("safe defaults: the admission port is closed when the API server's addresses are unknown; client names are required", async () => {
+  // `helm template` cannot look anything up: the addresses are unknown.
+  const offline = find<k8s.V1NetworkPolicy>(await renderChart(), "NetworkPolicy", "-webhook");
+  assert.deepEqual(offline.spec?.ingress, [], "no rule: nobody reaches the port");
+  assert.deepEqual(offline.spec?.policyTypes, ["Ingress"]);
+  const known = find<k8s.V1NetworkPolicy>(
+    await renderChart({ "webhook.networkPolicy.apiServerCIDRs": ["10.0.0.1/32"] }),
+    "NetworkPolicy",
+    "-webhook",
+  );
+  const rule = known.spec?.ingress?.[0] as { from?: unknown } | undefined;
+  assert.deepEqual(rule?.from, [{ ipBlock: { cidr: "10.0.0.1/32" } }]);
+  await assert.rejects(
+    renderChart({ "webhook.clientAuth.caBundle": EVERYTHING["webhook.clientAuth.caBundle"] }),
+    /webhook.clientAuth.names/,
+  );
+});
