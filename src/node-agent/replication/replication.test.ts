@@ -403,7 +403,7 @@ void test("a source that stalls is dropped after stallMs and another serves", as
   const port = (staller.address() as { port: number }).port;
   const r = await replicateTree(
     f.opts({
-      stallMs: 300,
+      stallMs: 1500,
       sources: [
         { node: "staller", url: `https://127.0.0.1:${port}` },
         { node: "node-0", url: (f.nodes[0] as Node).url },
