@@ -10,6 +10,9 @@ import { probeCopyMethod, setTimesNsSync, type CopyMethod } from "./native.js";
 import { yieldNow, type Scan, type Skipped, type TreeEntry } from "./tree.js";
 import { KEPT_MODE_BITS } from "./beneath.js";
 
+/** A file this big is a batch of its own (copy-files.ts). */
+const BIG = 8n << 20n;
+
 export const isRoot = (): boolean => process.getuid?.() === 0;
 
 export interface Copied {
@@ -49,9 +52,17 @@ export async function copyTree(
     if (g) g.push(m);
     else groups.set(key, [m]);
   }
-  // Largest first, so one big file does not start last and run alone.
+  // Big files first, largest first, so one does not start last and run alone. Then the small
+  // ones by path, so that a batch (copy-files.ts) is mostly one directory and two copiers
+  // create their files in different directories: creating a file takes its directory's lock,
+  // and a copier waiting on a lock the other holds spins on it.
   const size = (t: CopyTask): bigint => (t[0] as CopyMember).size;
-  const tasks = [...groups.values()].sort((a, b) => (size(b) > size(a) ? 1 : size(b) < size(a) ? -1 : 0));
+  const rel = (t: CopyTask): string => (t[0] as CopyMember).rel;
+  const tasks = [...groups.values()].sort((a, b) => {
+    const [sa, sb] = [size(a), size(b)];
+    if (sa >= BIG || sb >= BIG) return sb > sa ? 1 : sb < sa ? -1 : 0;
+    return rel(a) < rel(b) ? -1 : rel(a) > rel(b) ? 1 : 0;
+  });
 
   let n = 0;
   for (const d of dirs) {
