@@ -23,6 +23,9 @@ export class SourceError extends Error {
   }
 }
 
+/** A reused connection was closed under a request that got no answer (see Source.get). */
+class StaleSocketError extends Error {}
+
 /** The receiver's own disk failed (not the source's fault: no source is dropped for it). */
 export class LocalIoError extends Error {}
 
@@ -84,8 +87,29 @@ export class Source implements SourceLoad {
     this.agent.destroy();
   }
 
-  /** GET `path`; resolves with the response once its headers are in (any status). */
-  private get(path: string, headers: Record<string, string>, signal?: AbortSignal): Promise<IncomingMessage> {
+  /**
+   * GET `path`; resolves with the response once its headers are in (any status). A kept-alive
+   * connection the server closed just as it was reused fails before any answer: that request is
+   * sent once more on a fresh connection rather than held against the source.
+   */
+  private async get(
+    path: string,
+    headers: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<IncomingMessage> {
+    try {
+      return await this.send(path, headers, signal);
+    } catch (err) {
+      if (!(err instanceof StaleSocketError)) throw err;
+      return this.send(path, headers, signal);
+    }
+  }
+
+  private send(
+    path: string,
+    headers: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<IncomingMessage> {
     if (!this.alive)
       return Promise.reject(new SourceError(this.dropReason ?? "error", `source ${this.node} is dropped`));
     return new Promise((resolve, reject) => {
@@ -99,7 +123,10 @@ export class Source implements SourceLoad {
         if (response) this.stalled.set(response, err);
         req.destroy(err);
       });
-      req.on("error", (err) => reject(asSourceError(err, this.node)));
+      req.on("error", (err: NodeJS.ErrnoException) => {
+        const stale = req.reusedSocket && !response && (err.code === "ECONNRESET" || err.code === "EPIPE");
+        reject(stale ? new StaleSocketError(err.message) : asSourceError(err, this.node));
+      });
       req.on("response", (res) => {
         response = res;
         const active = Number(res.headers[ACTIVE_STREAMS_HEADER]);
