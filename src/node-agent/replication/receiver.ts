@@ -39,7 +39,7 @@ import {
   type Chunk,
   type TreePlan,
 } from "./plan.js";
-import { manifestDigestOf, type TlsMaterial } from "./server.js";
+import { manifestDigestOf, readStoredManifest, type TlsMaterial } from "./server.js";
 import { LocalIoError, Source, SourceError, type DropReason } from "./source.js";
 
 export interface ReplicaSource {
@@ -121,7 +121,7 @@ export async function replicateTree(o: ReplicateOptions): Promise<ReplicateResul
       hash: o.hash,
       dest,
       present,
-      totalBytes: run?.plan?.totalBytes ?? 0,
+      totalBytes: run?.plan?.totalBytes ?? readStoredManifest(dest)?.manifest.totalBytes ?? 0,
       receivedBytes,
       bySource,
       dropped: run?.dropped ?? [],
@@ -138,6 +138,7 @@ export async function replicateTree(o: ReplicateOptions): Promise<ReplicateResul
     return result(true);
   }
   const run = new Run(o, short, streams);
+  o.log?.info({ hash: short, sources: o.sources.map((s) => s.node) }, "replicating from peers");
   try {
     await run.go(dest);
     const r = result(false, run);

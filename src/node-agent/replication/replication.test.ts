@@ -203,6 +203,7 @@ void test("a tree replicated from three sources is the captured tree, and every 
   const again = await replicateTree(f.opts());
   assert.equal(again.present, true, "a committed tree is not fetched again");
   assert.equal(again.receivedBytes, 0);
+  assert.equal(again.totalBytes, r.totalBytes);
 });
 
 void test("a source closed mid-transfer is dropped and the tree completes from the others", async (t) => {
