@@ -27,6 +27,7 @@ import {
   ANN_RESTORE_FROM,
   ANN_ROLE,
   ANN_TREE,
+  ANN_RESTORE_RECORDED,
   LABEL_ADMISSION_ID,
   SKIP,
   LABEL_CAPTURE,
@@ -55,6 +56,7 @@ import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { recordElection } from "../../src/webhook/election.js";
 import { runWebhook } from "../../src/webhook/run.js";
 import { loadWebhookConfig } from "../../src/webhook/config.js";
+import { renderChart } from "../chart.js";
 import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../../src/core/decorate.js";
 
@@ -830,6 +832,168 @@ test("the stamps policy refuses a later change of a stamp by anyone but Warmstar
     (await core.readNamespacedPod({ name: "target", namespace: ns })).metadata?.labels?.[LABEL_CAPTURE],
     "true",
   );
+});
+
+test("the release controller's pod patches are held to what it does: release a follower, mark a restore, nothing else", async (t) => {
+  const ns = await tempNamespace(t, "server-vap");
+  const { kc, core, admission } = await kube();
+  const objs = await renderChart({}, { namespace: SYSTEM_NAMESPACE });
+  const policy = objs.find(
+    (o) => o.kind === "ValidatingAdmissionPolicy" && o.metadata?.name?.endsWith("-server-pod-patches"),
+  ) as k8s.V1ValidatingAdmissionPolicy;
+  const shipped = objs.find(
+    (o) => o.kind === "ValidatingAdmissionPolicyBinding" && o.metadata?.name === policy.metadata?.name,
+  ) as k8s.V1ValidatingAdmissionPolicyBinding;
+  // This test's copy, bound to its namespace only (other tests share the cluster).
+  const name = `server-pod-patches-${ns}`;
+  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
+  t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
+  await admission.createValidatingAdmissionPolicyBinding({
+    body: {
+      ...shipped,
+      metadata: { name },
+      spec: {
+        ...shipped.spec,
+        policyName: name,
+        matchResources: { namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": ns } } },
+      },
+    },
+  });
+  t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
+  const server = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-server`;
+  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
+  await rbac.createNamespacedRole({
+    namespace: ns,
+    body: {
+      metadata: { name: "pod-editor" },
+      rules: [{ apiGroups: [""], resources: ["pods", "pods/status"], verbs: ["get", "patch", "update"] }],
+    },
+  });
+  await rbac.createNamespacedRoleBinding({
+    namespace: ns,
+    body: {
+      metadata: { name: "pod-editor" },
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "pod-editor" },
+      subjects: [{ kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE }],
+    },
+  });
+  const base = kc.getCurrentUser()!;
+  const ikc = new k8s.KubeConfig();
+  ikc.loadFromOptions({
+    clusters: kc.clusters,
+    users: [{ ...base, name: "impersonating", impersonateUser: server }],
+    contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
+    currentContext: "impersonating",
+  });
+  const asServer = ikc.makeApiClient(k8s.CoreV1Api);
+  const json = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
+  const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
+  // A real follower (gated by the webhook), behind a leader that is never scheduled.
+  const worker = (name: string, extra: Partial<k8s.V1PodSpec>): k8s.V1Pod => ({
+    metadata: { name },
+    spec: { containers: [gpuContainer("vllm", ["--model", `org/server-vap-${ns}`])], ...extra },
+  });
+  const leader = await core.createNamespacedPod({
+    namespace: ns,
+    body: worker("leader", { nodeSelector: { "kubernetes.io/hostname": "nowhere" } }),
+  });
+  await cleanupHash(t, leader.metadata!.labels![LABEL_HASH]!);
+  const pod = await core.createNamespacedPod({
+    namespace: ns,
+    body: worker("follower", { schedulingGates: [{ name: "other/hold" }] }),
+  });
+  assert.equal(role(pod), "follower");
+  const gateIndex = pod.spec!.schedulingGates!.findIndex((g) => g.name === SCHEDULING_GATE);
+  assert.ok(gateIndex >= 0, "the test pod carries the cache-ready gate");
+  // The policy reaches the admission chain a moment after it is created: probe with dry runs.
+  await waitFor("the policy to refuse an image change", async () => {
+    try {
+      await asServer.patchNamespacedPod(
+        {
+          namespace: ns,
+          name: "follower",
+          dryRun: "All",
+          body: [{ op: "replace", path: "/spec/containers/0/image", value: "evil:1" }],
+        },
+        json,
+      );
+      return false;
+    } catch (err) {
+      return /changes no image/.test((err as { body?: string }).body ?? String(err));
+    }
+  });
+  // What the release controller does: allowed.
+  await asServer.patchNamespacedPod(
+    {
+      namespace: ns,
+      name: "follower",
+      body: [
+        { op: "remove", path: `/spec/schedulingGates/${gateIndex}` },
+        { op: "add", path: `/metadata/annotations/${ANN_TREE.replace("/", "~1")}`, value: "tree" },
+        { op: "remove", path: `/metadata/labels/${LABEL_GATED.replace("/", "~1")}` },
+      ],
+    },
+    json,
+  );
+  await asServer.patchNamespacedPod(
+    {
+      namespace: ns,
+      name: "follower",
+      body: { metadata: { annotations: { [ANN_RESTORE_RECORDED]: "true" } } },
+    },
+    merge,
+  );
+  // Anything else: refused.
+  const refused: Array<[string, object, RegExp]> = [
+    [
+      "a capture label",
+      { metadata: { labels: { [LABEL_CAPTURE]: "true" } } },
+      /only removes the warmstart.dev\/gated/,
+    ],
+    [
+      "another annotation",
+      { metadata: { annotations: { [ANN_RESTORE_FROM]: "0".repeat(16) } } },
+      /only writes/,
+    ],
+    ["an owner", { metadata: { finalizers: ["x/y"] } }, /changes no image/],
+    [
+      "another gate removed",
+      { spec: { schedulingGates: [] } },
+      /only removes the warmstart.dev\/cache-ready/,
+    ],
+  ];
+  for (const [what, body, why] of refused)
+    await assert.rejects(
+      asServer.patchNamespacedPod({ namespace: ns, name: "follower", body }, merge),
+      why,
+      what,
+    );
+  await assert.rejects(
+    asServer.patchNamespacedPod(
+      {
+        namespace: ns,
+        name: "follower",
+        body: [{ op: "add", path: "/spec/tolerations/-", value: { operator: "Exists" } }],
+      },
+      json,
+    ),
+    /changes no image, toleration/,
+    "a toleration (pods allow adding one)",
+  );
+  await assert.rejects(
+    asServer.patchNamespacedPodStatus(
+      { namespace: ns, name: "follower", body: { metadata: { labels: { a: "b" } } } },
+      merge,
+    ),
+    /never writes a pod's status/,
+  );
+  const after = await core.readNamespacedPod({ namespace: ns, name: "follower" });
+  assert.deepEqual(
+    after.spec?.schedulingGates?.map((g) => g.name),
+    ["other/hold"],
+  );
+  assert.equal(after.spec?.containers[0]?.image, "vllm/vllm-openai:v0.6.3");
+  assert.equal(after.metadata?.labels?.[LABEL_GATED], undefined, "released");
 });
 
 test("resetting a failed record for a new election never overwrites a Ready written meanwhile", async (t) => {

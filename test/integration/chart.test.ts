@@ -160,7 +160,7 @@ void test("the stamps policy is deploy/policies/stamps.yaml, exempting only the 
   const text = await readFile(join(PACKAGE_ROOT, "deploy/policies/stamps.yaml"), "utf8");
   const [source] = text.split("\n---\n").map((d) => parseYaml(d) as k8s.V1ValidatingAdmissionPolicy);
   const objs = await renderChart({}, { namespace: "ws-ns" });
-  const policy = find<k8s.V1ValidatingAdmissionPolicy>(objs, "ValidatingAdmissionPolicy");
+  const policy = find<k8s.V1ValidatingAdmissionPolicy>(objs, "ValidatingAdmissionPolicy", "-stamps");
   const { matchConditions, validations, ...rest } = policy.spec!;
   const { matchConditions: _m, validations: sourceValidations, ...sourceRest } = source!.spec!;
   assert.deepEqual(rest, sourceRest);
@@ -172,7 +172,7 @@ void test("the stamps policy is deploy/policies/stamps.yaml, exempting only the 
       expression: "request.userInfo.username != 'system:serviceaccount:ws-ns:warmstart-server'",
     },
   ]);
-  const binding = find<k8s.V1ValidatingAdmissionPolicyBinding>(objs, "ValidatingAdmissionPolicyBinding");
+  const binding = find<k8s.V1ValidatingAdmissionPolicyBinding>(objs, "ValidatingAdmissionPolicyBinding", "-stamps");
   assert.equal(binding.spec?.policyName, policy.metadata?.name);
   assert.deepEqual(binding.spec?.validationActions, ["Deny"]);
 });
