@@ -2,7 +2,8 @@
  * How users name a cache: its full hash (64 hex digits) or the first 16 of them (its record's
  * name), in the `warmstart.dev/restore-from` annotation or on the command line.
  */
-import { ANN_RESTORE_FROM } from "./contract.js";
+import type { V1Pod } from "@kubernetes/client-node";
+import { ANN_RESTORE_FROM, RO_VOLUME } from "./contract.js";
 
 /** A cache hash as users may write it, once normalized: 64 hex digits, or the first 16. */
 export const HASH_REF = /^[0-9a-f]{16}(?:[0-9a-f]{48})?$/;
@@ -19,4 +20,14 @@ export function restoreFromOf(
 ): string | undefined {
   const ref = annotations?.[ANN_RESTORE_FROM];
   return typeof ref === "string" ? normalizeHashRef(ref) || undefined : undefined;
+}
+
+/**
+ * The cache a decorated pod restores from, read from its spec (which nobody can change after
+ * admission): the short hash of the read-only claim admission mounted. Its annotations are no
+ * proof: `restore-from` stays the author's to edit on a running pod.
+ */
+export function restoredFrom(pod: V1Pod): string | undefined {
+  const claim = (pod.spec?.volumes ?? []).find((v) => v.name === RO_VOLUME)?.persistentVolumeClaim?.claimName;
+  return /^rox-([0-9a-f]{16})$/.exec(claim ?? "")?.[1];
 }

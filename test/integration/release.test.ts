@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import * as k8s from "@kubernetes/client-node";
 import { pino } from "pino";
 import { setTimeout as sleep } from "node:timers/promises";
+import { randomBytes } from "node:crypto";
 import { kube, listPods, tempNamespace, waitFor, createWorkers, gpuContainer } from "../harness.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { pauseRole } from "../roles.js";
@@ -16,6 +17,7 @@ import {
   ANN_DEADLINE,
   ANN_ELECTION_ID,
   ANN_HASH,
+  ANN_RESTORE_FROM,
   ANN_RESTORE_RECORDED,
   ANN_ROLE,
   ANN_TREE,
@@ -729,15 +731,37 @@ test("each restore's benefit is counted on the record when it turns Ready, once,
       ],
   );
 
+  // Its author renames the cache it restores from on the running pod (restore-from stays the
+  // author's to edit): its restore is still booked on the cache its claim mounts, not the decoy.
+  const decoy = randomBytes(32).toString("hex");
+  await cleanup(t, shortHash(decoy));
+  await custom.createClusterCustomObject({
+    ...ref,
+    body: {
+      apiVersion: `${ref.group}/${ref.version}`,
+      kind: MODELCACHE.kind,
+      metadata: { name: shortHash(decoy) },
+      spec: { hash: decoy },
+    },
+  });
+  await custom.patchClusterCustomObjectStatus(
+    { ...ref, name: shortHash(decoy), body: { status: { phase: "Ready", reason: "Promoted" } } },
+    merge,
+  );
   await core.patchNamespacedPod(
     {
       namespace: ns,
       name: b.metadata!.name!,
-      body: { metadata: { annotations: { "sim.warmstart.dev/ready": "true" } } },
+      body: {
+        metadata: {
+          annotations: { "sim.warmstart.dev/ready": "true", [ANN_RESTORE_FROM]: shortHash(decoy) },
+        },
+      },
     },
     merge,
   );
   await waitFor("the second restore counted", async () => (await getCache(short)).status?.restores === 2);
+  assert.equal((await getCache(shortHash(decoy))).status?.restores, undefined, "nothing booked on the decoy");
   // The pods go; what they saved stays on the record, and the views read it from there.
   const { apps } = await kube();
   await apps.deleteNamespacedDeployment({ namespace: ns, name: "worker" });

@@ -6,7 +6,6 @@ import {
   ANN_DEADLINE,
   CACHE_VOLUME,
   ANN_ELECTION_ID,
-  ANN_HASH,
   ANN_RESTORE_RECORDED,
   ANN_ROLE,
   ANN_TREE,
@@ -15,9 +14,8 @@ import {
   LABEL_HASH,
   SCHEDULING_GATE,
   leaseName,
-  shortHash,
 } from "../../core/contract.js";
-import { restoreFromOf } from "../../core/refs.js";
+import { restoredFrom } from "../../core/refs.js";
 import { sourceOf, treeSubPath } from "../../promote/source.js";
 import { deleteCachePass } from "../../promote/rollback.js";
 import {
@@ -266,9 +264,9 @@ async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], 
     if (role !== "restore" && role !== "follower") continue;
     if (p.metadata?.annotations?.[ANN_RESTORE_RECORDED] || isGated(p) || isTerminated(p)) continue;
     if (readySeconds(p) === undefined) continue;
-    // The cache it restored from: the one it asked for, read the way admission read it.
-    const from = restoreFromOf(p.metadata?.annotations) ?? p.metadata?.annotations?.[ANN_HASH] ?? short;
-    const source = shortHash(from);
+    // The cache it restored from: the claim admission mounted (an annotation can change later).
+    const source = restoredFrom(p);
+    if (!source) continue;
     bySource.set(source, [...(bySource.get(source) ?? []), p]);
   }
   const records = new CacheRecords(d.custom);
