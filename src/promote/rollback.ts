@@ -20,6 +20,7 @@ import {
   FINALIZER_STORE_PREFIX,
   LABEL_HASH,
   MODELCACHE,
+  claimName,
   shortHash,
 } from "../core/contract.js";
 import type { PromoteClients } from "./claims.js";
@@ -129,6 +130,19 @@ async function deleteOne(c: PromoteClients, f: Found): Promise<void> {
     if (isNotFound(err)) return;
     throw apiError(`deleting ${describe(f)}`, err);
   }
+}
+
+/** The pods on a node that mount a claim of this name (`namespace/name`): they hold its tree. */
+async function podsMountingOn(c: PromoteClients, node: string, claim: string): Promise<string[]> {
+  return c.core
+    .listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${node}` })
+    .then((l) =>
+      l.items
+        .filter((p) => (p.spec?.volumes ?? []).some((v) => v.persistentVolumeClaim?.claimName === claim))
+        .map((p) => `${p.metadata?.namespace ?? "?"}/${p.metadata?.name ?? "?"}`)
+        .sort(),
+    )
+    .catch(() => [] as string[]);
 }
 
 /** Why an object that was deleted is still there: who holds it. */
@@ -293,14 +307,18 @@ export async function deleteCachePass(
     .map((f) => f.slice(FINALIZER_STORE_PREFIX.length));
   const left = [...report.left];
   if (cache) {
-    for (const node of nodesPending)
+    for (const node of nodesPending) {
+      const holders = await podsMountingOn(c, node, claimName(name));
       left.push({
         kind: "StoredTree",
         name,
         namespace: undefined,
         state: "left",
-        why: `on node ${node}: its agent has not removed it yet`,
+        why: holders.length
+          ? `on node ${node}: in use by pod(s) ${holders.join(", ")}; removed once they go`
+          : `on node ${node}: its agent has not removed it yet`,
       });
+    }
     left.push({
       kind: "ModelCache",
       name,

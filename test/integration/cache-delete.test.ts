@@ -190,7 +190,11 @@ void test("`warmstart cache delete` reports what it cannot remove (a claim a pod
     new RegExp(`PersistentVolumeClaim ${nsA}/${claimName(short)}: in use by pod\\(s\\) user`),
   );
   assert.match(first.stdout, /not fully deleted/);
-  assert.match(first.stdout, new RegExp(`StoredTree ${short}: on node ${ta.node}`));
+  assert.match(
+    first.stdout,
+    new RegExp(`StoredTree ${short}: on node ${ta.node}: in use by pod\\(s\\) ${nsA}/user`),
+    "the pods that hold the tree are named",
+  );
   assert.ok(
     (await stat(join(ta.store, short))).isDirectory(),
     "a tree a running pod reads is not pulled from under it",
