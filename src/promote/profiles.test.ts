@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { HOST_PATH_PROVISIONER } from "../core/contract.js";
-import { DEFAULT_HANDLE_TEMPLATE, parseProfiles, resolveProfile } from "./profiles.js";
+import { BUILT_IN_PROFILES, DEFAULT_HANDLE_TEMPLATE, parseProfiles, resolveProfile } from "./profiles.js";
 
 const none = new Map();
 
@@ -110,4 +110,22 @@ void test("an empty value or no ConfigMap data means built-in profiles", () => {
   const p = resolveProfile(entries, HOST_PATH_PROVISIONER);
   assert.equal(p.backend, "host-path");
   assert.equal(p.origin, "configmap");
+});
+
+test("every built-in profile says why it suits its driver, and resolves to a backend", () => {
+  for (const [provisioner, entry] of Object.entries(BUILT_IN_PROFILES)) {
+    const p = resolveProfile(new Map(), provisioner);
+    assert.ok(p.why && p.why.length > 10, `${provisioner}: a reason`);
+    assert.equal(p.origin, "built-in");
+    for (const type of Object.keys(entry.volumeTypes ?? {}))
+      assert.ok(resolveProfile(new Map(), provisioner, type).why, `${provisioner} ${type}: a reason`);
+  }
+  assert.equal(resolveProfile(new Map(), "efs.csi.aws.com").backend, "shared-volume");
+  assert.deepEqual(resolveProfile(new Map(), "nvmesh-csi.excelero.com").mountOptions, [
+    "ro",
+    "norecovery",
+    "nouuid",
+  ]);
+  assert.equal(resolveProfile(new Map(), "pd.csi.storage.gke.io", "pd-ssd").backend, "per-pod-clone");
+  assert.equal(resolveProfile(new Map(), "disk.csi.azure.com").backend, "per-pod-clone");
 });

@@ -36,6 +36,8 @@ const Settings = z
     hostPathType: z.enum(["local", "hostPath"]),
     prewarm: z.boolean(),
     prewarmParallelism: z.number().int().min(1).max(256),
+    /** Why these settings suit the driver, shown with the profile in logs and records. */
+    why: z.string(),
   })
   .partial()
   .strict();
@@ -60,26 +62,84 @@ export interface StorageProfile {
   origin: "built-in" | "configmap" | "none";
   /** Why the backend was chosen when no profile names the provisioner. */
   note?: string;
+  /** Why the profile suits the driver (its documentation, in a line). */
+  why?: string;
 }
 
-/** Known drivers. A provisioner nobody describes is treated as per-pod clone: it cannot be shared. */
+/**
+ * Known drivers, each with why (from the drivers' own documentation). A provisioner nobody
+ * describes is treated as per-pod clone: it cannot be shared.
+ */
 export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
-  [HOST_PATH_PROVISIONER]: { backend: "host-path", hostPathType: "local" },
-  "kubernetes.io/no-provisioner": { backend: "host-path", hostPathType: "local" },
-  "rancher.io/local-path": { backend: "host-path", hostPathType: "hostPath" },
-  "nfs.csi.k8s.io": { backend: "shared-volume" },
-  "filestore.csi.storage.gke.io": { backend: "shared-volume" },
-  "nvmesh-csi.excelero.com": { backend: "shared-volume" },
+  [HOST_PATH_PROVISIONER]: {
+    backend: "host-path",
+    hostPathType: "local",
+    why: "a node-local store: local PVs pinned to its node",
+  },
+  "kubernetes.io/no-provisioner": {
+    backend: "host-path",
+    hostPathType: "local",
+    why: "static local volumes: a folder on one node",
+  },
+  "rancher.io/local-path": {
+    backend: "host-path",
+    hostPathType: "hostPath",
+    why: "local-path-provisioner keeps volumes as host folders",
+  },
+  "nfs.csi.k8s.io": {
+    backend: "shared-volume",
+    why: "NFS shares mount read-only on any number of nodes",
+  },
+  "filestore.csi.storage.gke.io": {
+    backend: "shared-volume",
+    why: "Filestore is NFS: ReadOnlyMany on any number of nodes",
+  },
+  "efs.csi.aws.com": {
+    backend: "shared-volume",
+    // EFS throughput grows with parallel clients and requests.
+    prewarmParallelism: 16,
+    why: "EFS is NFS across zones; its handle is fs-id[:/subpath][:access-point], mounted read-only by many nodes",
+  },
+  "fsx.csi.aws.com": {
+    backend: "shared-volume",
+    prewarmParallelism: 16,
+    why: "FSx for Lustre is a parallel file system every node mounts",
+  },
+  "file.csi.azure.com": {
+    backend: "shared-volume",
+    why: "Azure Files shares (SMB or NFS) are ReadWriteMany, so readable by many nodes",
+  },
+  "cephfs.csi.ceph.com": {
+    backend: "shared-volume",
+    why: "CephFS volumes are ReadWriteMany",
+  },
+  "rbd.csi.ceph.com": {
+    backend: "snapshot-clone",
+    why: "RBD clones a snapshot into a volume that maps read-only on many nodes",
+  },
+  "nvmesh-csi.excelero.com": {
+    backend: "shared-volume",
+    // XFS on a block device other nodes also mount: no log replay, no UUID clash.
+    mountOptions: ["ro", "norecovery", "nouuid"],
+    why: "NVMesh volumes attach to many nodes; a file system on one is mounted ro, norecovery, nouuid",
+  },
   "pd.csi.storage.gke.io": {
     backend: "snapshot-clone",
-    // Only Hyperdisk ML attaches read-only to many nodes; other PD types clone per pod.
+    why: "a PD clone of a snapshot attaches read-only to many nodes (Hyperdisk ML)",
     volumeTypes: {
-      "hyperdisk-ml": { backend: "snapshot-clone" },
-      "pd-balanced": { backend: "per-pod-clone" },
+      "hyperdisk-ml": { backend: "snapshot-clone", why: "Hyperdisk ML attaches read-only to many nodes" },
+      "pd-balanced": { backend: "per-pod-clone", why: "pd-balanced is not shared read-only in this profile" },
+      "pd-ssd": { backend: "per-pod-clone", why: "pd-ssd is not shared read-only in this profile" },
     },
   },
-  // EBS volumes attach to one node at a time: each pod would need its own clone.
-  "ebs.csi.aws.com": { backend: "per-pod-clone" },
+  "ebs.csi.aws.com": {
+    backend: "per-pod-clone",
+    why: "EBS volumes attach to one node at a time: each pod would need its own clone",
+  },
+  "disk.csi.azure.com": {
+    backend: "per-pod-clone",
+    why: "Azure Disks attach to one node at a time (shared disks need maxShares and a cluster file system)",
+  },
 };
 
 export interface ParsedProfiles {
@@ -148,7 +208,9 @@ export function resolveProfile(
     prewarmParallelism: merged.prewarmParallelism ?? DEFAULT_PREWARM_PARALLELISM,
     origin: fromMap ? "configmap" : builtIn ? "built-in" : "none",
     ...(known
-      ? {}
+      ? merged.why
+        ? { why: merged.why }
+        : {}
       : {
           note: `no storage profile names provisioner ${provisioner}; add one to ConfigMap ${STORAGE_PROFILES_CONFIGMAP} to share its volumes`,
         }),
