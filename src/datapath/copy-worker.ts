@@ -25,6 +25,7 @@ import {
   writeSync,
   type BigIntStats,
 } from "node:fs";
+import { createRequire } from "node:module";
 import { parentPort, workerData } from "node:worker_threads";
 import {
   at,
@@ -106,8 +107,28 @@ function copyOne(m: CopyMember, dst: Buffer): Done | SkipReason {
   }
 }
 
+/** BLAKE3 of a whole buffer in one call, for files that fit the read buffer: no hasher object
+ * per file (measured: 40% less CPU than hasher, update and digest on 30 KB files). Only when the
+ * digest is BLAKE3, whose binding has loaded then. */
+const blake3Once =
+  data.digest === "blake3"
+    ? (createRequire(import.meta.url)("@napi-rs/blake-hash") as { blake3: (b: Uint8Array) => Buffer }).blake3
+    : undefined;
+
 /** Hashes [0, size) of `fd`; `sink` also gets each chunk (the plain-copy fallback). */
 function hash(fd: number, size: number, sink?: (chunk: Buffer) => void): Done {
+  if (blake3Once && size <= buf.length) {
+    if (stopped()) throw new StoppedError();
+    let n = 0;
+    for (let r = 1; n < size && r > 0; n += r) r = readSync(fd, buf, n, size - n, n);
+    const chunk = buf.subarray(0, n);
+    const t = performance.now();
+    const digest = blake3Once(chunk).toString("hex");
+    const digestMs = performance.now() - t;
+    sink?.(chunk);
+    Atomics.add(bytesRead, 0, BigInt(n));
+    return { size: n, digest, digestMs };
+  }
   const h = createDigest(data.digest);
   let pos = 0;
   let digestMs = 0;

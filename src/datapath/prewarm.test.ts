@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { closeSync, fstatSync, fsyncSync, openSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { closeSync, fstatSync, fsyncSync, openSync, readdirSync } from "node:fs";
 import { chmod, mkdir, readdir, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
@@ -202,6 +203,27 @@ void test("prewarm respects its parallelism: exactly P readers at once", async (
   const one = await prewarm({ dir, parallel: 1, holdMs: 2, residency: "none" });
   assert.equal(one.peakReaders, 1);
   assert.equal(one.files, 24);
+});
+
+void test("readers read at best-effort I/O priority 7; the thread that starts them keeps its own", async (t) => {
+  const dir = tempDir(t);
+  await tree(dir, 8, () => 10);
+  const ionice = (tid: string): string | undefined => {
+    try {
+      return execFileSync("ionice", ["-p", tid], { encoding: "utf8" }).trim();
+    } catch {
+      return undefined;
+    }
+  };
+  const before = ionice(String(process.pid));
+  if (before === undefined) return t.skip("no ionice here");
+  const running = prewarm({ dir, parallel: 2, holdMs: 300, residency: "none" });
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  const prios = readdirSync(`/proc/${process.pid}/task`).map(ionice);
+  const r = await running;
+  if (!r.lowPriority) return t.skip("the kernel refused ioprio_set here");
+  assert.equal(prios.filter((p) => p === "best-effort: prio 7").length, 2, prios.join(", "));
+  assert.equal(ionice(String(process.pid)), before);
 });
 
 void test("prewarm is best effort: read errors are counted and reported, and it still resolves", async (t) => {
