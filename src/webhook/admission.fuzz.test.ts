@@ -703,3 +703,69 @@ test("a pod nested deeper than any the API server sends fails open with its uid"
   assert.equal(res.allowed, true);
   assert.match(res.warnings?.[0] ?? "", /admitted without a cache decision: Maximum call stack/);
 });
+
+/**
+ * Env entries that reference earlier ones (`$(A3)` twice in A4 doubles it, and so on) and args
+ * that reference the last: the shapes that make `$(VAR)` expansion exponential when unbounded.
+ */
+const chainEntry = fc.record({
+  // References anywhere back, or the previous entry two or three times (a doubling).
+  refs: fc.oneof(
+    fc.array(fc.nat(), { minLength: 0, maxLength: 4 }),
+    fc.integer({ min: 2, max: 3 }).map((k) => Array.from({ length: k }, () => -1)),
+  ),
+  filler: fc.oneof(fc.constant(""), hostileText, fc.string({ minLength: 0, maxLength: 200 })),
+  fromField: fc.boolean(),
+});
+/** A whole chain of doublings over a non-empty base: 2^k bytes from a few hundred when unbounded. */
+const doublings = fc
+  .record({ k: fc.integer({ min: 8, max: 40 }), base: fc.string({ minLength: 1, maxLength: 16 }) })
+  .map(({ k, base }) =>
+    Array.from({ length: k }, (_, i) => ({
+      refs: i ? [-1, -1] : [],
+      filler: i ? "" : base,
+      fromField: false,
+    })),
+  );
+const refChain = fc
+  .record({
+    entries: fc.oneof(fc.array(chainEntry, { minLength: 1, maxLength: 40 }), doublings),
+    argRefs: fc.array(fc.nat(), { minLength: 0, maxLength: 8 }),
+  })
+  .map(({ entries, argRefs }) => {
+    const env = entries.map((e, i) => ({
+      name: `A${i}`,
+      ...(e.fromField && i > 0
+        ? { valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }
+        : {
+            value: e.filler + e.refs.map((r) => `$(A${r < 0 ? Math.max(i - 1, 0) : i ? r % i : 0})`).join(""),
+          }),
+    }));
+    const last = entries.length - 1;
+    const args = ["--model", "org/m", ...argRefs.map((r) => `--x=$(A${r % (last + 1)})$(A${last})`)];
+    return { env, args };
+  });
+
+test("admission costs no more than linear time and memory in the pod's size, whatever its env and args", async (t) => {
+  const handle = admissionHandler(webhookDeps(() => FRESH));
+  let worst = { ratio: 0, n: 0, ms: 0, out: 0 };
+  await holds(
+    t,
+    fc.asyncProperty(refChain, async ({ env, args }) => {
+      const object = { metadata: { name: "p" }, spec: { containers: [{ ...gpuContainer, args, env }] } };
+      const n = JSON.stringify(object).length;
+      const cpu = process.cpuUsage();
+      const res = await handle(createOf(object));
+      const used = process.cpuUsage(cpu);
+      const ms = (used.user + used.system) / 1000;
+      const out = JSON.stringify(res).length;
+      // Generous constants (a loaded CI machine, a GC pause), a linear term: an exponential
+      // expansion of a pod this size costs seconds and gigabytes, far past either bound.
+      assert.ok(ms <= 250 + n / 100, `${ms.toFixed(1)} ms of CPU for a ${n}-byte pod`);
+      assert.ok(out <= 4 * n + 4 * 2 ** 20, `a ${out}-byte answer for a ${n}-byte pod`);
+      if (ms / n > worst.ratio) worst = { ratio: ms / n, n, ms, out };
+    }),
+    300,
+  );
+  t.diagnostic(`worst: ${worst.ms.toFixed(1)} ms for ${worst.n} bytes (answer ${worst.out} bytes)`);
+});
