@@ -8,7 +8,7 @@ import { createLogger, type Logger } from "../common/log.js";
 import { claimName, shortHash } from "../core/contract.js";
 import { apiError, isNotFound } from "../common/kube.js";
 import { ensureClaim, promoteClients, type EnsureOutcome, type PromoteClients } from "./claims.js";
-import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles } from "./profiles.js";
+import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles, type Backend } from "./profiles.js";
 import { sourceOf, treeSubPath } from "./source.js";
 
 /** The parts of a ModelCache this reads. */
@@ -33,7 +33,7 @@ export interface Promotion {
   storeProfile(
     provisioner: string,
     volumeType?: string,
-  ): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
+  ): Promise<{ prewarm: boolean; prewarmParallelism: number; backend: Backend; why?: string }>;
   ensureClaim(cache: CacheRecord, namespace: string): Promise<EnsureOutcome>;
 }
 
@@ -47,7 +47,12 @@ export function createPromotion(clients: PromoteClients, profiles: StorageProfil
     },
     async storeProfile(provisioner, volumeType) {
       const p = await profiles.resolve(provisioner, volumeType);
-      return { prewarm: p.prewarm, prewarmParallelism: p.prewarmParallelism };
+      return {
+        prewarm: p.prewarm,
+        prewarmParallelism: p.prewarmParallelism,
+        backend: p.backend,
+        ...((p.why ?? p.note) ? { why: p.why ?? p.note } : {}),
+      };
     },
     async ensureClaim(cache, namespace) {
       const short = shortHash(cache.spec.hash);

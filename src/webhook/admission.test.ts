@@ -634,3 +634,25 @@ test("a follower's init containers get requests (quotas), no memory limit by def
   assert.deepEqual(limited.pod!.spec!.initContainers![0]!.resources?.limits, { cpu: "1", memory: "2Gi" });
   assert.throws(() => loadWebhookConfig({ initCpuRequest: "lots" }, {}), /CPU quantity/);
 });
+
+test("stores whose storage clones a volume per pod start every pod cold at admission: no election, nobody gated", async () => {
+  const acquired: string[] = [];
+  const d = deps({
+    followerProfile: () =>
+      Promise.resolve({
+        prewarm: true,
+        prewarmParallelism: 6,
+        backend: "per-pod-clone",
+        why: "EBS attaches to one node",
+      }),
+    tryAcquire: (hash) => (acquired.push(hash), Promise.resolve({ role: "leader", leaseUid: "l" })),
+  });
+  const first = await decide(review(gpuPod()), d);
+  const second = await decide(review(gpuPod()), d);
+  for (const x of [first, second]) {
+    assert.equal(x.role, "cold");
+    assert.match(x.reason, /clones a volume per pod \(EBS attaches to one node\)/);
+    assert.equal(x.pod?.spec?.schedulingGates, undefined, "not gated");
+  }
+  assert.deepEqual(acquired, [], "no Lease taken");
+});

@@ -30,6 +30,7 @@ import { HASH_REF, restoreFromOf } from "../core/refs.js";
 import type { Logger } from "../common/log.js";
 import type { AdmissionResponse, AdmissionReview } from "./server.js";
 import type { WebhookConfig } from "./config.js";
+import type { Backend } from "../promote/profiles.js";
 import type { WebhookMetrics } from "./metrics.js";
 import type { ElectionResult } from "./election.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
@@ -55,7 +56,13 @@ export interface ClusterView {
     cache: ModelCacheObject,
   ): Promise<{ prewarm: boolean; prewarmParallelism: number; treePath: string }>;
   /** The prewarm policy of the cluster's cache stores, for followers (their cache is not made yet). */
-  followerProfile(): Promise<{ prewarm: boolean; prewarmParallelism: number }>;
+  /** The cluster's cache stores' profile (by their provisioner): prewarm policy and backend. */
+  followerProfile(): Promise<{
+    prewarm: boolean;
+    prewarmParallelism: number;
+    backend?: Backend;
+    why?: string;
+  }>;
   /** A restore in a namespace that has no claim yet gets one at admission. */
   ensureClaim?(cache: ModelCacheObject, namespace: string): Promise<void>;
   /** A namespace's labels (opt-out, share-group), from a short cache. */
@@ -231,6 +238,13 @@ export async function decide(
 
   // Read before the election: an error here must not cost a Lease.
   const template = await deps.cluster.cacheEnvTemplate();
+  const profile = await deps.cluster.followerProfile();
+  // Storage that clones a volume per pod cannot name a claim ahead: no leader would ever be
+  // promoted, so nobody is gated behind one.
+  if (profile.backend === "per-pod-clone")
+    return cold(
+      `the cache stores' storage clones a volume per pod (${profile.why ?? "per-pod-clone"}): no shared read-only claim, pods start cold`,
+    );
   const electionId = admissionId;
   const result = await deps.cluster.tryAcquire(hash, electionId, namespace);
   if (result.role === "leader") {
@@ -285,7 +299,6 @@ export async function decide(
       throw err;
     }
   }
-  const profile = await deps.cluster.followerProfile();
   // The leader's template, when its record already says it (a Failed record is the previous
   // election's, about to be reset by the new leader): the follower restores the tree it writes.
   const recorded =
