@@ -7,7 +7,7 @@ import * as k8s from "@kubernetes/client-node";
 import { relative } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { HOST_PATH_PROVISIONER } from "../core/contract.js";
-import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
+import { apiError, isAlreadyExists, isConflict, isNotFound } from "../common/kube.js";
 import {
   SNAPSHOT_GROUP,
   SNAPSHOT_VERSION,
@@ -176,6 +176,22 @@ async function snapshotStore(
       throw apiError(`creating VolumeSnapshot ${claim.namespace}/${body.metadata.name}`, err);
   }
   const deadline = Date.now() + timeoutMs;
+  // A snapshot that failed or never became ready is removed (that very object), or every later
+  // election would find it by name and wait on it again until the cache is deleted.
+  const discard = async (vs: VolumeSnapshot, why: string): Promise<never> => {
+    await c.custom
+      .deleteNamespacedCustomObject({
+        ...ref,
+        plural: "volumesnapshots",
+        name: body.metadata.name!,
+        body: { preconditions: { uid: vs.metadata?.uid } },
+      })
+      .catch((err: unknown) => {
+        if (!isNotFound(err) && !isConflict(err))
+          throw apiError(`removing VolumeSnapshot ${body.metadata.name}`, err);
+      });
+    throw new Error(`${why}; the snapshot was removed, so the next election takes a fresh one`);
+  };
   for (;;) {
     const vs = (await c.custom.getNamespacedCustomObject({
       ...ref,
@@ -183,7 +199,7 @@ async function snapshotStore(
       name: body.metadata.name!,
     })) as VolumeSnapshot;
     if (vs.status?.error?.message)
-      throw new Error(`snapshot ${body.metadata.name} failed: ${vs.status.error.message}`);
+      return discard(vs, `snapshot ${body.metadata.name} failed: ${vs.status.error.message}`);
     const contentName = vs.status?.boundVolumeSnapshotContentName;
     if (vs.status?.readyToUse && contentName) {
       const content = (await c.custom.getClusterCustomObject({
@@ -202,7 +218,8 @@ async function snapshotStore(
       }
     }
     if (Date.now() > deadline)
-      throw new Error(
+      return discard(
+        vs,
         `snapshot ${claim.namespace}/${body.metadata.name} not ready after ${Math.round(timeoutMs / 1000)}s`,
       );
     await sleep(1_000, undefined, signal ? { signal } : undefined);

@@ -445,6 +445,81 @@ void test("snapshot-clone publish: snapshots the store claim once, waits until i
   assert.equal(source.subPath, short, "where the tree sits inside the cloned volume");
 });
 
+void test("snapshot-clone publish: a snapshot that fails or never becomes ready is removed, so the next election snapshots afresh", async (t) => {
+  if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
+    await pauseRole(t, "snapshot-controller");
+  const { kc, core, custom } = await kube();
+  const storage = kc.makeApiClient(k8s.StorageV1Api);
+  const ns = await tempNamespace(t, "ss-stuck");
+  const className = uniqueName("store");
+  await storage.createStorageClass({
+    body: {
+      metadata: { name: className },
+      provisioner: "pd.csi.storage.gke.io",
+      parameters: { type: "hyperdisk-ml" },
+    },
+  });
+  t.after(() => storage.deleteStorageClass({ name: className }).then(() => undefined, ignoreNotFound));
+  await core.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: {
+      metadata: { name: "store" },
+      spec: {
+        accessModes: ["ReadWriteOnce"],
+        storageClassName: className,
+        resources: { requests: { storage: "1Gi" } },
+      },
+    },
+  });
+  const store = { node: "gpu-0", dir: "/var/lib/warmstart/store", claim: { namespace: ns, name: "store" } };
+  const described = await describeStore(kc, store);
+  const profile = {
+    ...resolveProfile(new Map(), described.provisioner, described.volumeType),
+    snapshotClass: "hdml",
+  };
+  const read = (short: string): Promise<unknown> =>
+    custom
+      .getNamespacedCustomObject({
+        ...snap,
+        plural: "volumesnapshots",
+        namespace: ns,
+        name: snapshotName(short),
+      })
+      .catch((err: unknown) => (ignoreNotFound(err), undefined));
+  const publish = (short: string): Promise<unknown> =>
+    publishSource(promoteClients(kc), {
+      short,
+      store,
+      storage: described,
+      profile,
+      tree: `/var/lib/warmstart/store/${short}`,
+      sizeBytes: 1,
+      snapshotTimeoutMs: 1_500,
+    });
+  // Never ready: nothing plays the snapshot controller.
+  const stuck = newShort();
+  cleanup(t, stuck);
+  await assert.rejects(publish(stuck), /not ready after 2s; the snapshot was removed/);
+  assert.equal(await read(stuck), undefined, "not left for the next election to wait on");
+  // Failed: the controller says so.
+  const failed = newShort();
+  cleanup(t, failed);
+  const publishing = publish(failed);
+  await waitFor("the snapshot", () => read(failed));
+  await custom.patchNamespacedCustomObjectStatus(
+    {
+      ...snap,
+      plural: "volumesnapshots",
+      namespace: ns,
+      name: snapshotName(failed),
+      body: { status: { readyToUse: false, error: { message: "quota exceeded" } } },
+    },
+    mergePatch,
+  );
+  await assert.rejects(publishing, /failed: quota exceeded; the snapshot was removed/);
+  assert.equal(await read(failed), undefined);
+});
+
 void test("the webhook's view: restore settings from the storage-profile ConfigMap, and a claim from the recorded source", async (t) => {
   const { kc, core } = await kube();
   const provisioner = `${uniqueName("nas")}.example.com`;

@@ -74,16 +74,23 @@ const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date
  * the durable cache record) and converges, whatever event woke it.
  */
 export async function reconcileHash(short: string, d: ReleaseDeps): Promise<ReconcileResult> {
-  // The record before the pods: a leader it names by UID existed before this list, so a leader
-  // missing from the list is gone (read the other way round, a leader created and recorded while
-  // the list was in flight would be taken for gone, and its election retired).
-  const cache = await getModelCache(d.custom, short);
   // Pods before the Lease: a follower admitted after this list belongs to whatever election
-  // exists then, and is never mistaken for an orphan of this pass.
-  const pods = (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
+  // exists then, and is never mistaken for an orphan of this pass. The record last, so its phase
+  // is at least as fresh as the Lease's absence.
+  const listPods = async (): Promise<k8s.V1Pod[]> =>
+    (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
+  let pods = await listPods();
   await d.afterPodsListed?.();
   const followers = pods.filter(isGated);
   const lease = await readLease(d, leaseName(short));
+  const cache = await getModelCache(d.custom, short);
+  // A leader created and recorded by UID while the list was in flight is missing from it: look
+  // again before it is taken for gone (and its election retired).
+  const uid =
+    cache && lease && cache.spec.electionId === lease.spec?.holderIdentity
+      ? recordedLeader(cache)
+      : undefined;
+  if (uid && !pods.some((p) => p.metadata?.uid === uid)) pods = await listPods();
   const phase = cache?.status?.phase;
   const log = d.log.child({ hash: short, followers: followers.length, lease: lease?.metadata?.uid, phase });
 
