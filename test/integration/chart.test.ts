@@ -172,7 +172,11 @@ void test("the stamps policy is deploy/policies/stamps.yaml, exempting only the 
       expression: "request.userInfo.username != 'system:serviceaccount:ws-ns:warmstart-server'",
     },
   ]);
-  const binding = find<k8s.V1ValidatingAdmissionPolicyBinding>(objs, "ValidatingAdmissionPolicyBinding", "-stamps");
+  const binding = find<k8s.V1ValidatingAdmissionPolicyBinding>(
+    objs,
+    "ValidatingAdmissionPolicyBinding",
+    "-stamps",
+  );
   assert.equal(binding.spec?.policyName, policy.metadata?.name);
   assert.deepEqual(binding.spec?.validationActions, ["Deny"]);
 });
