@@ -411,6 +411,9 @@ test("a pod of another namespace wearing the election's id is never recorded as 
   const cache = await getCache(short);
   assert.notEqual(cache.status?.leaderUid, forger.metadata!.uid, "the copy is not the leader");
   assert.equal(cache.status?.leaderUid, undefined);
+  // Nor does the copy keep the election alive once the leader's grace is over.
+  await reconcileHash(short, deps(kc, { now: () => Date.now() + 60_000 }));
+  assert.equal(await leaseOf(hash), undefined, "leader gone: the election's Lease retired");
 });
 
 test("an election past its deadline: Failed (DeadlinePassed, not counted), Lease retired, followers evicted, a replacement leads the next", async (t) => {

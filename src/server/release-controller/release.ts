@@ -74,9 +74,8 @@ const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date
  * the durable cache record) and converges, whatever event woke it.
  */
 export async function reconcileHash(short: string, d: ReleaseDeps): Promise<ReconcileResult> {
-  // Pods before the Lease: a follower admitted after this list belongs to whatever election
-  // exists then, and is never mistaken for an orphan of this pass. The record last, so its phase
-  // is at least as fresh as the Lease's absence.
+  // Pods before the Lease (a follower admitted later belongs to whatever election exists then, not
+  // an orphan of this pass); the record last, its phase as fresh as the Lease's absence.
   const listPods = async (): Promise<k8s.V1Pod[]> =>
     (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
   let pods = await listPods();
@@ -84,8 +83,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   const followers = pods.filter(isGated);
   const lease = await readLease(d, leaseName(short));
   const cache = await getModelCache(d.custom, short);
-  // A leader created and recorded by UID while the list was in flight is missing from it: look
-  // again before it is taken for gone (and its election retired).
+  // A leader created and recorded by UID while the list was in flight is missing from it.
   const uid =
     cache && lease && cache.spec.electionId === lease.spec?.holderIdentity
       ? recordedLeader(cache)
@@ -198,10 +196,16 @@ function electionFailure(
   // Once promoting, the capture no longer needs its leader pod.
   if (cache?.status?.phase === "Promoting" && statusOf(cache, holder)) return undefined;
   // The leader is the pod recorded by UID when there is one: a copy of its stamps is not it.
-  const uid = cache && cache.spec.electionId === holder ? recordedLeader(cache) : undefined;
+  // Without one, a pod wearing its id where the record says the leader is (not a copy elsewhere).
+  const ours = cache?.spec.electionId === holder ? cache : undefined;
+  const uid = ours ? recordedLeader(ours) : undefined;
   const leader = uid
     ? pods.find((p) => p.metadata?.uid === uid)
-    : pods.find((p) => p.metadata?.annotations?.[ANN_ELECTION_ID] === holder);
+    : pods.find(
+        (p) =>
+          p.metadata?.annotations?.[ANN_ELECTION_ID] === holder &&
+          (!ours || recordNamesPod(ours.spec.leader, p.metadata ?? {})),
+      );
   if (!leader) {
     const acquired = toMs(lease.spec?.acquireTime) ?? toMs(lease.metadata?.creationTimestamp);
     if (uid || (acquired !== undefined && d.now() - acquired > d.leaderGraceMs))
@@ -223,8 +227,8 @@ function electionFailure(
 }
 
 /**
- * The election's leader by UID, recorded when exactly one live pod wears its id: admission
- * stamps one pod, and a copy of its stamps can only appear after it.
+ * The election's leader by UID, recorded when exactly one live pod wears its id where the record
+ * says the leader is (the id is public: a pod elsewhere wearing it is a copy).
  */
 async function recordLeader(
   d: ReleaseDeps,
@@ -236,8 +240,6 @@ async function recordLeader(
 ): Promise<void> {
   if (cache.spec.electionId !== holder || recordedLeader(cache)) return;
   if (transition(cache.status?.phase, "leaderSeen", statusOf(cache, holder)) === "ignore") return;
-  // Only pods where the record says the leader is: the election id is public (the record shows
-  // it), so a pod elsewhere wearing it is a copy.
   const wearing = pods.filter(
     (p) =>
       p.metadata?.annotations?.[ANN_ELECTION_ID] === holder &&
