@@ -108,7 +108,13 @@ test("a chart's 4 GPU workers get 1 leader and 3 gated followers of one hash; it
   const ns = await tempNamespace(t, "chart");
   const { core } = await kube();
   const model = `meta-llama/Llama-3.1-8B-Instruct-${ns}`;
-  await createWorkers(ns, { replicas: 4, args: ["--model", model, "--tensor-parallel-size", "1"] });
+  // The leader stays un-Ready: on a simulated node its capture would start, fail (no cache folder
+  // there) and re-elect while this test still looks at the first election.
+  await createWorkers(ns, {
+    replicas: 4,
+    args: ["--model", model, "--tensor-parallel-size", "1"],
+    annotations: { "sim.warmstart.dev/manual-ready": "true" },
+  });
   await core.createNamespacedPod({
     namespace: ns,
     body: {
