@@ -55,8 +55,10 @@ export interface ClusterView {
   restoreProfile(
     cache: ModelCacheObject,
   ): Promise<{ prewarm: boolean; prewarmParallelism: number; treePath: string }>;
-  /** The prewarm policy of the cluster's cache stores, for followers (their cache is not made yet). */
-  /** The cluster's cache stores' profile (by their provisioner): prewarm policy and backend. */
+  /**
+   * The cluster's cache stores' profile (by their provisioner): the prewarm policy for followers
+   * (their cache is not made yet), and whether the storage can be shared at all.
+   */
   followerProfile(): Promise<{
     prewarm: boolean;
     prewarmParallelism: number;
