@@ -717,6 +717,42 @@ test("the webhook answers only the API server: a direct review creates no Lease 
   assert.equal(registered.webhooks?.[0]?.sideEffects, "NoneOnDryRun");
 });
 
+/** Lets these subjects get and patch pods (and their status) in a namespace: RBAC never refuses them there. */
+async function allowPodEdits(
+  kc: k8s.KubeConfig,
+  namespace: string,
+  subjects: k8s.RbacV1Subject[],
+): Promise<void> {
+  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
+  await rbac.createNamespacedRole({
+    namespace,
+    body: {
+      metadata: { name: "pod-editor" },
+      rules: [{ apiGroups: [""], resources: ["pods", "pods/status"], verbs: ["get", "patch", "update"] }],
+    },
+  });
+  await rbac.createNamespacedRoleBinding({
+    namespace,
+    body: {
+      metadata: { name: "pod-editor" },
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "pod-editor" },
+      subjects,
+    },
+  });
+}
+
+/** The core API as `user`, through the admin's credentials (impersonation). */
+function impersonating(kc: k8s.KubeConfig, user: string): k8s.CoreV1Api {
+  const ikc = new k8s.KubeConfig();
+  ikc.loadFromOptions({
+    clusters: kc.clusters,
+    users: [{ ...kc.getCurrentUser()!, name: "impersonating", impersonateUser: user }],
+    contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
+    currentContext: "impersonating",
+  });
+  return ikc.makeApiClient(k8s.CoreV1Api);
+}
+
 test("the stamps policy refuses a later change of a stamp by anyone but Warmstart's service accounts", async (t) => {
   const ns = await tempNamespace(t, "vap");
   const { kc, core, admission } = await kube();
@@ -760,36 +796,11 @@ test("the stamps policy refuses a later change of a stamp by anyone but Warmstar
   // Both identities may patch pods here: what refuses the first is the policy, not RBAC.
   const mallory = "mallory";
   const warmstartSa = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-server`;
-  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
-  await rbac.createNamespacedRole({
-    namespace: ns,
-    body: {
-      metadata: { name: "pod-editor" },
-      rules: [{ apiGroups: [""], resources: ["pods", "pods/status"], verbs: ["get", "patch", "update"] }],
-    },
-  });
-  await rbac.createNamespacedRoleBinding({
-    namespace: ns,
-    body: {
-      metadata: { name: "pod-editor" },
-      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "pod-editor" },
-      subjects: [
-        { kind: "User", name: mallory, apiGroup: "rbac.authorization.k8s.io" },
-        { kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE },
-      ],
-    },
-  });
-  const as = (user: string): k8s.CoreV1Api => {
-    const base = kc.getCurrentUser()!;
-    const ikc = new k8s.KubeConfig();
-    ikc.loadFromOptions({
-      clusters: kc.clusters,
-      users: [{ ...base, name: "impersonating", impersonateUser: user }],
-      contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
-      currentContext: "impersonating",
-    });
-    return ikc.makeApiClient(k8s.CoreV1Api);
-  };
+  await allowPodEdits(kc, ns, [
+    { kind: "User", name: mallory, apiGroup: "rbac.authorization.k8s.io" },
+    { kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE },
+  ]);
+  const as = (user: string): k8s.CoreV1Api => impersonating(kc, user);
   const strategic = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
   const patch = (api: k8s.CoreV1Api, body: object, dryRun?: string): Promise<k8s.V1Pod> =>
     api.patchNamespacedPod({ name: "target", namespace: ns, body, ...(dryRun ? { dryRun } : {}) }, strategic);
@@ -867,31 +878,10 @@ test("the release controller's pod patches are held to what it does: release a f
   });
   t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
   const server = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-server`;
-  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
-  await rbac.createNamespacedRole({
-    namespace: ns,
-    body: {
-      metadata: { name: "pod-editor" },
-      rules: [{ apiGroups: [""], resources: ["pods", "pods/status"], verbs: ["get", "patch", "update"] }],
-    },
-  });
-  await rbac.createNamespacedRoleBinding({
-    namespace: ns,
-    body: {
-      metadata: { name: "pod-editor" },
-      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "pod-editor" },
-      subjects: [{ kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE }],
-    },
-  });
-  const base = kc.getCurrentUser()!;
-  const ikc = new k8s.KubeConfig();
-  ikc.loadFromOptions({
-    clusters: kc.clusters,
-    users: [{ ...base, name: "impersonating", impersonateUser: server }],
-    contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
-    currentContext: "impersonating",
-  });
-  const asServer = ikc.makeApiClient(k8s.CoreV1Api);
+  await allowPodEdits(kc, ns, [
+    { kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE },
+  ]);
+  const asServer = impersonating(kc, server);
   const json = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
   const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
   // A real follower (gated by the webhook), behind a leader that is never scheduled.

@@ -4,7 +4,7 @@
  * waits for its snapshot and pre-provisions a content + snapshot pair per namespace, and storage
  * profiles come from the ConfigMap.
  */
-import { test, before } from "node:test";
+import { test, before, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
@@ -338,14 +338,14 @@ void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim cou
   );
 });
 
-void test("snapshot-clone publish: snapshots the store claim once, waits until it is ready, and records its handle", async (t) => {
-  // The test plays the snapshot controller: a real one (the local cluster's CSI stack, with real
-  // nodes) is held still meanwhile.
-  if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
-    await pauseRole(t, "snapshot-controller");
-  const { kc, core, custom } = await kube();
+/**
+ * A namespace holding a store claim `store` of a fresh Hyperdisk ML class (its profile is
+ * snapshot-clone): the store a snapshot-clone publish snapshots.
+ */
+async function snapshotStoreClaim(t: TestContext, prefix: string, size: string): Promise<string> {
+  const { kc, core } = await kube();
   const storage = kc.makeApiClient(k8s.StorageV1Api);
-  const ns = await tempNamespace(t, "ss");
+  const ns = await tempNamespace(t, prefix);
   const className = uniqueName("store");
   await storage.createStorageClass({
     body: {
@@ -362,10 +362,20 @@ void test("snapshot-clone publish: snapshots the store claim once, waits until i
       spec: {
         accessModes: ["ReadWriteOnce"],
         storageClassName: className,
-        resources: { requests: { storage: "100Gi" } },
+        resources: { requests: { storage: size } },
       },
     },
   });
+  return ns;
+}
+
+void test("snapshot-clone publish: snapshots the store claim once, waits until it is ready, and records its handle", async (t) => {
+  // The test plays the snapshot controller: a real one (the local cluster's CSI stack, with real
+  // nodes) is held still meanwhile.
+  if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
+    await pauseRole(t, "snapshot-controller");
+  const { kc, custom } = await kube();
+  const ns = await snapshotStoreClaim(t, "ss", "100Gi");
   const short = newShort();
   cleanup(t, short);
   const store = { node: "gpu-0", dir: "/var/lib/warmstart/store", claim: { namespace: ns, name: "store" } };
@@ -448,29 +458,8 @@ void test("snapshot-clone publish: snapshots the store claim once, waits until i
 void test("snapshot-clone publish: a snapshot that fails or never becomes ready is removed, so the next election snapshots afresh", async (t) => {
   if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
     await pauseRole(t, "snapshot-controller");
-  const { kc, core, custom } = await kube();
-  const storage = kc.makeApiClient(k8s.StorageV1Api);
-  const ns = await tempNamespace(t, "ss-stuck");
-  const className = uniqueName("store");
-  await storage.createStorageClass({
-    body: {
-      metadata: { name: className },
-      provisioner: "pd.csi.storage.gke.io",
-      parameters: { type: "hyperdisk-ml" },
-    },
-  });
-  t.after(() => storage.deleteStorageClass({ name: className }).then(() => undefined, ignoreNotFound));
-  await core.createNamespacedPersistentVolumeClaim({
-    namespace: ns,
-    body: {
-      metadata: { name: "store" },
-      spec: {
-        accessModes: ["ReadWriteOnce"],
-        storageClassName: className,
-        resources: { requests: { storage: "1Gi" } },
-      },
-    },
-  });
+  const { kc, custom } = await kube();
+  const ns = await snapshotStoreClaim(t, "ss-stuck", "1Gi");
   const store = { node: "gpu-0", dir: "/var/lib/warmstart/store", claim: { namespace: ns, name: "store" } };
   const described = await describeStore(kc, store);
   const profile = {
