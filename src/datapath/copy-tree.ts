@@ -1,14 +1,25 @@
 /**
  * Copies a scanned tree into staging: directories first, then the files (copy-files.ts), then
  * symlinks, and directory metadata last, deepest first, so nothing created later moves a time.
+ * Files and directories keep their user.* extended attributes (xattr.ts); symlinks have none.
  */
-import { chmodSync, closeSync, lchownSync, mkdirSync, symlinkSync } from "node:fs";
-import { bytes, openScannedFile, toBin } from "./beneath.js";
+import {
+  chmodSync,
+  closeSync,
+  constants as fsc,
+  fstatSync,
+  lchownSync,
+  mkdirSync,
+  openSync,
+  symlinkSync,
+} from "node:fs";
+import { bytes, closeFd, openBeneath, openScannedFile, toBin } from "./beneath.js";
 import type { CopiedFile, CopyMember, CopyTask } from "./copy-protocol.js";
 import { copyFiles, type CopyOptions } from "./copy-files.js";
 import { probeCopyMethod, setTimesNsSync, type CopyMethod } from "./native.js";
 import { yieldNow, type Scan, type Skipped, type TreeEntry } from "./tree.js";
 import { KEPT_MODE_BITS } from "./beneath.js";
+import { copyUserXattrs, xattrsAvailable } from "./xattr.js";
 
 /** A file this big is a batch of its own (copy-files.ts). */
 const BIG = 8n << 20n;
@@ -86,9 +97,14 @@ export async function copyTree(
   // Directory times last, deepest first: creating anything inside a directory moves its mtime.
   const byDepth = dirs.filter((d) => d.rel !== "").sort((a, b) => depth(b.rel) - depth(a.rel));
   for (const d of byDepth) {
+    copyDirXattrs(rootFd, d, at(d.rel));
     applyMeta(at(d.rel), d);
     if (++n % 256 === 0) await yieldNow();
   }
+  // The root's owner, mode and times are the caller's to set (capture.ts); its attributes here,
+  // while staging is still ours.
+  const root = dirs.find((d) => d.rel === "");
+  if (root) copyDirXattrs(rootFd, root, bytes(staging));
 
   const byPath = (a: { path: string }, b: { path: string }): number =>
     a.path < b.path ? -1 : a.path > b.path ? 1 : 0;
@@ -120,6 +136,32 @@ async function probeMethod(rootFd: number, tasks: CopyTask[], staging: string): 
 }
 
 const depth = (rel: string): number => rel.split("/").length;
+
+/**
+ * The user.* extended attributes of a scanned directory onto its copy `dst` (in staging, ours),
+ * read through a descriptor opened below the root with no symlink on the way, if it is still the
+ * directory the walk saw. One gone, replaced or unreadable since keeps none: never an error.
+ */
+function copyDirXattrs(rootFd: number, e: TreeEntry, dst: Buffer): void {
+  if (!xattrsAvailable()) return;
+  try {
+    const src = e.rel === "" ? rootFd : openBeneath(rootFd, e.rel, fsc.O_RDONLY | fsc.O_DIRECTORY);
+    try {
+      const st = fstatSync(src, { bigint: true });
+      if (!st.isDirectory() || st.dev !== e.stat.dev || st.ino !== e.stat.ino) return;
+      const out = openSync(dst, fsc.O_RDONLY | fsc.O_DIRECTORY | fsc.O_NOFOLLOW);
+      try {
+        copyUserXattrs(src, out);
+      } finally {
+        closeSync(out);
+      }
+    } finally {
+      if (src !== rootFd) closeFd(src);
+    }
+  } catch {
+    // Gone (ENOENT), replaced (ELOOP, ENOTDIR, EXDEV) or not readable (EACCES): no attributes.
+  }
+}
 
 /** Mode, owner (when we may) and nanosecond times of a directory. */
 function applyMeta(path: string | Buffer, e: TreeEntry): void {

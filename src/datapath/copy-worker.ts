@@ -4,9 +4,10 @@
  * descriptor with no symlink anywhere on the way, check it is the regular file the walk saw
  * (device and inode) before opening it for reading, non-blocking (beneath.ts); let the kernel
  * copy it (FICLONE where the filesystem shares extents, else copy_file_range), digest it from the
- * same descriptor, then set owner, mode and nanosecond times (fchown, fchmod, futimens). A libuv
- * thread-pool round trip per call would cost more than the calls themselves on small files, and
- * workers keep the digest off the main thread.
+ * same descriptor, then copy its user.* extended attributes (xattr.ts) and set owner, mode and
+ * nanosecond times (fchown, fchmod, futimens). A libuv thread-pool round trip per call would
+ * cost more than the calls themselves on small files, and workers keep the digest off the main
+ * thread.
  */
 import {
   chmodSync,
@@ -57,6 +58,7 @@ import {
   StoppedError,
 } from "./native.js";
 import { KEPT_MODE_BITS } from "./beneath.js";
+import { copyUserXattrs } from "./xattr.js";
 
 const data = workerData as CopyWorkerData;
 if (data.noOpenat2) disableOpenat2();
@@ -162,7 +164,7 @@ const timesFor = (before: BigIntStats, m: CopyMember): [bigint, bigint] =>
     : [before.atimeNs, before.mtimeNs];
 
 /** The usual path: a handful of calls, all on descriptors (clone or copy_file_range, pread,
- * fchown, fchmod, futimens). */
+ * flistxattr, fgetxattr and fsetxattr, fchown, fchmod, futimens). */
 function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): Done | undefined {
   const out = openSync(dst, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o600);
   try {
@@ -182,6 +184,8 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
     }
     if (data.durable) startWriteback(out);
     if (!unchanged(fd, before, copied, d.size)) return undefined;
+    // While the copy is still ours and writable (a user attribute needs write permission).
+    copyUserXattrs(fd, out);
     if (root && (before.uid !== myUid || before.gid !== myGid))
       fchownSync(out, Number(before.uid), Number(before.gid));
     // After chown (which clears set-id bits), and exactly: open's mode went through the umask.
