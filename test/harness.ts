@@ -43,6 +43,18 @@ export async function kube(): Promise<Kube> {
 }
 
 /** The local cluster's recorded state (nodes, kubelet roots, role URLs); undefined on a foreign cluster. */
+/** The core API as `user`, through the admin's credentials (impersonation). */
+export function impersonating(kc: k8s.KubeConfig, user: string): k8s.CoreV1Api {
+  const ikc = new k8s.KubeConfig();
+  ikc.loadFromOptions({
+    clusters: kc.clusters,
+    users: [{ ...kc.getCurrentUser()!, name: "impersonating", impersonateUser: user }],
+    contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
+    currentContext: "impersonating",
+  });
+  return ikc.makeApiClient(k8s.CoreV1Api);
+}
+
 export async function localCluster(): Promise<ClusterState | undefined> {
   return readState();
 }

@@ -13,7 +13,8 @@ import {
   parseEngineReport,
   type EngineReport,
 } from "../tools/localcluster/engine-chart.js";
-import { kube, localCluster } from "./harness.js";
+import assert from "node:assert/strict";
+import { kube, localCluster, uniqueName, waitFor } from "./harness.js";
 
 export type { EngineReport };
 
@@ -111,4 +112,60 @@ export function initExits(pod: k8s.V1Pod): Record<string, number | undefined> {
   return Object.fromEntries(
     (pod.status?.initContainerStatuses ?? []).map((s) => [s.name, s.state?.terminated?.exitCode]),
   );
+}
+
+/**
+ * Runs, as root on the real node, a pod that mounts `claim` whole (no subPath, no readOnly),
+ * lists the mount's root and tries to write there.
+ */
+export async function mountByHand(
+  t: TestContext,
+  node: RealNode,
+  namespace: string,
+  claim: string,
+): Promise<{ entries: string[]; write: string }> {
+  const { core } = await kube();
+  const name = uniqueName("by-hand");
+  const script =
+    "import json, os\n" +
+    "entries = sorted(os.listdir('/m'))\n" +
+    "try:\n    open('/m/planted', 'w').write('x'); write = 'written'\n" +
+    "except OSError as e:\n    write = f'{e.strerror} ({e.errno})'\n" +
+    "print('BYHAND ' + json.dumps({'entries': entries, 'write': write}))\n";
+  await core.createNamespacedPod({
+    namespace,
+    body: {
+      metadata: { name },
+      spec: {
+        restartPolicy: "Never",
+        // Real nodes have no pod network: pods there run on the host's.
+        hostNetwork: true,
+        nodeSelector: { "kubernetes.io/hostname": node.name },
+        tolerations: [{ key: "sim.warmstart.dev/real-node", operator: "Exists", effect: "NoSchedule" }],
+        securityContext: { runAsUser: 0 },
+        containers: [
+          {
+            name: "look",
+            image: node.images.engine,
+            imagePullPolicy: "Never",
+            command: ["python3", "-c", script],
+            volumeMounts: [{ name: "rox", mountPath: "/m" }],
+          },
+        ],
+        volumes: [{ name: "rox", persistentVolumeClaim: { claimName: claim } }],
+      },
+    },
+  });
+  t.after(() => core.deleteNamespacedPod({ name, namespace, gracePeriodSeconds: 0 }).catch(() => undefined));
+  const pod = await waitFor(
+    `pod ${name} done`,
+    async () => {
+      const p = await core.readNamespacedPod({ name, namespace });
+      return p.status?.phase === "Succeeded" || p.status?.phase === "Failed" ? p : undefined;
+    },
+    120_000,
+  );
+  const line = (await containerLog(node, pod, "look")).split("\n").find((l) => l.includes("BYHAND "));
+  assert.ok(line, `pod ${name} (${pod.status?.phase}) printed what it saw`);
+  return JSON.parse(line.slice(line.indexOf("BYHAND ") + 7)) as { entries: string[]; write: string };
 }

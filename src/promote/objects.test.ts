@@ -13,7 +13,8 @@ import {
   storageQuantity,
   storeSnapshot,
 } from "./objects.js";
-import { CacheSourceSchema, encodeSource, sourceOf, type CacheSource } from "./source.js";
+import { parseProfiles, resolveProfile, unshareable } from "./profiles.js";
+import { CacheSourceSchema, encodeSource, sourceOf, treeSubPath, type CacheSource } from "./source.js";
 
 const short = "0123456789abcdef";
 
@@ -75,6 +76,7 @@ void test("host-path: a ReadOnlyMany local PV on the capture node, pre-bound bot
   assert.deepEqual(pv.spec?.accessModes, ["ReadOnlyMany"]);
   assert.deepEqual(pv.spec?.local, { path: hostPath.path });
   assert.equal(pv.spec?.hostPath, undefined);
+  assert.deepEqual(pv.spec?.mountOptions, ["ro"], "bound read-only on the node, whatever the pod asks");
   assert.equal(pv.spec?.persistentVolumeReclaimPolicy, "Retain", "deleting a claim never deletes the tree");
   assert.deepEqual(pv.spec?.nodeAffinity?.required?.nodeSelectorTerms, [
     { matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: ["gpu-0"] }] },
@@ -101,6 +103,7 @@ void test("host-path can use a hostPath volume instead of local", () => {
   const pv = hostPathVolume(short, { ...hostPath, hostPathType: "hostPath" }, "ns");
   assert.deepEqual(pv.spec?.hostPath, { path: hostPath.path, type: "Directory" });
   assert.equal(pv.spec?.local, undefined);
+  assert.equal(pv.spec?.mountOptions, undefined, "the kubelet refuses mount options on hostPath volumes");
   assert.ok(pv.spec?.nodeAffinity, "still pinned to the node that holds the tree");
 });
 
@@ -117,7 +120,11 @@ void test("shared-volume: the handle and attribute templates are rendered per na
   );
   assert.deepEqual(a.spec?.csi?.volumeAttributes, { server: "nas", subDir: short });
   assert.equal(a.spec?.csi?.readOnly, true);
-  assert.deepEqual(a.spec?.mountOptions, ["nfsvers=4.1"]);
+  assert.deepEqual(
+    a.spec?.mountOptions,
+    ["nfsvers=4.1", "ro"],
+    "mounted read-only on the node, whatever the pod asks",
+  );
   assert.equal(a.spec?.storageClassName, "nfs-rox");
   assert.equal(a.spec?.nodeAffinity, undefined, "a shared volume is reachable from every node");
   const claim = preBoundClaim(short, shared, "team-a", a);
@@ -183,4 +190,95 @@ void test("the source round-trips through the annotation and a damaged one reads
     undefined,
   );
   assert.equal(sourceOf({ metadata: {} }), undefined);
+});
+
+/** The source promote records for a store volume under its driver's built-in profile. */
+function sharedSourceFor(
+  driver: string,
+  volumeHandle: string,
+  volumeAttributes: Record<string, string>,
+): CacheSource {
+  const p = resolveProfile(new Map(), driver);
+  return CacheSourceSchema.parse({
+    backend: p.backend,
+    provisioner: driver,
+    sizeBytes: 10,
+    driver,
+    volumeHandle,
+    volumeAttributes,
+    attributeTemplates: p.volumeAttributes,
+    handleTemplate: p.handleTemplate,
+    subPath: `trees/${short}`,
+    treeAtRoot: true,
+  });
+}
+
+void test("a shared volume's PV mounts the tree's folder only, in each driver's own terms (SPEC 1.9)", () => {
+  // csi-driver-nfs mounts server:share/subdir; a dynamic volume's subdir is its attribute.
+  const nfs = sharedVolume(
+    short,
+    sharedSourceFor("nfs.csi.k8s.io", "nas#exports#pvc-1##", {
+      server: "nas",
+      share: "/exports",
+      subdir: "pvc-1",
+    }),
+    "team-a",
+  ).spec!.csi!;
+  assert.deepEqual(nfs.volumeAttributes, { server: "nas", share: `/exports/pvc-1/trees/${short}` });
+  assert.equal(nfs.volumeHandle, `nas#exports#pvc-1###trees/${short}#team-a`, "unique per namespace");
+  // A static volume with `subDir` spelled another way: replaced, never left beside the new value.
+  const staticNfs = sharedVolume(
+    short,
+    sharedSourceFor("nfs.csi.k8s.io", "nas/exports", { server: "nas", share: "/exports/", subDir: "m" }),
+    "team-a",
+  ).spec!.csi!;
+  assert.deepEqual(staticNfs.volumeAttributes, { server: "nas", share: `/exports/m/trees/${short}` });
+  // EFS: fs-id[:subpath[:access-point]] with the tree's folder as the subpath.
+  const efs = (handle: string): string =>
+    sharedVolume(short, sharedSourceFor("efs.csi.aws.com", handle, {}), "team-a").spec!.csi!.volumeHandle;
+  assert.equal(efs("fs-0a1b"), `fs-0a1b:/trees/${short}:`);
+  assert.equal(efs("fs-0a1b:/models:fsap-9"), `fs-0a1b:/models/trees/${short}:fsap-9`);
+  assert.equal(efs("fs-0a1b::fsap-9"), `fs-0a1b:/trees/${short}:fsap-9`);
+  // FSx for Lustre: dnsname@tcp:/mountname/folder.
+  const fsx = sharedVolume(
+    short,
+    sharedSourceFor("fsx.csi.aws.com", "fs-1", { dnsname: "fs-1.fsx", mountname: "abcd" }),
+    "team-a",
+  ).spec!.csi!;
+  assert.equal(fsx.volumeAttributes?.mountname, `abcd/trees/${short}`);
+  // A restore mounts the volume's root: it is the tree.
+  assert.equal(treeSubPath(sharedSourceFor("nfs.csi.k8s.io", "h", {})), ".");
+  assert.equal(treeSubPath(shared), short, "a source recorded before narrowing keeps its sub-folder");
+});
+
+void test("a shared volume whose driver would mount the whole store is refused, with the reason", () => {
+  for (const driver of [
+    "filestore.csi.storage.gke.io",
+    "file.csi.azure.com",
+    "cephfs.csi.ceph.com",
+    "nvmesh-csi.excelero.com",
+  ]) {
+    const p = resolveProfile(new Map(), driver);
+    assert.equal(p.backend, "shared-volume");
+    assert.match(unshareable(p) ?? "", /would mount the whole store/, driver);
+  }
+  for (const driver of ["nfs.csi.k8s.io", "efs.csi.aws.com", "fsx.csi.aws.com"])
+    assert.equal(unshareable(resolveProfile(new Map(), driver)), undefined, driver);
+  // An operator's profile that names the folder makes a driver shareable.
+  const configured = parseProfiles({
+    "filestore.csi.storage.gke.io": JSON.stringify({
+      volumeAttributes: { volume: "{attr:volume}/{path}" },
+      mountsTree: true,
+    }),
+  }).entries;
+  assert.equal(unshareable(resolveProfile(configured, "filestore.csi.storage.gke.io")), undefined);
+  assert.match(unshareable(resolveProfile(new Map(), "ebs.csi.aws.com")) ?? "", /clones a volume per pod/);
+});
+
+void test("template placeholders for the store volume: attributes of any case, handle parts, joined paths", () => {
+  const store = { handle: "fs-1:/a:fsap", attributes: { Share: "/x/" } };
+  assert.equal(renderTemplate("{attr:share}/{path}", { path: "t/1" }, store), "/x/t/1");
+  assert.equal(renderTemplate("{attr:missing}/{path}", { path: "t" }, store), "/t");
+  assert.equal(renderTemplate("{handle:0}|{handle:2}|{handle:5}", {}, store), "fs-1|fsap|");
+  assert.throws(() => renderTemplate("{attr:share}", {}), /unknown placeholder \{attr:share\}/);
 });

@@ -28,13 +28,37 @@ export function storageQuantity(bytes: number): string {
   return `${Math.max(1, Math.ceil(bytes / 2 ** 20))}Mi`;
 }
 
-/** Replaces `{name}` placeholders; an unknown placeholder is an error, so a typo never reaches a driver. */
-export function renderTemplate(template: string, vars: Readonly<Record<string, string>>): string {
-  return template.replace(/\{([a-zA-Z]+)\}/g, (_, name: string) => {
-    const v = vars[name];
-    if (v === undefined) throw new Error(`unknown placeholder {${name}} in "${template}"`);
-    return v;
-  });
+/**
+ * Replaces `{name}` placeholders, and `{attr:NAME}` (the store volume's CSI attribute, matched
+ * without regard to case, "" when absent) and `{handle:N}` (the N-th `:`-separated part of the
+ * store's handle, "" when absent) when `store` is given. An unknown placeholder is an error, so a
+ * typo never reaches a driver. Runs of `/` collapse to one, so an empty part joins cleanly
+ * (`{attr:subdir}/{path}`).
+ */
+export function renderTemplate(
+  template: string,
+  vars: Readonly<Record<string, string>>,
+  store?: { handle: string; attributes: Readonly<Record<string, string>> },
+): string {
+  const rendered = template.replace(
+    /\{([a-zA-Z]+)(?::([A-Za-z0-9_.-]+))?\}/g,
+    (whole, name: string, arg: string | undefined) => {
+      if (arg !== undefined && store) {
+        if (name === "attr") return attributeOf(store.attributes, arg) ?? "";
+        if (name === "handle" && /^\d$/.test(arg)) return store.handle.split(":")[Number(arg)] ?? "";
+      }
+      const v = arg === undefined ? vars[name] : undefined;
+      if (v === undefined) throw new Error(`unknown placeholder ${whole} in "${template}"`);
+      return v;
+    },
+  );
+  return rendered.replace(/\/{2,}/g, "/");
+}
+
+/** The value of a CSI attribute, its key matched without regard to case (drivers differ). */
+function attributeOf(attributes: Readonly<Record<string, string>>, key: string): string | undefined {
+  const k = Object.keys(attributes).find((a) => a.toLowerCase() === key.toLowerCase());
+  return k === undefined ? undefined : attributes[k];
 }
 
 function claimRefTo(short: string, namespace: string): k8s.V1ObjectReference {
@@ -68,13 +92,19 @@ export function hostPathVolume(
   });
 }
 
-/** A read-only PV of the cache for one namespace, pre-bound to its `rox-<short>` claim. */
+/**
+ * A read-only PV of the cache for one namespace, pre-bound to its `rox-<short>` claim. ReadOnlyMany
+ * is a promise the kubelet does not keep for a pod that mounts the claim without `readOnly`: a
+ * volume type that takes mount options is mounted `ro` on the node whatever the pod asks (SPEC
+ * 1.9). The kubelet refuses mount options on `hostPath` volumes.
+ */
 function staticVolume(
   short: string,
   source: CacheSource,
   namespace: string,
   volume: Partial<k8s.V1PersistentVolumeSpec>,
 ): k8s.V1PersistentVolume {
+  const mountOptions = volume.hostPath ? source.mountOptions : [...new Set([...source.mountOptions, "ro"])];
   return {
     apiVersion: "v1",
     kind: "PersistentVolume",
@@ -85,7 +115,7 @@ function staticVolume(
       volumeMode: "Filesystem",
       persistentVolumeReclaimPolicy: "Retain",
       storageClassName: source.storageClassName,
-      ...(source.mountOptions.length ? { mountOptions: [...source.mountOptions] } : {}),
+      ...(mountOptions.length ? { mountOptions } : {}),
       ...volume,
       claimRef: claimRefTo(short, namespace),
     },
@@ -93,21 +123,29 @@ function staticVolume(
 }
 
 /**
- * shared-volume: the same data as the store volume under a handle rewritten for the namespace
- * (a driver keys node-side state by handle, so two PVs on one node must not share it).
+ * shared-volume: the store volume's data narrowed to the one tree (the profile's templates name
+ * the tree's folder in the handle or an attribute, SPEC 1.9), under a handle rewritten for the
+ * namespace (a driver keys node-side state by handle, so two PVs on one node must not share it).
+ * A template attribute replaces the store's attribute of any case, and one that renders empty
+ * removes it.
  */
 export function sharedVolume(short: string, source: CacheSource, namespace: string): k8s.V1PersistentVolume {
   if (!source.driver || !source.volumeHandle) {
     throw new Error(`cache ${short}: shared-volume source needs a CSI driver and volume handle`);
   }
   const vars = { handle: source.volumeHandle, namespace, short, path: source.subPath ?? "" };
+  const store = { handle: source.volumeHandle, attributes: source.volumeAttributes ?? {} };
   const attributes: Record<string, string> = { ...source.volumeAttributes };
-  for (const [k, v] of Object.entries(source.attributeTemplates ?? {}))
-    attributes[k] = renderTemplate(v, vars);
+  for (const [k, v] of Object.entries(source.attributeTemplates ?? {})) {
+    const value = renderTemplate(v, vars, store);
+    for (const existing of Object.keys(attributes))
+      if (existing.toLowerCase() === k.toLowerCase()) delete attributes[existing];
+    if (value) attributes[k] = value;
+  }
   return staticVolume(short, source, namespace, {
     csi: {
       driver: source.driver,
-      volumeHandle: renderTemplate(source.handleTemplate ?? "{handle}", vars),
+      volumeHandle: renderTemplate(source.handleTemplate ?? "{handle}", vars, store),
       readOnly: true,
       ...(source.fsType ? { fsType: source.fsType } : {}),
       ...(Object.keys(attributes).length ? { volumeAttributes: attributes } : {}),

@@ -29,8 +29,18 @@ const Settings = z
     snapshotClass: z.string(),
     /** Shared-volume handle per namespace: `{handle}`, `{namespace}`, `{short}`, `{path}` are replaced. */
     handleTemplate: z.string().min(1),
-    /** Extra CSI volume attributes of the per-namespace PVs (same placeholders). */
+    /**
+     * Extra CSI volume attributes of the per-namespace PVs (same placeholders, plus `{attr:NAME}`
+     * and `{handle:N}` for the store volume's attribute and handle part; one rendered empty is
+     * removed).
+     */
     volumeAttributes: z.record(z.string(), z.string()),
+    /**
+     * shared-volume: the handle or attributes name the tree's folder (`{path}`) in a way the
+     * driver mounts just that folder. Without it a restore would see the whole store, every tree
+     * of every scope, so the backend is refused (SPEC 1.9).
+     */
+    mountsTree: z.boolean(),
     mountOptions: z.array(z.string().min(1)),
     /** Host-path PVs: `local` (default) or `hostPath`. */
     hostPathType: z.enum(["local", "hostPath"]),
@@ -54,6 +64,7 @@ export interface StorageProfile {
   snapshotClass?: string;
   handleTemplate: string;
   volumeAttributes: Record<string, string>;
+  mountsTree: boolean;
   mountOptions: string[];
   hostPathType: "local" | "hostPath";
   prewarm: boolean;
@@ -88,30 +99,39 @@ export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
   },
   "nfs.csi.k8s.io": {
     backend: "shared-volume",
-    why: "NFS shares mount read-only on any number of nodes",
+    // The driver mounts server:share/subdir: the tree's folder becomes the share, nothing above it.
+    volumeAttributes: { share: "{attr:share}/{attr:subdir}/{path}", subdir: "" },
+    mountsTree: true,
+    why: "NFS shares mount read-only on any number of nodes, each PV at the tree's own folder",
   },
   "filestore.csi.storage.gke.io": {
     backend: "shared-volume",
-    why: "Filestore is NFS: ReadOnlyMany on any number of nodes",
+    why: "Filestore is NFS, but its driver mounts a whole share: give this profile templates that name {path} to share it",
   },
   "efs.csi.aws.com": {
     backend: "shared-volume",
+    // fs-id[:subpath[:access-point]]: the tree's folder becomes the subpath.
+    handleTemplate: "{handle:0}:/{handle:1}/{path}:{handle:2}",
+    mountsTree: true,
     // EFS throughput grows with parallel clients and requests.
     prewarmParallelism: 16,
-    why: "EFS is NFS across zones; its handle is fs-id[:/subpath][:access-point], mounted read-only by many nodes",
+    why: "EFS is NFS across zones; its handle fs-id[:/subpath][:access-point] mounts the tree's folder on many nodes",
   },
   "fsx.csi.aws.com": {
     backend: "shared-volume",
+    // Lustre mounts a sub-folder as dnsname@tcp:/mountname/folder.
+    volumeAttributes: { mountname: "{attr:mountname}/{path}" },
+    mountsTree: true,
     prewarmParallelism: 16,
-    why: "FSx for Lustre is a parallel file system every node mounts",
+    why: "FSx for Lustre is a parallel file system every node mounts, here at the tree's folder",
   },
   "file.csi.azure.com": {
     backend: "shared-volume",
-    why: "Azure Files shares (SMB or NFS) are ReadWriteMany, so readable by many nodes",
+    why: "Azure Files shares are ReadWriteMany, but a PV mounts a whole share: give this profile templates that name {path} to share it",
   },
   "cephfs.csi.ceph.com": {
     backend: "shared-volume",
-    why: "CephFS volumes are ReadWriteMany",
+    why: "CephFS volumes are ReadWriteMany, but a dynamic volume mounts whole: give this profile static-volume templates (rootPath with {path}) to share it",
   },
   "rbd.csi.ceph.com": {
     backend: "snapshot-clone",
@@ -121,7 +141,7 @@ export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
     backend: "shared-volume",
     // XFS on a block device other nodes also mount: no log replay, no UUID clash.
     mountOptions: ["ro", "norecovery", "nouuid"],
-    why: "NVMesh volumes attach to many nodes; a file system on one is mounted ro, norecovery, nouuid",
+    why: "NVMesh volumes attach to many nodes (ro, norecovery, nouuid), but a file system on a block volume mounts whole, every tree in it, so it is not shared",
   },
   "pd.csi.storage.gke.io": {
     backend: "snapshot-clone",
@@ -141,6 +161,20 @@ export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
     why: "Azure Disks attach to one node at a time (shared disks need maxShares and a cluster file system)",
   },
 };
+
+/**
+ * Why pods of this store cannot be restored through a shared read-only claim, or undefined when
+ * they can: a per-pod clone cannot be named ahead, and a shared volume that would mount the
+ * whole store shows every tree of every scope to whoever mounts the claim (SPEC 1.9).
+ */
+export function unshareable(p: StorageProfile): string | undefined {
+  const why = p.why ?? p.note ?? p.backend;
+  if (p.backend === "per-pod-clone")
+    return `the cache stores' storage clones a volume per pod (${why}): no shared read-only claim, pods start cold`;
+  if (p.backend === "shared-volume" && !p.mountsTree)
+    return `the cache stores' driver ${p.provisioner} would mount the whole store, every cache in it, not one tree (${why}); its storage profile needs mountsTree with a handle or attributes naming {path}: pods start cold`;
+  return undefined;
+}
 
 export interface ParsedProfiles {
   entries: Map<string, ProfileEntry>;
@@ -202,6 +236,7 @@ export function resolveProfile(
     ...(merged.snapshotClass ? { snapshotClass: merged.snapshotClass } : {}),
     handleTemplate: merged.handleTemplate ?? DEFAULT_HANDLE_TEMPLATE,
     volumeAttributes: merged.volumeAttributes ?? {},
+    mountsTree: merged.mountsTree ?? false,
     mountOptions: merged.mountOptions ?? [],
     hostPathType: merged.hostPathType ?? "local",
     prewarm: merged.prewarm ?? true,

@@ -15,7 +15,7 @@ import {
   type VolumeSnapshot,
   type VolumeSnapshotContent,
 } from "./objects.js";
-import type { StorageProfile } from "./profiles.js";
+import { unshareable, type StorageProfile } from "./profiles.js";
 import type { CacheSource } from "./source.js";
 import type { PromoteClients } from "./claims.js";
 
@@ -115,6 +115,8 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
     case "host-path":
       return { ...base, node: i.store.node, path: i.tree, hostPathType: i.profile.hostPathType };
     case "shared-volume": {
+      const refused = unshareable(i.profile);
+      if (refused) throw new Error(refused);
       const csi = i.storage.csi;
       if (!csi)
         throw new Error(
@@ -131,6 +133,7 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
           : {}),
         handleTemplate: i.profile.handleTemplate,
         subPath,
+        treeAtRoot: true,
       };
     }
     case "snapshot-clone": {

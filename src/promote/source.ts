@@ -32,6 +32,8 @@ export const CacheSourceSchema = z.object({
   handleTemplate: z.string().optional(),
   /** The tree's directory relative to the volume root ("" when the tree is the root). */
   subPath: z.string().optional(),
+  /** shared-volume: each namespace's volume is the tree's folder itself (the profile narrows to it). */
+  treeAtRoot: z.boolean().optional(),
   /** snapshot-clone: the snapshot every namespace's clone is pre-provisioned from. */
   snapshotHandle: z.string().optional(),
   snapshotClass: z.string().optional(),
@@ -56,9 +58,10 @@ export function sourceOf(cache: {
 export const encodeSource = (s: CacheSource): string => JSON.stringify(s);
 
 /**
- * The tree's folder inside the volume a restore mounts: host-path volumes are the tree itself
- * ("." — the kubelet takes an empty expanded subPath for a missing value).
+ * The tree's folder inside the volume a restore mounts: host-path volumes and narrowed shared
+ * volumes are the tree itself ("." — the kubelet takes an empty expanded subPath for a missing
+ * value).
  */
 export function treeSubPath(source: CacheSource): string {
-  return (source.backend === "host-path" ? "" : source.subPath) || ".";
+  return (source.backend === "host-path" || source.treeAtRoot ? "" : source.subPath) || ".";
 }

@@ -8,7 +8,7 @@ import { createLogger, type Logger } from "../common/log.js";
 import { claimName, shortHash } from "../core/contract.js";
 import { apiError, isNotFound } from "../common/kube.js";
 import { ensureClaim, promoteClients, type EnsureOutcome, type PromoteClients } from "./claims.js";
-import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles, type Backend } from "./profiles.js";
+import { DEFAULT_PREWARM_PARALLELISM, StorageProfiles, unshareable, type Backend } from "./profiles.js";
 import { sourceOf, treeSubPath } from "./source.js";
 
 /** The parts of a ModelCache this reads. */
@@ -33,7 +33,14 @@ export interface Promotion {
   storeProfile(
     provisioner: string,
     volumeType?: string,
-  ): Promise<{ prewarm: boolean; prewarmParallelism: number; backend: Backend; why?: string }>;
+  ): Promise<{
+    prewarm: boolean;
+    prewarmParallelism: number;
+    backend: Backend;
+    why?: string;
+    /** Why no pod of this store can restore through a shared claim (they start cold). */
+    unshareable?: string;
+  }>;
   ensureClaim(cache: CacheRecord, namespace: string): Promise<EnsureOutcome>;
 }
 
@@ -47,11 +54,13 @@ export function createPromotion(clients: PromoteClients, profiles: StorageProfil
     },
     async storeProfile(provisioner, volumeType) {
       const p = await profiles.resolve(provisioner, volumeType);
+      const refused = unshareable(p);
       return {
         prewarm: p.prewarm,
         prewarmParallelism: p.prewarmParallelism,
         backend: p.backend,
         ...((p.why ?? p.note) ? { why: p.why ?? p.note } : {}),
+        ...(refused ? { unshareable: refused } : {}),
       };
     },
     async ensureClaim(cache, namespace) {

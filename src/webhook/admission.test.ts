@@ -20,6 +20,7 @@ import {
 import type { AdmissionResponse } from "./server.js";
 import type { PendingEvent } from "./events.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../core/decorate.js";
+import { resolveProfile, unshareable } from "../promote/profiles.js";
 
 const gpuPod = (model = "org/m"): V1Pod => ({
   metadata: { name: "w", namespace: "ns" },
@@ -635,24 +636,43 @@ test("a follower's init containers get requests (quotas), no memory limit by def
   assert.throws(() => loadWebhookConfig({ initCpuRequest: "lots" }, {}), /CPU quantity/);
 });
 
-test("stores whose storage clones a volume per pod start every pod cold at admission: no election, nobody gated", async () => {
-  const acquired: string[] = [];
-  const d = deps({
-    followerProfile: () =>
-      Promise.resolve({
-        prewarm: true,
-        prewarmParallelism: 6,
-        backend: "per-pod-clone",
-        why: "EBS attaches to one node",
-      }),
-    tryAcquire: (hash) => (acquired.push(hash), Promise.resolve({ role: "leader", leaseUid: "l" })),
-  });
-  const first = await decide(review(gpuPod()), d);
-  const second = await decide(review(gpuPod()), d);
-  for (const x of [first, second]) {
-    assert.equal(x.role, "cold");
-    assert.match(x.reason, /clones a volume per pod \(EBS attaches to one node\)/);
-    assert.equal(x.pod?.spec?.schedulingGates, undefined, "not gated");
+test("stores whose storage cannot share one tree (per-pod clones, a shared volume that mounts whole) start every pod cold at admission: no election, nobody gated", async () => {
+  const storeOf = (provisioner: string) => () => {
+    const p = resolveProfile(new Map(), provisioner);
+    const refused = unshareable(p);
+    return Promise.resolve({
+      prewarm: p.prewarm,
+      prewarmParallelism: p.prewarmParallelism,
+      backend: p.backend,
+      ...(refused ? { unshareable: refused } : {}),
+    });
+  };
+  for (const [provisioner, reason] of [
+    ["ebs.csi.aws.com", /clones a volume per pod \(EBS volumes attach to one node/],
+    ["filestore.csi.storage.gke.io", /would mount the whole store, every cache in it, not one tree/],
+    ["nvmesh-csi.excelero.com", /would mount the whole store/],
+  ] as const) {
+    const acquired: string[] = [];
+    const d = deps({
+      followerProfile: storeOf(provisioner),
+      tryAcquire: (hash) => (acquired.push(hash), Promise.resolve({ role: "leader", leaseUid: "l" })),
+    });
+    const first = await decide(review(gpuPod()), d);
+    const second = await decide(review(gpuPod()), d);
+    for (const x of [first, second]) {
+      assert.equal(x.role, "cold", provisioner);
+      assert.match(x.reason, reason);
+      assert.equal(x.pod?.spec?.schedulingGates, undefined, "not gated");
+    }
+    assert.deepEqual(acquired, [], `${provisioner}: no Lease taken`);
   }
-  assert.deepEqual(acquired, [], "no Lease taken");
+  // A shared volume whose profile narrows each PV to the tree's folder is elected as before.
+  const elected = await decide(
+    review(gpuPod()),
+    deps({
+      followerProfile: storeOf("nfs.csi.k8s.io"),
+      tryAcquire: () => Promise.resolve({ role: "leader", leaseUid: "l" }),
+    }),
+  );
+  assert.equal(elected.role, "leader");
 });

@@ -64,6 +64,8 @@ export interface ClusterView {
     prewarmParallelism: number;
     backend?: Backend;
     why?: string;
+    /** Why this storage cannot back a shared read-only claim (every pod starts cold). */
+    unshareable?: string;
   }>;
   /** A restore in a namespace that has no claim yet gets one at admission. */
   ensureClaim?(cache: ModelCacheObject, namespace: string): Promise<void>;
@@ -241,12 +243,10 @@ export async function decide(
   // Read before the election: an error here must not cost a Lease.
   const template = await deps.cluster.cacheEnvTemplate();
   const profile = await deps.cluster.followerProfile();
-  // Storage that clones a volume per pod cannot name a claim ahead: no leader would ever be
-  // promoted, so nobody is gated behind one.
-  if (profile.backend === "per-pod-clone")
-    return cold(
-      `the cache stores' storage clones a volume per pod (${profile.why ?? "per-pod-clone"}): no shared read-only claim, pods start cold`,
-    );
+  // Storage that clones a volume per pod cannot name a claim ahead, and a volume that would
+  // show the whole store must not be shared: no leader would ever be promoted, so nobody is
+  // gated behind one.
+  if (profile.unshareable) return cold(profile.unshareable);
   const electionId = admissionId;
   const result = await deps.cluster.tryAcquire(hash, electionId, namespace);
   if (result.role === "leader") {

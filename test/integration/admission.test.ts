@@ -17,6 +17,7 @@ import {
   uniqueName,
   waitFor,
   createWorkers,
+  impersonating,
 } from "../harness.js";
 import {
   ANN_CACHE_SIZE_LIMIT,
@@ -739,18 +740,6 @@ async function allowPodEdits(
       subjects,
     },
   });
-}
-
-/** The core API as `user`, through the admin's credentials (impersonation). */
-function impersonating(kc: k8s.KubeConfig, user: string): k8s.CoreV1Api {
-  const ikc = new k8s.KubeConfig();
-  ikc.loadFromOptions({
-    clusters: kc.clusters,
-    users: [{ ...kc.getCurrentUser()!, name: "impersonating", impersonateUser: user }],
-    contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
-    currentContext: "impersonating",
-  });
-  return ikc.makeApiClient(k8s.CoreV1Api);
 }
 
 test("the stamps policy refuses a later change of a stamp by anyone but Warmstart's service accounts", async (t) => {

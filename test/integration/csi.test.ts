@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtemp, rm, stat } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
@@ -18,6 +18,7 @@ import {
   ANN_ROLE,
   ANN_TREE,
   LABEL_HASH,
+  READY_MARKER,
   STORAGE_PROFILES_CONFIGMAP,
   claimName,
 } from "../../src/core/contract.js";
@@ -33,6 +34,7 @@ import {
   hubStats,
   initExits,
   modelBytes,
+  mountByHand,
   realNodeOrSkip,
   type RealNode,
 } from "../realnode.js";
@@ -226,11 +228,12 @@ async function storyInTwoNamespaces(
   return { short: first[0]!.metadata!.labels![LABEL_HASH]!, pods: [...first, ...second] };
 }
 
-async function assertRestoredFromVolume(node: RealNode, pods: k8s.V1Pod[], short: string): Promise<void> {
+/** `tree`: the tree's folder in the volume the restores mount ("." when the volume is the tree). */
+async function assertRestoredFromVolume(node: RealNode, pods: k8s.V1Pod[], tree: string): Promise<void> {
   const restored = pods.filter((p) => p.metadata?.annotations?.[ANN_ROLE] !== "leader");
   assert.equal(restored.length, 2, "a follower and a restore in another namespace");
   for (const p of restored) {
-    assert.equal(p.metadata?.annotations?.[ANN_TREE], short, `${p.metadata?.name} mounts the tree's folder`);
+    assert.equal(p.metadata?.annotations?.[ANN_TREE], tree, `${p.metadata?.name} mounts the tree's folder`);
     assert.deepEqual(Object.values(initExits(p)), [0, 0, 0], `${p.metadata?.name}: init containers`);
     const r = await engineReport(node, p);
     assert.equal(r.fetchedBytes, 0, `${p.metadata?.name} fetched nothing`);
@@ -371,6 +374,8 @@ test("shared-volume: the store volume is shared by per-namespace static volumes;
   if (!node || !(await csiReady(t))) return;
   const { custom, core } = await kube();
   const store = await storeVolume(t, SHARED_CLASS, "ReadWriteMany");
+  await mkdir(join(store.dir, DECOY), { recursive: true });
+  await writeFile(join(store.dir, DECOY, READY_MARKER), "");
   await storeOnVolume(t, node, store);
   const { short, pods } = await storyInTwoNamespaces(t, node);
   assert.equal((await getModelCache(custom, short))?.status?.phase, "Ready");
@@ -385,9 +390,19 @@ test("shared-volume: the store volume is shared by per-namespace static volumes;
       `${ns}: a handle of the store volume's own data (${pv.spec?.csi?.volumeHandle})`,
     );
   }
-  await assertRestoredFromVolume(node, pods, short);
+  await assertRestoredFromVolume(node, pods, ".");
+  // The attacker: a root pod mounting the claim itself, whole, without readOnly, sees the one
+  // tree (its ready marker at the root), nothing else of the store, and cannot write.
+  const seen = await mountByHand(t, node, pods.at(-1)!.metadata!.namespace!, claimName(short));
+  assert.ok(seen.entries.includes(READY_MARKER), `the tree's root: ${seen.entries.join(", ")}`);
+  assert.ok(!seen.entries.includes(DECOY), "another tree of the store is out of reach");
+  assert.ok(!seen.entries.includes(short), "the volume is the tree, not the store holding it");
+  assert.match(seen.write, /Read-only file system|EROFS|Permission denied/);
   await deleteAndAssertGone(t, short, [...new Set(pods.map((p) => p.metadata!.namespace!))], store);
 });
+
+/** Another scope's tree in the store volume, which no claim of this test's cache may show. */
+const DECOY = "0decoy0decoy0dec";
 
 test("a snapshot that never becomes ready: the cache ends Failed and no follower waits forever", async (t) => {
   const node = await realNodeOrSkip(t);

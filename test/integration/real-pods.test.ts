@@ -14,6 +14,8 @@ import {
   INIT_SEED,
   INIT_WAIT_READY,
   LABEL_HASH,
+  READY_MARKER,
+  claimName,
   shortHash,
 } from "../../src/core/contract.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
@@ -23,6 +25,7 @@ import {
   hubStats,
   initExits,
   modelBytes,
+  mountByHand,
   realNodeOrSkip,
   type EngineChartOptions,
   type RealNode,
@@ -94,6 +97,11 @@ test("a chart of 3 engine replicas downloads once; 2 followers restore in contai
   assert.equal(shortHash(restored!.metadata!.labels![LABEL_HASH]!), short);
   await assertRestored(node, restored!);
   assert.equal((await hubStats(node)).repos[model]?.bytes, size, "still one model's worth from the hub");
+  // The attacker: a root pod mounting the claim itself without readOnly cannot write the tree
+  // (the node mounts it read-only, SPEC 1.9), and sees the tree, not the store.
+  const seen = await mountByHand(t, node, ns2, claimName(short));
+  assert.ok(seen.entries.includes(READY_MARKER), `the tree's root: ${seen.entries.join(", ")}`);
+  assert.match(seen.write, /Read-only file system/);
 });
 
 test("followers run as the workload's UID: from the image's USER, and from the container's security context", async (t) => {

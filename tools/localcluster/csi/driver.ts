@@ -10,7 +10,18 @@
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readFile, readdir, rename, rm, rmdir, stat, unlink, writeFile } from "node:fs/promises";
+import {
+  mkdir,
+  readFile,
+  readdir,
+  realpath,
+  rename,
+  rm,
+  rmdir,
+  stat,
+  unlink,
+  writeFile,
+} from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import * as grpc from "@grpc/grpc-js";
@@ -90,6 +101,23 @@ export class FolderDriver {
   /** Where a volume's data is (the shared-volume backend's per-namespace handles carry a `#` suffix). */
   volumeDir(volumeId: string): string {
     return join(this.volumes, volumeId.split("#")[0]!);
+  }
+
+  /**
+   * What a publish mounts: the volume's folder, or its `subDir` folder when the volume's
+   * attributes name one (as NFS's driver does), which must be a folder inside the volume.
+   */
+  private async publishedDir(volumeId: string, context: Record<string, string> | undefined): Promise<string> {
+    const root = this.volumeDir(volumeId);
+    if (!existsSync(root)) throw notFound(`volume ${volumeId} does not exist`);
+    const sub = context?.subDir ?? "";
+    if (!sub) return root;
+    const realRoot = await realpath(root);
+    const dir = await realpath(join(root, sub)).catch(() => undefined);
+    const inside = dir !== undefined && (dir === realRoot || dir.startsWith(`${realRoot}/`));
+    if (!inside || !(await stat(dir).then((s) => s.isDirectory())))
+      throw notFound(`subDir ${sub} is not a folder inside volume ${volumeId}`);
+    return dir;
   }
 
   async start(): Promise<void> {
@@ -240,22 +268,25 @@ export class FolderDriver {
       NodePublishVolume: async (r) => {
         const id = required(r.volume_id, "volume_id");
         const target = required(r.target_path, "target_path");
-        const cap = r.volume_capability as { mount?: unknown; block?: unknown } | undefined;
+        const cap = r.volume_capability as
+          { mount?: { mount_flags?: string[] }; block?: unknown } | undefined;
         if (!cap) throw invalid("volume_capability is required");
         if (!cap.mount) throw invalid("only filesystem (mount) volumes are supported");
-        const src = this.volumeDir(id);
-        if (!existsSync(src)) throw notFound(`volume ${id} does not exist`);
+        const src = await this.publishedDir(id, r.volume_context as Record<string, string> | undefined);
+        // As a mount-based driver does, the PV's mount options reach the mount: `ro` included.
+        const readOnly = Boolean(r.readonly) || (cap.mount.mount_flags ?? []).includes("ro");
         await mkdir(target, { recursive: true });
         if (!(await isMountPoint(target))) {
           await run("mount", ["--bind", src, target]);
           // A retried publish takes an existing mount point as done: never leave a writable
           // bind where read-only was asked.
-          if (r.readonly)
+          if (readOnly)
             await run("mount", ["-o", "remount,bind,ro", target]).catch(async (err: unknown) => {
               await run("umount", [target]).catch(() => undefined);
               throw err;
             });
-          this.log(`published ${id} at ${target}${r.readonly ? " (read-only)" : ""}`);
+          const flags = cap.mount.mount_flags?.length ? ` -o ${cap.mount.mount_flags.join(",")}` : "";
+          this.log(`published ${id} at ${target}${readOnly ? " (read-only)" : ""}${flags}`);
         }
         return {};
       },

@@ -201,10 +201,13 @@ async function applyObjects(kc: k8s.KubeConfig, bins: string): Promise<void> {
 
   // How Warmstart promotes a store on each class (SPEC 1.5): by the class's `type` parameter.
   const core = kc.makeApiClient(k8s.CoreV1Api);
+  // Shared: like NFS's driver, a `subDir` attribute mounts one folder of the volume, so each
+  // namespace's volume is the tree's folder and nothing else of the store.
+  const shared = { backend: "shared-volume", volumeAttributes: { subDir: "{path}" }, mountsTree: true };
   const profile = {
-    backend: "shared-volume",
+    ...shared,
     volumeTypes: {
-      shared: { backend: "shared-volume" },
+      shared,
       snapshot: {
         backend: "snapshot-clone",
         storageClassName: SNAPSHOT_CLASS,
