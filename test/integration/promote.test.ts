@@ -10,7 +10,8 @@ import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
-import { kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import { impersonating, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import { renderChart } from "../chart.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { pauseRole } from "../roles.js";
 import { readState } from "../../tools/localcluster/cluster.js";
@@ -30,7 +31,10 @@ import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
 import {
   SNAPSHOT_GROUP,
   SNAPSHOT_VERSION,
+  hostPathVolume,
   perNamespaceName,
+  preBoundClaim,
+  sharedVolume,
   snapshotName,
 } from "../../src/promote/objects.js";
 import { ensureClaimsForStampedPods } from "../../src/promote/promote.js";
@@ -576,4 +580,130 @@ void test("the webhook's view: restore settings from the storage-profile ConfigM
     p.ensureClaim({ metadata: {}, spec: { hash } }, elsewhere),
     /records no promoted source/,
   );
+});
+
+test("the webhook's and node agent's volume objects are held to a cache's read-only volumes: no writable or stray volume with their tokens", async (t) => {
+  const { kc, admission } = await kube();
+  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
+  const ns = await tempNamespace(t, "volume-vap");
+  const objs = await renderChart({}, { namespace: SYSTEM_NAMESPACE });
+  const policy = objs.find(
+    (o) => o.kind === "ValidatingAdmissionPolicy" && o.metadata?.name?.endsWith("-volume-objects"),
+  ) as k8s.V1ValidatingAdmissionPolicy;
+  const shipped = objs.find(
+    (o) => o.kind === "ValidatingAdmissionPolicyBinding" && o.metadata?.name === policy.metadata?.name,
+  ) as k8s.V1ValidatingAdmissionPolicyBinding;
+  // This test's copy. It matches only the chart's service accounts, which nothing else in the
+  // local cluster runs as, so it cannot refuse another test's volumes.
+  const name = `volume-objects-${ns}`;
+  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
+  t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
+  await admission.createValidatingAdmissionPolicyBinding({
+    body: { ...shipped, metadata: { name }, spec: { ...shipped.spec, policyName: name } },
+  });
+  t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
+  // RBAC lets the node agent's account create volumes and claims (as the chart grants).
+  const nodeAgent = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-node-agent`;
+  await rbac.createClusterRole({
+    body: {
+      metadata: { name },
+      rules: [
+        { apiGroups: [""], resources: ["persistentvolumes", "persistentvolumeclaims"], verbs: ["create"] },
+      ],
+    },
+  });
+  t.after(() => rbac.deleteClusterRole({ name }).then(() => undefined));
+  await rbac.createClusterRoleBinding({
+    body: {
+      metadata: { name },
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name },
+      subjects: [{ kind: "User", apiGroup: "rbac.authorization.k8s.io", name: nodeAgent }],
+    },
+  });
+  t.after(() => rbac.deleteClusterRoleBinding({ name }).then(() => undefined));
+  const as = impersonating(kc, nodeAgent);
+  const createVolume = (body: k8s.V1PersistentVolume): Promise<unknown> =>
+    as.createPersistentVolume({ body, dryRun: "All" });
+  const short = randomBytes(8).toString("hex");
+  const hostPv = hostPathVolume(short, hostPathSource(short, 5_000), ns);
+  const escape = (path: string): k8s.V1PersistentVolume => ({
+    ...hostPv,
+    spec: { ...hostPv.spec, local: { path } },
+  });
+  // The policy reaches the admission chain a moment after it is created: probe with dry runs.
+  await waitFor("the policy to refuse a volume of the node's root", async () => {
+    try {
+      await createVolume(escape("/"));
+      return false;
+    } catch (err) {
+      return /tree of the node's store/.test((err as { body?: string }).body ?? String(err));
+    }
+  });
+  // What the code creates: allowed.
+  await createVolume(hostPv);
+  const sharedPv = sharedVolume(short, sharedSource(short), ns);
+  await createVolume(sharedPv);
+  await as.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: preBoundClaim(short, sharedSource(short), ns, sharedPv),
+    dryRun: "All",
+  });
+  // Anything else: refused.
+  const refused: Array<[string, () => Promise<unknown>, RegExp]> = [
+    [
+      "a hostPath volume of the kubelet's pods",
+      () =>
+        createVolume({
+          ...hostPv,
+          spec: { ...hostPv.spec, local: undefined, hostPath: { path: "/var/lib/kubelet/pods" } },
+        }),
+      /tree of the node's store/,
+    ],
+    [
+      "a folder beside the store",
+      () => createVolume(escape("/var/lib/warmstart/store-other/x")),
+      /tree of the node's store/,
+    ],
+    [
+      "a writable CSI volume",
+      () =>
+        createVolume({
+          ...sharedPv,
+          spec: { ...sharedPv.spec, csi: { ...sharedPv.spec!.csi!, readOnly: false } },
+        }),
+      /read-only CSI volume/,
+    ],
+    [
+      "a writable access mode",
+      () => createVolume({ ...hostPv, spec: { ...hostPv.spec, accessModes: ["ReadWriteMany"] } }),
+      /is ReadOnlyMany/,
+    ],
+    [
+      "a volume bound to another claim",
+      () => createVolume({ ...hostPv, spec: { ...hostPv.spec, claimRef: { namespace: ns, name: "data" } } }),
+      /pre-bound to that namespace's rox-/,
+    ],
+    [
+      "a volume without Warmstart's labels",
+      () => createVolume({ ...hostPv, metadata: { name: hostPv.metadata!.name } }),
+      /carry the managed-by, hash and namespace labels/,
+    ],
+    [
+      "a claim labelled for another namespace",
+      () =>
+        as.createNamespacedPersistentVolumeClaim({
+          namespace: "default",
+          body: {
+            ...preBoundClaim(short, sharedSource(short), ns, sharedPv),
+            metadata: {
+              ...preBoundClaim(short, sharedSource(short), ns, sharedPv).metadata,
+              namespace: "default",
+            },
+          },
+          dryRun: "All",
+        }),
+      /ReadOnlyMany, in the namespace it is labelled for/,
+    ],
+  ];
+  for (const [what, attempt, why] of refused) await assert.rejects(attempt(), why, what);
 });
