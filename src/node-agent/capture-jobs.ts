@@ -18,6 +18,7 @@ import { StoreFullError, type StoreBudget } from "./budget.js";
 import type { Mark, ReleaseReason } from "./marks.js";
 import { dropFinalizerIfEmpty, podEvent, recordFailure, type AgentParts } from "./parts.js";
 import { unsupportedStorage } from "./promoter.js";
+import { unshareable } from "../promote/profiles.js";
 import { Slots } from "./slots.js";
 import { emptyDirPath, treeBytes } from "./store.js";
 import type { StoreStorageInfo } from "./store-lease.js";
@@ -118,7 +119,7 @@ export class CaptureJobs {
     try {
       mark.stage = "capturing";
       const profile = await this.deps.storage.profile();
-      if (profile.backend === "per-pod-clone") {
+      if (unshareable(profile)) {
         await unsupportedStorage(p, mark.hash, election, profile, pod);
         return "unsupported";
       }

@@ -59,6 +59,34 @@ export const NODE_AGENT_OPTIONS = {
     doc: "volume type of the store, for per-type profile overrides",
     schema: z.string().min(1).optional(),
   },
+  /** snapshot-clone: each committed tree is written into a volume of its own of this class. */
+  treeVolumeClass: {
+    flag: "--tree-volume-class <class>",
+    env: "WARMSTART_TREE_VOLUME_CLASS",
+    doc: "snapshot-clone: the StorageClass of the volume each tree is written into before its snapshot",
+    schema: z.string().min(1).optional(),
+  },
+  /** The Warmstart image, for the pods the node agent starts (the tree volume's writer). */
+  image: {
+    flag: "--image <image>",
+    env: "WARMSTART_IMAGE",
+    doc: "the Warmstart image, for the tree volume's writer pod (snapshot-clone)",
+    schema: z.string().min(1).optional(),
+  },
+  imagePullSecrets: {
+    flag: "--image-pull-secret <names>",
+    env: "WARMSTART_IMAGE_PULL_SECRETS",
+    doc: "comma-separated pull secrets of the Warmstart image, in the system namespace",
+    schema: z
+      .string()
+      .transform((v) =>
+        v
+          .split(",")
+          .map((n) => n.trim())
+          .filter(Boolean),
+      )
+      .optional(),
+  },
   /** How long a leader must stay Ready before its cache is captured. */
   warmupMs: {
     flag: "--warmup <duration>",

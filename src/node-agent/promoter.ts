@@ -10,7 +10,7 @@ import { scopeOfInputs } from "../core/hash.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { formatBytes } from "../datapath/progress.js";
 import { describeFailures, ensureClaimsForStampedPods, type ClaimsResult } from "../promote/promote.js";
-import type { StorageProfile } from "../promote/profiles.js";
+import { unshareable, type StorageProfile } from "../promote/profiles.js";
 import { publishSource } from "../promote/publish.js";
 import { encodeSource, sourceOf, type CacheSource } from "../promote/source.js";
 import { timeToReadySeconds } from "./decide.js";
@@ -41,7 +41,7 @@ export class Promoter {
     const log = p.log.child({ hash: short, election });
     const t0 = performance.now();
     const profile = await this.storage.profile();
-    if (profile.backend === "per-pod-clone") return unsupportedStorage(p, hash, election, profile, pod);
+    if (unshareable(profile)) return unsupportedStorage(p, hash, election, profile, pod);
 
     const m = ctx.manifest;
     const tree = p.store.treeDir(hash);
@@ -81,8 +81,20 @@ export class Promoter {
     let source: CacheSource | undefined = wasReady ? sourceOf(moved.cache) : undefined;
     if (!source) {
       try {
+        const uid = moved.cache.metadata.uid;
         source = await publishSource(p.clients, {
           short,
+          hash,
+          ...(cfg.image
+            ? {
+                writer: {
+                  image: cfg.image,
+                  namespace: cfg.systemNamespace,
+                  ...(cfg.imagePullSecrets ? { imagePullSecrets: cfg.imagePullSecrets } : {}),
+                },
+              }
+            : {}),
+          ...(uid ? { owner: { name: short, uid } } : {}),
           store: this.storage.location(),
           storage: await this.storage.storage(),
           profile,
@@ -224,7 +236,8 @@ export async function unsupportedStorage(
 ): Promise<PromoteOutcome> {
   const message =
     profile.note ??
-    `storage of provisioner ${profile.provisioner}${profile.volumeType ? ` (${profile.volumeType})` : ""} clones a volume per pod: no read-only claim can be named ahead of time, so pods of this cache start cold`;
+    unshareable(profile) ??
+    `storage of provisioner ${profile.provisioner}${profile.volumeType ? ` (${profile.volumeType})` : ""} cannot be shared`;
   p.log.warn(
     { hash: shortHash(hash), provisioner: profile.provisioner },
     "skipped: storage cannot be shared (Unsupported)",

@@ -95,6 +95,7 @@ export class StoreStorageInfo {
       ...(claim ? { claim: { namespace: claim[0]!, name: claim[1]! } } : {}),
       ...(cfg.storeProvisioner ? { provisioner: cfg.storeProvisioner } : {}),
       ...(cfg.storeVolumeType ? { volumeType: cfg.storeVolumeType } : {}),
+      ...(cfg.treeVolumeClass ? { treeVolumeClass: cfg.treeVolumeClass } : {}),
     };
   }
 

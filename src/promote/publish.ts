@@ -18,6 +18,7 @@ import {
 import { unshareable, type StorageProfile } from "./profiles.js";
 import type { CacheSource } from "./source.js";
 import type { PromoteClients } from "./claims.js";
+import { removeTreeVolume, TREE_FOLDER, writeTreeVolume } from "./tree-volume.js";
 
 export interface StoreLocation {
   node: string;
@@ -28,6 +29,8 @@ export interface StoreLocation {
   /** Overrides what the claim's StorageClass says (or names the provisioner of a store without a claim). */
   provisioner?: string;
   volumeType?: string;
+  /** snapshot-clone: each tree is written into a volume of its own of this StorageClass. */
+  treeVolumeClass?: string;
 }
 
 export interface StoreStorage {
@@ -35,10 +38,16 @@ export interface StoreStorage {
   volumeType?: string;
   claim?: { namespace: string; name: string };
   csi?: { driver: string; volumeHandle: string; fsType?: string; volumeAttributes?: Record<string, string> };
+  treeVolumeClass?: string;
 }
 
-/** Learns the store's provisioner (and volume type, and CSI identity) from its claim, if it has one. */
+/**
+ * Learns the store's provisioner (and volume type, and CSI identity) from its claim, or from the
+ * class of its per-tree volumes. A store claim is mounted by every node's agent, so it must be
+ * ReadWriteMany: a ReadWriteOnce one attaches to one node and leaves the other agents stuck.
+ */
 export async function describeStore(kc: k8s.KubeConfig, loc: StoreLocation): Promise<StoreStorage> {
+  if (loc.treeVolumeClass) return describeTreeVolumes(kc, loc, loc.treeVolumeClass);
   if (!loc.claim)
     return {
       provisioner: loc.provisioner ?? HOST_PATH_PROVISIONER,
@@ -53,6 +62,10 @@ export async function describeStore(kc: k8s.KubeConfig, loc: StoreLocation): Pro
   } catch (err) {
     throw apiError(`reading the store claim ${namespace}/${name}`, err);
   }
+  if (!pvc.spec?.accessModes?.includes("ReadWriteMany"))
+    throw new Error(
+      `the store claim ${namespace}/${name} is ${pvc.spec?.accessModes?.join(",") || "not ReadWriteMany"}: every node's agent mounts it, so it must be ReadWriteMany (for storage that attaches to one node, keep the store on the node and give --tree-volume-class)`,
+    );
   let provisioner = loc.provisioner;
   let volumeType = loc.volumeType;
   const className = pvc.spec?.storageClassName;
@@ -87,8 +100,32 @@ export async function describeStore(kc: k8s.KubeConfig, loc: StoreLocation): Pro
   return { provisioner, ...(volumeType ? { volumeType } : {}), claim: loc.claim, ...(csi ? { csi } : {}) };
 }
 
+async function describeTreeVolumes(
+  kc: k8s.KubeConfig,
+  loc: StoreLocation,
+  className: string,
+): Promise<StoreStorage> {
+  let sc: k8s.V1StorageClass;
+  try {
+    sc = await kc.makeApiClient(k8s.StorageV1Api).readStorageClass({ name: className });
+  } catch (err) {
+    throw apiError(`reading StorageClass ${className} (--tree-volume-class)`, err);
+  }
+  const volumeType = loc.volumeType ?? sc.parameters?.type;
+  return {
+    provisioner: loc.provisioner ?? sc.provisioner,
+    ...(volumeType ? { volumeType } : {}),
+    treeVolumeClass: className,
+  };
+}
+
 export interface PublishInput {
   short: string;
+  hash: string;
+  /** snapshot-clone: how the tree's volume is written (the Warmstart image, in the system namespace). */
+  writer?: { image: string; namespace: string; imagePullSecrets?: string[] };
+  /** The cache record, which owns what a promote leaves running or bound. */
+  owner?: { name: string; uid: string };
   store: StoreLocation;
   storage: StoreStorage;
   profile: StorageProfile;
@@ -137,31 +174,47 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
       };
     }
     case "snapshot-clone": {
-      const claim = i.storage.claim;
-      if (!claim) throw new Error(`snapshot-clone needs the store on a volume claim (--store-claim)`);
-      const snap = await snapshotStore(
-        c,
-        i.short,
-        claim,
-        i.profile.snapshotClass,
-        i.snapshotTimeoutMs ?? 600_000,
-        i.signal,
-      );
-      return {
-        ...base,
-        driver: snap.driver,
-        snapshotHandle: snap.handle,
-        ...(i.profile.snapshotClass ? { snapshotClass: i.profile.snapshotClass } : {}),
-        ...(snap.restoreSize ? { restoreSize: snap.restoreSize } : {}),
-        subPath,
-      };
+      const cls = i.storage.treeVolumeClass;
+      if (!cls || !i.writer)
+        throw new Error(
+          `snapshot-clone takes a volume per tree (--tree-volume-class and --image): a snapshot of a store volume would hold every tree in it`,
+        );
+      const timeoutMs = i.snapshotTimeoutMs ?? 600_000;
+      const volume = await writeTreeVolume(c, {
+        short: i.short,
+        hash: i.hash,
+        namespace: i.writer.namespace,
+        storageClass: cls,
+        node: i.store.node,
+        tree: i.tree,
+        sizeBytes: i.sizeBytes,
+        image: i.writer.image,
+        ...(i.writer.imagePullSecrets ? { imagePullSecrets: i.writer.imagePullSecrets } : {}),
+        ...(i.owner ? { owner: i.owner } : {}),
+        timeoutMs,
+        ...(i.signal ? { signal: i.signal } : {}),
+      });
+      try {
+        const snap = await snapshotStore(c, i.short, volume, i.profile.snapshotClass, timeoutMs, i.signal);
+        return {
+          ...base,
+          driver: snap.driver,
+          snapshotHandle: snap.handle,
+          ...(i.profile.snapshotClass ? { snapshotClass: i.profile.snapshotClass } : {}),
+          ...(snap.restoreSize ? { restoreSize: snap.restoreSize } : {}),
+          subPath: TREE_FOLDER,
+        };
+      } finally {
+        // The snapshot holds the tree now (or failed and goes): its writer volume is not needed.
+        await removeTreeVolume(c, volume.namespace, i.short);
+      }
     }
     case "per-pod-clone":
       throw new Error(`per-pod clone storage cannot be promoted`);
   }
 }
 
-/** Snapshots the store claim (once per cache: the name is the lock) and waits until it can be cloned. */
+/** Snapshots the tree's volume (once per cache: the name is the lock) and waits until it can be cloned. */
 async function snapshotStore(
   c: PromoteClients,
   short: string,

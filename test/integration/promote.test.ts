@@ -41,6 +41,7 @@ import { ensureClaimsForStampedPods } from "../../src/promote/promote.js";
 import { resolveProfile } from "../../src/promote/profiles.js";
 import { describeStore, publishSource } from "../../src/promote/publish.js";
 import { CacheSourceSchema, encodeSource, type CacheSource } from "../../src/promote/source.js";
+import { treeVolumeName } from "../../src/promote/tree-volume.js";
 import { promotion } from "../../src/promote/webhook.js";
 
 const log = createLogger("promote-test", process.env.LOG_LEVEL ?? "warn");
@@ -343,14 +344,14 @@ void test("snapshot-clone with a WaitForFirstConsumer class: a Pending claim cou
 });
 
 /**
- * A namespace holding a store claim `store` of a fresh Hyperdisk ML class (its profile is
- * snapshot-clone): the store a snapshot-clone publish snapshots.
+ * A namespace for a snapshot-clone publish and a fresh Hyperdisk ML class (its profile is
+ * snapshot-clone) for its trees' volumes.
  */
-async function snapshotStoreClaim(t: TestContext, prefix: string, size: string): Promise<string> {
-  const { kc, core } = await kube();
+async function treeVolumeClass(t: TestContext, prefix: string): Promise<{ ns: string; className: string }> {
+  const { kc } = await kube();
   const storage = kc.makeApiClient(k8s.StorageV1Api);
   const ns = await tempNamespace(t, prefix);
-  const className = uniqueName("store");
+  const className = uniqueName("trees");
   await storage.createStorageClass({
     body: {
       metadata: { name: className },
@@ -359,38 +360,75 @@ async function snapshotStoreClaim(t: TestContext, prefix: string, size: string):
     },
   });
   t.after(() => storage.deleteStorageClass({ name: className }).then(() => undefined, ignoreNotFound));
-  await core.createNamespacedPersistentVolumeClaim({
-    namespace: ns,
-    body: {
-      metadata: { name: "store" },
-      spec: {
-        accessModes: ["ReadWriteOnce"],
-        storageClassName: className,
-        resources: { requests: { storage: size } },
-      },
-    },
-  });
-  return ns;
+  return { ns, className };
 }
 
-void test("snapshot-clone publish: snapshots the store claim once, waits until it is ready, and records its handle", async (t) => {
-  // The test plays the snapshot controller: a real one (the local cluster's CSI stack, with real
-  // nodes) is held still meanwhile.
+/**
+ * Plays the kubelet for the tree volume's writer pod (held on a node that does not exist): it
+ * appears with its claim, then ends as told. Returns the pod and claim as created.
+ */
+async function playWriter(
+  ns: string,
+  short: string,
+  end: { phase: "Succeeded" | "Failed"; message?: string },
+): Promise<{ pod: k8s.V1Pod; claim: k8s.V1PersistentVolumeClaim }> {
+  const { core } = await kube();
+  const name = treeVolumeName(short);
+  const pod = await waitFor(`writer pod ${name}`, () =>
+    core.readNamespacedPod({ namespace: ns, name }).catch(() => undefined),
+  );
+  const claim = await core.readNamespacedPersistentVolumeClaim({ namespace: ns, name });
+  const terminated = {
+    exitCode: end.phase === "Succeeded" ? 0 : 1,
+    reason: end.phase === "Succeeded" ? "Completed" : "Error",
+    message: end.message ?? "",
+  };
+  await core.patchNamespacedPodStatus(
+    {
+      namespace: ns,
+      name,
+      body: {
+        status: {
+          phase: end.phase,
+          containerStatuses: [
+            {
+              name: "write",
+              image: "warmstart:test",
+              imageID: "",
+              ready: false,
+              restartCount: 0,
+              state: { terminated },
+            },
+          ],
+        },
+      },
+    },
+    mergePatch,
+  );
+  return { pod, claim };
+}
+
+void test("snapshot-clone publish: the tree is written into a volume of its own, which is snapshotted once, and only that volume", async (t) => {
+  // The test plays the snapshot controller and the kubelet: a real snapshot controller (the
+  // local cluster's CSI stack, with real nodes) is held still meanwhile.
   if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
     await pauseRole(t, "snapshot-controller");
-  const { kc, custom } = await kube();
-  const ns = await snapshotStoreClaim(t, "ss", "100Gi");
+  const { kc, core, custom } = await kube();
+  const { ns, className } = await treeVolumeClass(t, "ss");
   const short = newShort();
   cleanup(t, short);
-  const store = { node: "gpu-0", dir: "/var/lib/warmstart/store", claim: { namespace: ns, name: "store" } };
+  const store = { node: "no-such-node", dir: "/var/lib/warmstart/store", treeVolumeClass: className };
   const described = await describeStore(kc, store);
-  assert.equal(described.provisioner, "pd.csi.storage.gke.io", "the store's class picks the profile");
+  assert.equal(described.provisioner, "pd.csi.storage.gke.io", "the tree volumes' class picks the profile");
   assert.equal(described.volumeType, "hyperdisk-ml");
   const profile = resolveProfile(new Map(), described.provisioner, described.volumeType);
   assert.equal(profile.backend, "snapshot-clone");
 
+  const hash = `${short}${"0".repeat(48)}`;
   const publishing = publishSource(promoteClients(kc), {
     short,
+    hash,
+    writer: { image: "warmstart:test", namespace: ns },
     store,
     storage: described,
     profile: { ...profile, snapshotClass: "hdml" },
@@ -398,9 +436,20 @@ void test("snapshot-clone publish: snapshots the store claim once, waits until i
     sizeBytes: 1234,
     snapshotTimeoutMs: 20_000,
   });
+  const { pod, claim } = await playWriter(ns, short, { phase: "Succeeded" });
+  // The writer copies this one tree, read-only, into the volume, on the node that holds it.
+  const write = pod.spec!.containers[0]!;
+  assert.deepEqual(write.command, ["warmstart", "capture", "/tree", "/volume/tree", "--hash", hash]);
+  const hostPath = pod.spec?.volumes?.find((v) => v.name === "tree")?.hostPath;
+  assert.equal(hostPath?.path, `/var/lib/warmstart/store/${short}`);
+  assert.equal(hostPath?.type, "Directory");
+  assert.equal(write.volumeMounts?.find((m) => m.name === "tree")?.readOnly, true);
+  assert.equal(pod.spec?.nodeSelector?.["kubernetes.io/hostname"], "no-such-node");
+  assert.equal(claim.spec?.storageClassName, className);
+  assert.deepEqual(claim.spec?.accessModes, ["ReadWriteOnce"]);
   // Play the snapshot controller: the snapshot appears, then is bound to a content and ready.
   const vs = await waitFor(
-    "the store snapshot",
+    "the tree volume's snapshot",
     async () =>
       (await custom.getNamespacedCustomObject({
         ...snap,
@@ -411,7 +460,7 @@ void test("snapshot-clone publish: snapshots the store claim once, waits until i
         spec: { source: { persistentVolumeClaimName: string }; volumeSnapshotClassName: string };
       },
   );
-  assert.deepEqual(vs.spec.source, { persistentVolumeClaimName: "store" });
+  assert.deepEqual(vs.spec.source, { persistentVolumeClaimName: treeVolumeName(short) });
   assert.equal(vs.spec.volumeSnapshotClassName, "hdml");
   const contentName = `snapcontent-${short}`;
   await custom.createClusterCustomObject({
@@ -456,15 +505,23 @@ void test("snapshot-clone publish: snapshots the store claim once, waits until i
   assert.equal(source.snapshotHandle, "projects/p/global/snapshots/s-42");
   assert.equal(source.restoreSize, "100Gi");
   assert.equal(source.volumeType, "hyperdisk-ml");
-  assert.equal(source.subPath, short, "where the tree sits inside the cloned volume");
+  assert.equal(source.subPath, "tree", "where the tree sits inside its volume");
+  // The writer and its volume are gone: the snapshot holds the tree.
+  await assert.rejects(core.readNamespacedPod({ namespace: ns, name: treeVolumeName(short) }), isNotFound);
+  await waitFor("the writer's claim removed", () =>
+    core.readNamespacedPersistentVolumeClaim({ namespace: ns, name: treeVolumeName(short) }).then(
+      (c) => Boolean(c.metadata?.deletionTimestamp),
+      (err: unknown) => isNotFound(err),
+    ),
+  );
 });
 
-void test("snapshot-clone publish: a snapshot that fails or never becomes ready is removed, so the next election snapshots afresh", async (t) => {
+void test("snapshot-clone publish: a writer that fails, or a snapshot that fails or never becomes ready, is removed with its volume, so the next election starts afresh", async (t) => {
   if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
     await pauseRole(t, "snapshot-controller");
-  const { kc, custom } = await kube();
-  const ns = await snapshotStoreClaim(t, "ss-stuck", "1Gi");
-  const store = { node: "gpu-0", dir: "/var/lib/warmstart/store", claim: { namespace: ns, name: "store" } };
+  const { kc, core, custom } = await kube();
+  const { ns, className } = await treeVolumeClass(t, "ss-stuck");
+  const store = { node: "no-such-node", dir: "/var/lib/warmstart/store", treeVolumeClass: className };
   const described = await describeStore(kc, store);
   const profile = {
     ...resolveProfile(new Map(), described.provisioner, described.volumeType),
@@ -479,25 +536,47 @@ void test("snapshot-clone publish: a snapshot that fails or never becomes ready 
         name: snapshotName(short),
       })
       .catch((err: unknown) => (ignoreNotFound(err), undefined));
-  const publish = (short: string): Promise<unknown> =>
+  const volumeLeft = (short: string): Promise<boolean> =>
+    core.readNamespacedPersistentVolumeClaim({ namespace: ns, name: treeVolumeName(short) }).then(
+      (c) => !c.metadata?.deletionTimestamp,
+      () => false,
+    );
+  const publish = (short: string, snapshotTimeoutMs = 1_500): Promise<unknown> =>
     publishSource(promoteClients(kc), {
       short,
+      hash: `${short}${"0".repeat(48)}`,
+      writer: { image: "warmstart:test", namespace: ns },
       store,
       storage: described,
       profile,
       tree: `/var/lib/warmstart/store/${short}`,
       sizeBytes: 1,
-      snapshotTimeoutMs: 1_500,
+      snapshotTimeoutMs,
     });
+  // The writer fails: its reason is the promote's, and nothing is left.
+  const broken = newShort();
+  cleanup(t, broken);
+  const writing = publish(broken, 20_000);
+  await playWriter(ns, broken, { phase: "Failed", message: "capture failed: no space left on device" });
+  await assert.rejects(
+    writing,
+    /writing the tree into its volume .* failed \(Error\): capture failed: no space left/,
+  );
+  assert.equal(await volumeLeft(broken), false, "the half-written volume is removed");
+  assert.equal(await read(broken), undefined, "nothing was snapshotted");
   // Never ready: nothing plays the snapshot controller.
   const stuck = newShort();
   cleanup(t, stuck);
-  await assert.rejects(publish(stuck), /not ready after 2s; the snapshot was removed/);
+  const stuckPublish = publish(stuck);
+  await playWriter(ns, stuck, { phase: "Succeeded" });
+  await assert.rejects(stuckPublish, /not ready after 2s; the snapshot was removed/);
   assert.equal(await read(stuck), undefined, "not left for the next election to wait on");
+  assert.equal(await volumeLeft(stuck), false);
   // Failed: the controller says so.
   const failed = newShort();
   cleanup(t, failed);
-  const publishing = publish(failed);
+  const publishing = publish(failed, 20_000);
+  await playWriter(ns, failed, { phase: "Succeeded" });
   await waitFor("the snapshot", () => read(failed));
   await custom.patchNamespacedCustomObjectStatus(
     {

@@ -1,0 +1,190 @@
+/**
+ * snapshot-clone, one tree per volume (SPEC 1.9): the committed tree is copied into a volume of
+ * its own (claim `warmstart-tree-<short>` of the tree-volume class) by a short-lived writer pod
+ * on the node that holds the tree, and that volume, never a store holding other trees, is what
+ * gets snapshotted and cloned for every namespace. Block storage (RBD, PD) attaches to one node
+ * at a time, so only a pod on that node can write it: the node agent cannot mount volumes itself.
+ */
+import type * as k8s from "@kubernetes/client-node";
+import { setTimeout as sleep } from "node:timers/promises";
+import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
+import type { PromoteClients } from "./claims.js";
+import { promoteLabels, storageQuantity } from "./objects.js";
+
+export const treeVolumeName = (short: string): string => `warmstart-tree-${short}`;
+
+/** Where the tree's folder sits in its volume (a file system's root may hold `lost+found`). */
+export const TREE_FOLDER = "tree";
+
+export interface TreeVolumeInput {
+  short: string;
+  hash: string;
+  /** The system namespace: the claim and the writer pod live there. */
+  namespace: string;
+  storageClass: string;
+  /** The node holding the committed tree, and the tree's path there. */
+  node: string;
+  tree: string;
+  sizeBytes: number;
+  /** The Warmstart image (it runs `warmstart capture`) and how it is pulled. */
+  image: string;
+  imagePullSecrets?: string[];
+  /** The cache record: the claim and the pod go with it when it is deleted. */
+  owner?: { name: string; uid: string };
+  timeoutMs: number;
+  signal?: AbortSignal;
+}
+
+/** A file system's overhead on top of the data (inodes, journal), generously. */
+const sizeFor = (bytes: number): string => storageQuantity(Math.ceil(bytes * 1.1) + 256 * 2 ** 20);
+
+function metadataFor(i: TreeVolumeInput): k8s.V1ObjectMeta {
+  return {
+    name: treeVolumeName(i.short),
+    namespace: i.namespace,
+    labels: promoteLabels(i.short, i.namespace),
+    ...(i.owner
+      ? {
+          ownerReferences: [
+            {
+              apiVersion: "warmstart.dev/v1alpha1",
+              kind: "ModelCache",
+              name: i.owner.name,
+              uid: i.owner.uid,
+            },
+          ],
+        }
+      : {}),
+  };
+}
+
+export function treeVolumeClaim(i: TreeVolumeInput): k8s.V1PersistentVolumeClaim {
+  return {
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: metadataFor(i),
+    spec: {
+      accessModes: ["ReadWriteOnce"],
+      volumeMode: "Filesystem",
+      storageClassName: i.storageClass,
+      resources: { requests: { storage: sizeFor(i.sizeBytes) } },
+    },
+  };
+}
+
+/**
+ * The writer: `warmstart capture` from the tree (read-only, on this node) into the volume. Root,
+ * so owners and modes survive; placed by the scheduler (a node selector, not `nodeName`), so a
+ * WaitForFirstConsumer class provisions the volume where the tree is.
+ */
+export function treeWriterPod(i: TreeVolumeInput): k8s.V1Pod {
+  return {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: metadataFor(i),
+    spec: {
+      restartPolicy: "Never",
+      nodeSelector: { "kubernetes.io/hostname": i.node },
+      tolerations: [{ operator: "Exists" }],
+      activeDeadlineSeconds: Math.max(60, Math.ceil(i.timeoutMs / 1000)),
+      automountServiceAccountToken: false,
+      ...(i.imagePullSecrets?.length
+        ? { imagePullSecrets: i.imagePullSecrets.map((name) => ({ name })) }
+        : {}),
+      containers: [
+        {
+          name: "write",
+          image: i.image,
+          command: ["warmstart", "capture", "/tree", `/volume/${TREE_FOLDER}`, "--hash", i.hash],
+          securityContext: { runAsUser: 0, allowPrivilegeEscalation: false },
+          terminationMessagePolicy: "FallbackToLogsOnError",
+          volumeMounts: [
+            { name: "tree", mountPath: "/tree", readOnly: true },
+            { name: "volume", mountPath: "/volume" },
+          ],
+        },
+      ],
+      volumes: [
+        { name: "tree", hostPath: { path: i.tree, type: "Directory" } },
+        { name: "volume", persistentVolumeClaim: { claimName: treeVolumeName(i.short) } },
+      ],
+    },
+  };
+}
+
+/**
+ * Writes the tree into its own volume and returns that claim, once the writer has succeeded and
+ * is gone (it no longer holds the volume). A writer that failed is removed and its reason thrown.
+ */
+export async function writeTreeVolume(
+  c: PromoteClients,
+  i: TreeVolumeInput,
+): Promise<{ namespace: string; name: string }> {
+  const name = treeVolumeName(i.short);
+  const where = `${i.namespace}/${name}`;
+  for (const [what, create] of [
+    [
+      "claim",
+      () =>
+        c.core.createNamespacedPersistentVolumeClaim({ namespace: i.namespace, body: treeVolumeClaim(i) }),
+    ],
+    ["writer pod", () => c.core.createNamespacedPod({ namespace: i.namespace, body: treeWriterPod(i) })],
+  ] as const) {
+    try {
+      await create();
+    } catch (err) {
+      if (!isAlreadyExists(err)) throw apiError(`creating the tree volume's ${what} ${where}`, err);
+    }
+  }
+  const deadline = Date.now() + i.timeoutMs;
+  const removeWriter = (uid: string | undefined): Promise<void> =>
+    c.core
+      .deleteNamespacedPod({
+        namespace: i.namespace,
+        name,
+        gracePeriodSeconds: 0,
+        body: uid ? { preconditions: { uid } } : {},
+      })
+      .then(
+        () => undefined,
+        (err: unknown) => {
+          if (!isNotFound(err)) throw apiError(`removing the writer pod ${where}`, err);
+        },
+      );
+  for (;;) {
+    let pod: k8s.V1Pod | undefined;
+    try {
+      pod = await c.core.readNamespacedPod({ namespace: i.namespace, name });
+    } catch (err) {
+      if (!isNotFound(err)) throw apiError(`reading the writer pod ${where}`, err);
+    }
+    if (!pod) throw new Error(`the writer pod ${where} is gone before it finished`);
+    const phase = pod.status?.phase;
+    if (phase === "Succeeded") {
+      await removeWriter(pod.metadata?.uid);
+      return { namespace: i.namespace, name };
+    }
+    const terminated = pod.status?.containerStatuses?.[0]?.state?.terminated;
+    if (phase === "Failed" || Date.now() > deadline) {
+      await removeWriter(pod.metadata?.uid);
+      // Whatever it left half-written goes too: the next election writes a fresh volume.
+      await removeTreeVolume(c, i.namespace, i.short);
+      const why =
+        phase === "Failed"
+          ? `failed (${terminated?.reason ?? pod.status?.reason ?? "?"}): ${(terminated?.message ?? pod.status?.message ?? "").trim().slice(-500)}`
+          : `did not finish in ${Math.round(i.timeoutMs / 1000)} s (${phase ?? "no phase"})`;
+      throw new Error(`writing the tree into its volume ${where} ${why}`);
+    }
+    await sleep(1_000, undefined, i.signal ? { signal: i.signal } : undefined);
+  }
+}
+
+/** Once the snapshot holds the tree, its writer volume is not needed. */
+export async function removeTreeVolume(c: PromoteClients, namespace: string, short: string): Promise<void> {
+  try {
+    await c.core.deleteNamespacedPersistentVolumeClaim({ namespace, name: treeVolumeName(short) });
+  } catch (err) {
+    if (!isNotFound(err))
+      throw apiError(`removing the tree volume ${namespace}/${treeVolumeName(short)}`, err);
+  }
+}
