@@ -84,6 +84,9 @@ export function treeWriterPod(i: TreeVolumeInput): k8s.V1Pod {
     metadata: metadataFor(i),
     spec: {
       restartPolicy: "Never",
+      // It talks to nothing: on the host's network it needs no pod network (a node whose network
+      // plugin is not up yet, or has none, still gets its trees written).
+      hostNetwork: true,
       nodeSelector: { "kubernetes.io/hostname": i.node },
       tolerations: [{ operator: "Exists" }],
       activeDeadlineSeconds: Math.max(60, Math.ceil(i.timeoutMs / 1000)),

@@ -1,9 +1,10 @@
 /**
  * The CSI backends of promote (SPEC 1.5) end to end on the real node, with the local cluster's
  * CSI stack (the folder driver stand-in and the real provisioner, snapshotter and
- * snapshot-controller): the node's cache store is a CSI volume, the leader's tree is captured
- * into it, and followers in two namespaces start from it (snapshot-clone: a read-only clone per
- * namespace; shared-volume: per-namespace static volumes of the same data).
+ * snapshot-controller): followers in two namespaces start from the leader's tree (snapshot-clone:
+ * the tree is written into a volume of its own, snapshotted, and cloned read-only per namespace;
+ * shared-volume: the node's store is a shared CSI volume and each namespace's static volume is
+ * the tree's folder in it).
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -121,7 +122,7 @@ async function storeVolume(
 async function storeOnVolume(
   t: TestContext,
   node: RealNode,
-  store: { claim: string; dir: string },
+  store: { claim?: string; dir: string },
   extra: string[] = [],
 ): Promise<void> {
   const cluster = `node-agent-${node.name}`;
@@ -136,7 +137,7 @@ async function storeOnVolume(
       `--node=${node.name}`,
       `--kubelet-root=${node.kubeletRoot}`,
       `--store=${store.dir}`,
-      `--store-claim=${store.claim}`,
+      ...(store.claim ? [`--store-claim=${store.claim}`] : []),
       "--warmup=1s",
       "--resync=10s",
       "--no-durable",
@@ -160,6 +161,26 @@ async function storeOnVolume(
     `the CSI-store node agent (${stderr})`,
     async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok,
   );
+}
+
+/**
+ * The real node's agent, for this test, keeps its store on the node and writes each tree into a
+ * volume of its own of `storageClass` (snapshot-clone), through a writer pod of the Warmstart image.
+ */
+async function treesOnVolumes(
+  t: TestContext,
+  node: RealNode,
+  storageClass: string,
+  extra: string[] = [],
+): Promise<{ dir: string }> {
+  const dir = await mkdtemp(join(tmpdir(), "csi-store-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  await storeOnVolume(t, node, { dir }, [
+    `--tree-volume-class=${storageClass}`,
+    `--image=${node.images.warmstart}`,
+    ...extra,
+  ]);
+  return { dir };
 }
 
 async function readyPods(namespace: string, n: number): Promise<k8s.V1Pod[]> {
@@ -349,12 +370,11 @@ const exists = (p: string): Promise<boolean> =>
     () => false,
   );
 
-test("snapshot-clone: the store volume is snapshotted; followers in two namespaces start from read-only clones", async (t) => {
+test("snapshot-clone: each tree is written into a volume of its own and snapshotted; followers in two namespaces start from read-only clones of it", async (t) => {
   const node = await realNodeOrSkip(t);
   if (!node || !(await csiReady(t))) return;
   const { custom, core } = await kube();
-  const store = await storeVolume(t, SNAPSHOT_CLASS, "ReadWriteOnce");
-  await storeOnVolume(t, node, store);
+  const store = await treesOnVolumes(t, node, SNAPSHOT_CLASS);
   const { short, pods } = await storyInTwoNamespaces(t, node);
   const cache = await getModelCache(custom, short);
   assert.equal(cache?.status?.phase, "Ready");
@@ -365,7 +385,12 @@ test("snapshot-clone: the store volume is snapshotted; followers in two namespac
     const pv = await core.readPersistentVolume({ name: claim.spec.volumeName! });
     assert.equal(pv.spec?.csi?.driver, CSI_DRIVER_NAME);
   }
-  await assertRestoredFromVolume(node, pods, short);
+  await assertRestoredFromVolume(node, pods, "tree");
+  // The attacker: a root pod mounting its namespace's clone whole, without readOnly, sees this
+  // tree alone (no store, no other tree) and cannot write it.
+  const seen = await mountByHand(t, node, pods.at(-1)!.metadata!.namespace!, claimName(short));
+  assert.deepEqual(seen.entries, ["tree"], "the clone holds the one tree");
+  assert.match(seen.write, /Read-only file system/);
   await deleteAndAssertGone(t, short, [...new Set(pods.map((p) => p.metadata!.namespace!))], store);
 });
 
@@ -451,7 +476,7 @@ test("a snapshot that never becomes ready: the cache ends Failed and no follower
       })
       .catch(() => undefined);
   });
-  await storeOnVolume(t, node, await storeVolume(t, type, "ReadWriteOnce"), ["--snapshot-timeout=5s"]);
+  await treesOnVolumes(t, node, type, ["--snapshot-timeout=5s"]);
 
   const ns = await tempNamespace(t, "csi-stuck");
   const model = `synthetic/${uniqueName("stuck")}`;
@@ -518,7 +543,7 @@ test("a class the driver cannot share read-only (block): Unsupported, and the po
   const node = await realNodeOrSkip(t);
   if (!node || !(await csiReady(t))) return;
   const { custom } = await kube();
-  await storeOnVolume(t, node, await storeVolume(t, BLOCK_CLASS, "ReadWriteOnce"));
+  await treesOnVolumes(t, node, BLOCK_CLASS);
   const ns = await tempNamespace(t, "csi-block");
   const model = `synthetic/${uniqueName("block")}`;
   await createEngines(t, node, ns, { replicas: 2, model });

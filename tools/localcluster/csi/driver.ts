@@ -269,12 +269,17 @@ export class FolderDriver {
         const id = required(r.volume_id, "volume_id");
         const target = required(r.target_path, "target_path");
         const cap = r.volume_capability as
-          { mount?: { mount_flags?: string[] }; block?: unknown } | undefined;
+          | { mount?: { mount_flags?: string[] }; block?: unknown; access_mode?: { mode?: string } }
+          | undefined;
         if (!cap) throw invalid("volume_capability is required");
         if (!cap.mount) throw invalid("only filesystem (mount) volumes are supported");
         const src = await this.publishedDir(id, r.volume_context as Record<string, string> | undefined);
-        // As a mount-based driver does, the PV's mount options reach the mount: `ro` included.
-        const readOnly = Boolean(r.readonly) || (cap.mount.mount_flags ?? []).includes("ro");
+        // As drivers do, a volume is published read-only when the pod asks, when the PV's mount
+        // options say `ro`, and when it is published for many readers (ReadOnlyMany).
+        const readOnly =
+          Boolean(r.readonly) ||
+          (cap.mount.mount_flags ?? []).includes("ro") ||
+          cap.access_mode?.mode === "MULTI_NODE_READER_ONLY";
         await mkdir(target, { recursive: true });
         if (!(await isMountPoint(target))) {
           await run("mount", ["--bind", src, target]);
