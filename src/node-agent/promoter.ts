@@ -89,7 +89,7 @@ export class Promoter {
             ? {
                 writer: {
                   image: cfg.image,
-                  namespace: cfg.systemNamespace,
+                  systemNamespace: cfg.systemNamespace,
                   ...(cfg.imagePullSecrets ? { imagePullSecrets: cfg.imagePullSecrets } : {}),
                 },
               }

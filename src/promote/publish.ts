@@ -123,7 +123,7 @@ export interface PublishInput {
   short: string;
   hash: string;
   /** snapshot-clone: how the tree's volume is written (the Warmstart image, in the system namespace). */
-  writer?: { image: string; namespace: string; imagePullSecrets?: string[] };
+  writer?: { image: string; systemNamespace: string; imagePullSecrets?: string[] };
   /** The cache record, which owns what a promote leaves running or bound. */
   owner?: { name: string; uid: string };
   store: StoreLocation;
@@ -183,7 +183,7 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
       const volume = await writeTreeVolume(c, {
         short: i.short,
         hash: i.hash,
-        namespace: i.writer.namespace,
+        systemNamespace: i.writer.systemNamespace,
         storageClass: cls,
         node: i.store.node,
         tree: i.tree,

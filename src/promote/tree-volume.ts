@@ -9,7 +9,7 @@ import type * as k8s from "@kubernetes/client-node";
 import { setTimeout as sleep } from "node:timers/promises";
 import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
 import type { PromoteClients } from "./claims.js";
-import { promoteLabels, storageQuantity } from "./objects.js";
+import { MANAGED_BY, promoteLabels, storageQuantity } from "./objects.js";
 
 export const treeVolumeName = (short: string): string => `warmstart-tree-${short}`;
 
@@ -19,8 +19,8 @@ export const TREE_FOLDER = "tree";
 export interface TreeVolumeInput {
   short: string;
   hash: string;
-  /** The system namespace: the claim and the writer pod live there. */
-  namespace: string;
+  /** The claim and the writer pod live there. */
+  systemNamespace: string;
   storageClass: string;
   /** The node holding the committed tree, and the tree's path there. */
   node: string;
@@ -38,11 +38,11 @@ export interface TreeVolumeInput {
 /** A file system's overhead on top of the data (inodes, journal), generously. */
 const sizeFor = (bytes: number): string => storageQuantity(Math.ceil(bytes * 1.1) + 256 * 2 ** 20);
 
-function metadataFor(i: TreeVolumeInput): k8s.V1ObjectMeta {
+function metadataFor(i: TreeVolumeInput, labels: Record<string, string>): k8s.V1ObjectMeta {
   return {
     name: treeVolumeName(i.short),
-    namespace: i.namespace,
-    labels: promoteLabels(i.short, i.namespace),
+    namespace: i.systemNamespace,
+    labels,
     ...(i.owner
       ? {
           ownerReferences: [
@@ -62,7 +62,7 @@ export function treeVolumeClaim(i: TreeVolumeInput): k8s.V1PersistentVolumeClaim
   return {
     apiVersion: "v1",
     kind: "PersistentVolumeClaim",
-    metadata: metadataFor(i),
+    metadata: metadataFor(i, promoteLabels(i.short, i.systemNamespace)),
     spec: {
       accessModes: ["ReadWriteOnce"],
       volumeMode: "Filesystem",
@@ -81,7 +81,8 @@ export function treeWriterPod(i: TreeVolumeInput): k8s.V1Pod {
   return {
     apiVersion: "v1",
     kind: "Pod",
-    metadata: metadataFor(i),
+    // No warmstart.dev/* label: on a pod, only the webhook writes those (it removes any other's).
+    metadata: metadataFor(i, { ...MANAGED_BY, "app.kubernetes.io/component": "tree-writer" }),
     spec: {
       restartPolicy: "Never",
       // It talks to nothing: on the host's network it needs no pod network (a node whose network
@@ -124,14 +125,20 @@ export async function writeTreeVolume(
   i: TreeVolumeInput,
 ): Promise<{ namespace: string; name: string }> {
   const name = treeVolumeName(i.short);
-  const where = `${i.namespace}/${name}`;
+  const where = `${i.systemNamespace}/${name}`;
   for (const [what, create] of [
     [
       "claim",
       () =>
-        c.core.createNamespacedPersistentVolumeClaim({ namespace: i.namespace, body: treeVolumeClaim(i) }),
+        c.core.createNamespacedPersistentVolumeClaim({
+          namespace: i.systemNamespace,
+          body: treeVolumeClaim(i),
+        }),
     ],
-    ["writer pod", () => c.core.createNamespacedPod({ namespace: i.namespace, body: treeWriterPod(i) })],
+    [
+      "writer pod",
+      () => c.core.createNamespacedPod({ namespace: i.systemNamespace, body: treeWriterPod(i) }),
+    ],
   ] as const) {
     try {
       await create();
@@ -143,7 +150,7 @@ export async function writeTreeVolume(
   const removeWriter = (uid: string | undefined): Promise<void> =>
     c.core
       .deleteNamespacedPod({
-        namespace: i.namespace,
+        namespace: i.systemNamespace,
         name,
         gracePeriodSeconds: 0,
         body: uid ? { preconditions: { uid } } : {},
@@ -157,7 +164,7 @@ export async function writeTreeVolume(
   for (;;) {
     let pod: k8s.V1Pod | undefined;
     try {
-      pod = await c.core.readNamespacedPod({ namespace: i.namespace, name });
+      pod = await c.core.readNamespacedPod({ namespace: i.systemNamespace, name });
     } catch (err) {
       if (!isNotFound(err)) throw apiError(`reading the writer pod ${where}`, err);
     }
@@ -165,13 +172,13 @@ export async function writeTreeVolume(
     const phase = pod.status?.phase;
     if (phase === "Succeeded") {
       await removeWriter(pod.metadata?.uid);
-      return { namespace: i.namespace, name };
+      return { namespace: i.systemNamespace, name };
     }
     const terminated = pod.status?.containerStatuses?.[0]?.state?.terminated;
     if (phase === "Failed" || Date.now() > deadline) {
       await removeWriter(pod.metadata?.uid);
       // Whatever it left half-written goes too: the next election writes a fresh volume.
-      await removeTreeVolume(c, i.namespace, i.short);
+      await removeTreeVolume(c, i.systemNamespace, i.short);
       const why =
         phase === "Failed"
           ? `failed (${terminated?.reason ?? pod.status?.reason ?? "?"}): ${(terminated?.message ?? pod.status?.message ?? "").trim().slice(-500)}`
@@ -183,11 +190,18 @@ export async function writeTreeVolume(
 }
 
 /** Once the snapshot holds the tree, its writer volume is not needed. */
-export async function removeTreeVolume(c: PromoteClients, namespace: string, short: string): Promise<void> {
+export async function removeTreeVolume(
+  c: PromoteClients,
+  systemNamespace: string,
+  short: string,
+): Promise<void> {
   try {
-    await c.core.deleteNamespacedPersistentVolumeClaim({ namespace, name: treeVolumeName(short) });
+    await c.core.deleteNamespacedPersistentVolumeClaim({
+      namespace: systemNamespace,
+      name: treeVolumeName(short),
+    });
   } catch (err) {
     if (!isNotFound(err))
-      throw apiError(`removing the tree volume ${namespace}/${treeVolumeName(short)}`, err);
+      throw apiError(`removing the tree volume ${systemNamespace}/${treeVolumeName(short)}`, err);
   }
 }

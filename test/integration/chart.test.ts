@@ -226,3 +226,31 @@ void test("safe defaults: the admission port is closed when the API server's add
     /webhook.clientAuth.names/,
   );
 });
+
+void test("stores: a shared store claim or a volume per tree, never both; a volume per tree gives the node agent its image and pull secrets", async () => {
+  const agent = (objs: k8s.KubernetesObject[]): string[] =>
+    find<k8s.V1DaemonSet>(objs, "DaemonSet").spec!.template.spec!.containers[0]!.args ?? [];
+  assert.ok(
+    !agent(await renderChart()).some((a) => /^--(tree-volume-class|image)=/.test(a)),
+    "none by default",
+  );
+  const trees = await renderChart({
+    "nodeAgent.store.treeVolumeClass": "hyperdisk-ml",
+    "snapshots.enabled": true,
+    imagePullSecrets: [{ name: "reg" }],
+  });
+  const a = agent(trees);
+  assert.ok(a.includes("--tree-volume-class=hyperdisk-ml"));
+  assert.ok(
+    a.some(
+      (x) =>
+        x.startsWith("--image=") &&
+        x.endsWith(find<k8s.V1DaemonSet>(trees, "DaemonSet").spec!.template.spec!.containers[0]!.image!),
+    ),
+  );
+  assert.ok(a.includes("--image-pull-secret=reg"));
+  await assert.rejects(
+    renderChart({ "nodeAgent.store.treeVolumeClass": "hyperdisk-ml", "nodeAgent.store.claim": "store" }),
+    /claim .* or treeVolumeClass .* not both/,
+  );
+});

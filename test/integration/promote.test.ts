@@ -41,7 +41,7 @@ import { ensureClaimsForStampedPods } from "../../src/promote/promote.js";
 import { resolveProfile } from "../../src/promote/profiles.js";
 import { describeStore, publishSource } from "../../src/promote/publish.js";
 import { CacheSourceSchema, encodeSource, type CacheSource } from "../../src/promote/source.js";
-import { treeVolumeName } from "../../src/promote/tree-volume.js";
+import { treeVolumeClaim, treeVolumeName, treeWriterPod } from "../../src/promote/tree-volume.js";
 import { promotion } from "../../src/promote/webhook.js";
 
 const log = createLogger("promote-test", process.env.LOG_LEVEL ?? "warn");
@@ -428,7 +428,7 @@ void test("snapshot-clone publish: the tree is written into a volume of its own,
   const publishing = publishSource(promoteClients(kc), {
     short,
     hash,
-    writer: { image: "warmstart:test", namespace: ns },
+    writer: { image: "warmstart:test", systemNamespace: ns },
     store,
     storage: described,
     profile: { ...profile, snapshotClass: "hdml" },
@@ -545,7 +545,7 @@ void test("snapshot-clone publish: a writer that fails, or a snapshot that fails
     publishSource(promoteClients(kc), {
       short,
       hash: `${short}${"0".repeat(48)}`,
-      writer: { image: "warmstart:test", namespace: ns },
+      writer: { image: "warmstart:test", systemNamespace: ns },
       store,
       storage: described,
       profile,
@@ -687,7 +687,11 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
     body: {
       metadata: { name },
       rules: [
-        { apiGroups: [""], resources: ["persistentvolumes", "persistentvolumeclaims"], verbs: ["create"] },
+        {
+          apiGroups: [""],
+          resources: ["persistentvolumes", "persistentvolumeclaims", "pods"],
+          verbs: ["create"],
+        },
       ],
     },
   });
@@ -785,4 +789,57 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
     ],
   ];
   for (const [what, attempt, why] of refused) await assert.rejects(attempt(), why, what);
+
+  // snapshot-clone: the tree's own volume and its writer, in the system namespace, with the
+  // chart's image; nothing else runs with the node agent's token.
+  const image = (objs.find((o) => o.kind === "DaemonSet") as k8s.V1DaemonSet).spec!.template.spec!
+    .containers[0]!.image!;
+  const writing = {
+    short,
+    hash: `${short}${"0".repeat(48)}`,
+    systemNamespace: SYSTEM_NAMESPACE,
+    storageClass: "trees",
+    node: "gpu-0",
+    tree: `/var/lib/warmstart/store/${short}`,
+    sizeBytes: 1,
+    image,
+    timeoutMs: 60_000,
+  };
+  const createPod = (body: k8s.V1Pod): Promise<unknown> =>
+    as.createNamespacedPod({ namespace: SYSTEM_NAMESPACE, body, dryRun: "All" });
+  await as.createNamespacedPersistentVolumeClaim({
+    namespace: SYSTEM_NAMESPACE,
+    body: treeVolumeClaim(writing),
+    dryRun: "All",
+  });
+  await createPod(treeWriterPod(writing));
+  const writer = treeWriterPod(writing);
+  const container = writer.spec!.containers[0]!;
+  const pods: Array<[string, k8s.V1Pod]> = [
+    ["another image", treeWriterPod({ ...writing, image: "evil:1" })],
+    ["a tree outside the store", treeWriterPod({ ...writing, tree: "/" })],
+    [
+      "another command",
+      { ...writer, spec: { ...writer.spec!, containers: [{ ...container, command: ["sh", "-c", "id"] }] } },
+    ],
+    [
+      "a privileged writer",
+      {
+        ...writer,
+        spec: {
+          ...writer.spec!,
+          containers: [{ ...container, securityContext: { privileged: true } }],
+        },
+      },
+    ],
+    ["in a workload namespace", { ...writer, metadata: { ...writer.metadata, namespace: ns } }],
+  ];
+  for (const [what, body] of pods)
+    await assert.rejects(
+      body.metadata?.namespace === ns
+        ? as.createNamespacedPod({ namespace: ns, body, dryRun: "All" })
+        : createPod(body),
+      /only pod is a tree's writer/,
+      what,
+    );
 });

@@ -38,8 +38,16 @@ const NOT_CONFIGURED: { role: string; match: (c: ApiCall) => boolean; why: strin
   },
 ];
 
-/** Calls only the snapshot-clone backend makes: granted with snapshots.enabled (listing always is). */
-const snapshotOnly = (c: ApiCall): boolean => c.group === "snapshot.storage.k8s.io" && c.verb !== "list";
+/**
+ * Calls only the snapshot-clone backend makes: granted with snapshots.enabled (listing always is),
+ * the tree volume's writer pod in the system namespace included.
+ */
+const snapshotOnly = (c: ApiCall): boolean =>
+  (c.group === "snapshot.storage.k8s.io" && c.verb !== "list") ||
+  (c.group === "" &&
+    c.resource === "pods" &&
+    c.scope === "system" &&
+    ["get", "create", "delete"].includes(c.verb));
 
 const SYSTEM = "warmstart-system";
 const WORKLOADS = ["models-a", "models-b"];
