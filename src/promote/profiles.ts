@@ -42,7 +42,10 @@ const Settings = z
      */
     mountsTree: z.boolean(),
     mountOptions: z.array(z.string().min(1)),
-    /** Host-path PVs: `local` (default) or `hostPath`. */
+    /**
+     * Host-path PVs: `local` (default, mounted `ro` on the node) or `hostPath` (takes no mount
+     * options: a pod that mounts the claim without `readOnly`, as root, could write the tree).
+     */
     hostPathType: z.enum(["local", "hostPath"]),
     prewarm: z.boolean(),
     prewarmParallelism: z.number().int().min(1).max(256),
@@ -94,8 +97,9 @@ export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
   },
   "rancher.io/local-path": {
     backend: "host-path",
-    hostPathType: "hostPath",
-    why: "local-path-provisioner keeps volumes as host folders",
+    // A local PV serves a host folder as well, and unlike hostPath it takes `ro` (SPEC 1.9).
+    hostPathType: "local",
+    why: "local-path-provisioner keeps volumes as host folders: local PVs pinned to their node, mounted read-only",
   },
   "nfs.csi.k8s.io": {
     backend: "shared-volume",
