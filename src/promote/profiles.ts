@@ -173,10 +173,11 @@ export const BUILT_IN_PROFILES: Readonly<Record<string, ProfileEntry>> = {
  */
 export function unshareable(p: StorageProfile): string | undefined {
   const why = p.why ?? p.note ?? p.backend;
+  const storage = `${p.provisioner}${p.volumeType ? ` (${p.volumeType})` : ""}`;
   if (p.backend === "per-pod-clone")
-    return `the cache stores' storage clones a volume per pod (${why}): no shared read-only claim, pods start cold`;
+    return `the cache stores' storage ${storage} clones a volume per pod (${why}): no shared read-only claim, pods start cold`;
   if (p.backend === "shared-volume" && !p.mountsTree)
-    return `the cache stores' driver ${p.provisioner} would mount the whole store, every cache in it, not one tree (${why}); its storage profile needs mountsTree with a handle or attributes naming {path}: pods start cold`;
+    return `the cache stores' driver ${storage} would mount the whole store, every cache in it, not one tree (${why}); its storage profile needs mountsTree with a handle or attributes naming {path}: pods start cold`;
   return undefined;
 }
 
