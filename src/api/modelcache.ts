@@ -71,6 +71,13 @@ export const modelCacheStatusSchema = z.looseObject({
   cacheBytes: int64().optional(),
   leaderReadySeconds: z.number().optional(),
   captureSeconds: z.number().optional(),
+  manifestDigest: z
+    .string()
+    .regex(/^[0-9a-f]{64}$/)
+    .describe(
+      "sha256 of the committed tree's manifest file, written by the elected leader's node agent: a copy of the tree is checked against it",
+    )
+    .optional(),
   namespaces: z.array(z.string()).optional(),
   electionId: z
     .string()

@@ -14,6 +14,7 @@ import { unshareable, type StorageProfile } from "../promote/profiles.js";
 import { publishSource } from "../promote/publish.js";
 import { encodeSource, sourceOf, type CacheSource } from "../promote/source.js";
 import { timeToReadySeconds } from "./decide.js";
+import { manifestDigestOf } from "./replication/server.js";
 import { recordFailure, type AgentParts } from "./parts.js";
 import type { StoreStorageInfo } from "./store-lease.js";
 
@@ -55,6 +56,8 @@ export class Promoter {
       modelBytes: m.split.model.bytes,
       cacheBytes: m.split.cache.bytes,
       captureSeconds: Math.round(m.timings.totalMs) / 1000,
+      // What every copy of the tree (a replica, a restore) checks its manifest against.
+      manifestDigest: manifestDigestOf(tree),
     };
     const ttr = pod ? timeToReadySeconds(pod) : undefined;
     if (ttr !== undefined) stats.leaderReadySeconds = ttr;

@@ -7,8 +7,8 @@
  */
 import { test, before } from "node:test";
 import assert from "node:assert/strict";
-import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readdir, rm, stat, truncate, writeFile } from "node:fs/promises";
+import { createHash, randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, readFile, readdir, rm, stat, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -34,6 +34,7 @@ import {
   LABEL_CAPTURE,
   LABEL_HASH,
   LABEL_NAMESPACE,
+  MANIFEST_FILE,
   MODELCACHE,
   claimName,
   leaseName,
@@ -131,6 +132,13 @@ void test("a Ready leader's cache is captured and promoted: a Ready ModelCache a
   assert.equal(treeDir, join(dirname(node.kubeletRoot), "store", short));
   const manifest = await readManifest(treeDir);
   assert.equal(manifest.hash, hash, "captured under the stamped hash");
+  assert.equal(
+    s.manifestDigest,
+    createHash("sha256")
+      .update(await readFile(join(treeDir, MANIFEST_FILE)))
+      .digest("hex"),
+    "the record holds the digest of the manifest the leader's agent committed",
+  );
   assert.equal(manifest.fileCount, tree.files);
   assert.equal(manifest.split.model.files, tree.modelFiles);
   assert.equal(manifest.split.model.bytes, tree.modelBytes);
