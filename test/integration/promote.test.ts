@@ -843,3 +843,26 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
       what,
     );
 });
+
+void test("a store claim that attaches to one node (ReadWriteOnce) is refused with the way out: every node's agent mounts the store", async (t) => {
+  const { kc, core } = await kube();
+  const ns = await tempNamespace(t, "rwo-store");
+  for (const [name, mode] of [
+    ["rwo", "ReadWriteOnce"],
+    ["rwx", "ReadWriteMany"],
+  ] as const)
+    await core.createNamespacedPersistentVolumeClaim({
+      namespace: ns,
+      body: {
+        metadata: { name },
+        spec: { accessModes: [mode], storageClassName: "", resources: { requests: { storage: "1Gi" } } },
+      },
+    });
+  const store = (name: string) => ({ node: "gpu-0", dir: "/store", claim: { namespace: ns, name } });
+  await assert.rejects(
+    describeStore(kc, store("rwo")),
+    /store claim .*\/rwo is ReadWriteOnce: every node's agent mounts it, so it must be ReadWriteMany .*--tree-volume-class/,
+  );
+  // A ReadWriteMany claim is read on (it names no provisioner yet: unbound, no class).
+  await assert.rejects(describeStore(kc, store("rwx")), /cannot tell the provisioner/);
+});
