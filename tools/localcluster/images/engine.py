@@ -37,7 +37,12 @@ any difference costs --compile-seconds and rewrites it):
   SGLang, TGI: Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache); SGLang with
     --enable-torch-compile also Inductor's.
 
-A compile costs --compile-seconds (else ENGINE_COMPILE_SECONDS, else 2). Then it prints one line
+Every compile cache is keyed by the GPU product too (NVIDIA_GPU_PRODUCT, default "stand-in-gpu"),
+as real engines' are by the device: the same cache on another product is a miss.
+
+A compile costs --compile-seconds (else ENGINE_COMPILE_SECONDS, else 2). Along the way it prints
+the real engine's own phase lines (download, weight load, compile-cache hit or miss, ready) in that
+engine's format with its measured seconds. Then it prints one line
 `ENGINE-REPORT {json}` and creates /tmp/engine-ready (ENGINE_READY_FILE), the file its readiness
 probe reads; it opens no port and runs as any UID. The storage initializer prints the same line
 and exits.
@@ -380,14 +385,21 @@ def vllm_parts(args, key, root=None):
     return parts
 
 
+def gpu_product():
+    """The GPU the caches are compiled for (the node's nvidia.com/gpu.product): real engines' compile
+    caches depend on the device, so the same model on another product compiles again."""
+    return os.environ.get("NVIDIA_GPU_PRODUCT") or "stand-in-gpu"
+
+
 def compile_key(model, snapshot):
     if is_local(model):
         try:
             with open(os.path.join(snapshot, "config.json"), "rb") as f:
-                return hashlib.sha256(("%s@%s" % (model, hashlib.sha256(f.read()).hexdigest())).encode()).hexdigest()
+                digest = hashlib.sha256(f.read()).hexdigest()
+            return hashlib.sha256(("%s@%s@%s" % (model, digest, gpu_product())).encode()).hexdigest()
         except OSError:
             pass
-    return hashlib.sha256(("%s@%s" % (model, os.path.basename(snapshot))).encode()).hexdigest()
+    return hashlib.sha256(("%s@%s@%s" % (model, os.path.basename(snapshot), gpu_product())).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,6 +542,125 @@ def plan_kserve_runtime(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# The real engines' own phase lines, in their formats, with the stand-in's measured seconds (what
+# src/core/engine-log.ts reads; the sources of each format are listed there). `m` holds the times
+# so far: start, fetched (+ fetch seconds), loaded (+ load seconds), compiled (+ state, seconds).
+
+
+def vllm_log(t, where, message, process="EngineCore_DP0"):
+    """vLLM's logger: `(process pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] message`, local time.
+    The file:line tags are those of a recent release's logs; they move between releases."""
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(t))
+    return "(%s pid=%d) INFO %s [%s] %s" % (process, os.getpid(), stamp, where, message)
+
+
+def sglang_log(t, message):
+    return "[%s] %s" % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)), message)
+
+
+def rust_duration(seconds):
+    """A Rust Duration's `{:?}` ("10.308899699s", "850.1ms"); ns below a millisecond (Rust: micro)."""
+    for unit, scale, places in (("s", 1, 9), ("ms", 1e3, 6)):
+        if seconds * scale >= 1:
+            return ("%.*f" % (places, seconds * scale)).rstrip("0").rstrip(".") + unit
+    return "%dns" % round(seconds * 1e9)
+
+
+def tgi_log(m, t, target, message, span=None):
+    """TGI's tracing lines: compact text, or JSON with --json-output (the router's flattened)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int(t % 1 * 1e6)
+    if m.get("json"):
+        line = {"timestamp": stamp, "level": "INFO"}
+        if target.startswith("text_generation_launcher"):
+            line.update(fields={"message": message}, target=target)
+            if span:
+                line.update(span=span, spans=[span])
+        else:
+            line.update(message=message, target=target.split(": ")[0])
+        return json.dumps(line, separators=(",", ":"))
+    where = "%s: " % span["name"] if span else ""
+    rank = " rank=%d" % span["rank"] if span and "rank" in span else ""
+    return "%s  INFO %s%s: %s%s" % (stamp, where, target, message, rank)
+
+
+def engine_lines(engine, event, m):
+    """The lines `engine` prints at `event` ("start", "fetched", "loaded", "compiled")."""
+    if engine in ("vllm", "nim", "kserve-huggingfaceserver"):
+        if event == "start":
+            return [vllm_log(m["start"], "api_server.py:1885", "vLLM API server version %s" % VLLM_VERSION, "APIServer")]
+        if event == "fetched" and m["fetch_seconds"] > 0.5:  # vLLM says nothing under half a second
+            line = "Time spent downloading weights for %s: %.6f seconds" % (m["model"], m["fetch_seconds"])
+            return [vllm_log(m["fetched"], "weight_utils.py:581", line)]
+        if event == "loaded":
+            return [
+                vllm_log(m["loaded"], "default_loader.py:384", "Loading weights took %.2f seconds" % m["load_seconds"]),
+                vllm_log(
+                    m["loaded"],
+                    "gpu_model_runner.py:5132",
+                    "Model loading took 0.0 GiB memory and %.6f seconds" % (m["fetch_seconds"] + m["load_seconds"]),
+                ),
+            ]
+        if event == "compiled":
+            lines, compiled = [], m["compile_state"] != "disabled"
+            if m["compile_state"] == "hit":
+                line = "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took %.3f s"
+                lines.append(vllm_log(m["compiled"], "backends.py:292", line % m["compile_seconds"]))
+            elif compiled:
+                line = "Compiling a graph for compile range (1, 8192) takes %.2f s"
+                lines.append(vllm_log(m["compiled"], "backends.py:318", line % m["compile_seconds"]))
+            if compiled:
+                line = "torch.compile took %.2f s in total" % m["compile_seconds"]
+                lines.append(vllm_log(m["compiled"], "monitor.py:53", line))
+            line = "init engine (profile, create kv cache, warmup model) took %.2f s" % m["compile_seconds"]
+            if compiled:
+                line += " (compilation: %.2f s)" % m["compile_seconds"]
+            lines.append(vllm_log(m["compiled"], "core.py:259", line))
+            return lines + ["INFO:     Application startup complete."]  # Uvicorn's, no time
+    if engine == "sglang":
+        if event == "start":
+            return [
+                sglang_log(m["start"], "server_args=ServerArgs(model_path=%r)" % m["model"]),
+                sglang_log(m["start"], "Load weight begin. avail mem=0.00 GB"),
+            ]
+        if event == "loaded":
+            line = "Load weight end. elapsed=%.2f s, type=StandIn, avail mem=0.00 GB, mem usage=0.00 GB."
+            return [sglang_log(m["loaded"], line % (m["fetch_seconds"] + m["load_seconds"]))]
+        if event == "compiled":
+            # SGLang compiles its kernels (Triton, Inductor) while it captures its CUDA graphs.
+            line = "Capture cuda graph end. Time elapsed: %.2f s. mem usage=0.00 GB. avail mem=0.00 GB."
+            return [
+                sglang_log(m["compiled"], line % m["compile_seconds"]),
+                sglang_log(m["compiled"], "The server is fired up and ready to roll!"),
+            ]
+    if engine == "tgi":
+        launcher, shard = "text_generation_launcher", {"rank": 0, "name": "shard-manager"}
+        if event == "start":
+            download = "Starting check and download process for %s" % m["model"]
+            return [tgi_log(m, m["start"], launcher, download, {"name": "download"})]
+        if event == "fetched":
+            done = "Successfully downloaded weights for %s" % m["model"]
+            return [
+                tgi_log(m, m["fetched"], launcher, done, {"name": "download"}),
+                tgi_log(m, m["fetched"], launcher, "Starting shard", shard),
+            ]
+        if event == "loaded":
+            router = "text_generation_router_v3: backends/v3/src/lib.rs:125"
+            return [
+                tgi_log(m, m["loaded"], launcher, "Shard ready in %s" % rust_duration(m["load_seconds"]), shard),
+                tgi_log(m, m["loaded"], launcher, "Starting Webserver"),
+                tgi_log(m, m["loaded"], router, "Warming up model"),
+            ]
+        if event == "compiled":
+            return [tgi_log(m, m["compiled"], "text_generation_router::server: router/src/server.rs:2302", "Connected")]
+    return []
+
+
+def say(plan, event, m):
+    for line in engine_lines(plan["engine"], event, m):
+        print(line, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # Running.
 
 
@@ -548,9 +679,13 @@ def probe_write(directory):
 def serve(plan, args):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     client = client_id()
+    m = {"model": plan["model"], "json": args.flag("--json-output"), "start": time.time()}
+    say(plan, "start", m)
     downloads = plan["fetch"]()
     main_download = downloads[0]
     path = main_download["snapshot"]
+    m.update(fetched=time.time(), fetch_seconds=sum(d["seconds"] for d in downloads))
+    say(plan, "fetched", m)
 
     # Every weight file must be readable where the cache (or the folder) says it is.
     weights = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
@@ -558,12 +693,17 @@ def serve(plan, args):
         with open(os.path.join(path, name), "rb") as f:
             f.read(4096)
     model_dir = os.path.dirname(os.path.realpath(os.path.join(path, weights[0]))) if weights else path
+    now = time.time()
+    m.update(loaded=now, load_seconds=now - m["fetched"])
+    say(plan, "loaded", m)
 
     key = compile_key(plan["model"], path)
     t1 = time.time()
     seconds = float(args.value("--compile-seconds") or os.environ.get("ENGINE_COMPILE_SECONDS") or "2")
     compiled = compile_caches(plan["parts"](key), key, seconds)
     compile_seconds = time.time() - t1
+    m.update(compiled=time.time(), compile_state=compiled["state"], compile_seconds=compile_seconds)
+    say(plan, "compiled", m)
 
     report = {
         "engine": plan["engine"],
