@@ -77,8 +77,34 @@ void test("the CRD keeps the names, scope, version, status subresource and colum
 
 void test("the schema is structural: nothing Kubernetes refuses or prunes by surprise", () => {
   const text = JSON.stringify(buildCrd());
-  assert.doesNotMatch(text, /"\$schema"|"additionalProperties"|"nullable"|"anyOf"|"oneOf"|"allOf"/);
+  assert.doesNotMatch(text, /"\$schema"|"nullable"|"anyOf"|"oneOf"|"allOf"/);
   assert.doesNotMatch(text, /9007199254740991/);
+  // additionalProperties only where a map says what each value is (never beside known fields).
+  const maps: unknown[] = [];
+  const walk = (v: unknown): void => {
+    if (!v || typeof v !== "object") return;
+    const o = v as Record<string, unknown>;
+    if ("additionalProperties" in o && typeof o.additionalProperties === "object" && !("properties" in o))
+      maps.push(o.additionalProperties);
+    else assert.ok(!("additionalProperties" in o), `beside known fields: ${JSON.stringify(o)}`);
+    for (const x of Object.values(o)) walk(x);
+  };
+  walk((buildCrd().spec as { versions: unknown[] }).versions);
+  assert.equal(maps.length, 1, "status.replicas, by node");
+});
+
+void test("a map (a zod record) keeps its value schema, so its entries are not pruned", () => {
+  assert.deepEqual(
+    structural({
+      type: "object",
+      additionalProperties: {
+        type: "object",
+        properties: { url: { type: "string" } },
+        additionalProperties: {},
+      },
+    }),
+    { type: "object", additionalProperties: { type: "object", properties: { url: { type: "string" } } } },
+  );
 });
 
 void test("structural drops what zod adds and keeps properties named like keywords", () => {

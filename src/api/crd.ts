@@ -20,16 +20,22 @@ const SAFE_BOUNDS = new Set([Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER]);
 
 /**
  * A JSON Schema from zod made structural, as Kubernetes wants an openAPIV3Schema: no `$schema`,
- * no `additionalProperties` (a known object's unknown fields are pruned by the API server; the
- * loose objects of the schema are about reading, not storing), no safe-integer bounds, and
- * `type: object` kept next to `x-kubernetes-preserve-unknown-fields`.
+ * no `additionalProperties` on an object with known fields (its unknown fields are pruned by the
+ * API server; the loose objects of the schema are about reading, not storing) but kept for a map
+ * (a record: every value has the schema), no safe-integer bounds, and `type: object` kept next to
+ * `x-kubernetes-preserve-unknown-fields`.
  */
 export function structural(schema: Json): Json {
   if (Array.isArray(schema)) return schema.map(structural);
   if (schema === null || typeof schema !== "object") return schema;
   const out: { [k: string]: Json } = {};
+  const isMap =
+    !("properties" in schema) &&
+    typeof schema.additionalProperties === "object" &&
+    schema.additionalProperties !== null &&
+    Object.keys(schema.additionalProperties).length > 0;
   for (const [key, value] of Object.entries(schema)) {
-    if (key === "$schema" || key === "additionalProperties") continue;
+    if (key === "$schema" || (key === "additionalProperties" && !isMap)) continue;
     if ((key === "minimum" || key === "maximum") && typeof value === "number" && SAFE_BOUNDS.has(value))
       continue;
     out[key] = key === "properties" ? mapValues(value, structural) : structural(value);

@@ -21,7 +21,7 @@ void test("fields this version does not know survive a read (and so a read-modif
     record(
       {
         phase: "Ready",
-        replicas: [{ node: "n1" }],
+        mirrors: [{ node: "n1" }],
         recentRestores: [
           {
             namespace: "a",
@@ -37,7 +37,7 @@ void test("fields this version does not know survive a read (and so a read-modif
       { inputs: { v: 2, image: "i" }, future: "x" },
     ),
   );
-  assert.deepEqual(c.status?.replicas, [{ node: "n1" }]);
+  assert.deepEqual(c.status?.mirrors, [{ node: "n1" }]);
   assert.equal(c.status?.recentRestores?.[0]?.extra, 1);
   assert.deepEqual(c.spec.inputs, { v: 2, image: "i" });
   assert.equal(c.spec.future, "x");

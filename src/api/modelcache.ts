@@ -78,6 +78,16 @@ export const modelCacheStatusSchema = z.looseObject({
       "sha256 of the committed tree's manifest file, written by the elected leader's node agent: a copy of the tree is checked against it",
     )
     .optional(),
+  replicas: z
+    .record(
+      z.string(),
+      z.object({
+        url: z.string().describe("the node agent's peer server, https://host:port"),
+        at: dateTime().describe("when this copy was found to match manifestDigest"),
+      }),
+    )
+    .describe("every node holding a committed copy of the tree, by node name: where peers fetch it")
+    .optional(),
   namespaces: z.array(z.string()).optional(),
   electionId: z
     .string()

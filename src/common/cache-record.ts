@@ -222,6 +222,27 @@ export class CacheRecords {
     return { ok: true, cache: r.cache };
   }
 
+  /**
+   * Sets (or, with null, removes) one node's entry in `status.replicas`: a merge patch of that key
+   * alone, so nodes writing their own entries never conflict.
+   */
+  async setReplica(
+    hashOrShort: string,
+    node: string,
+    replica: { url: string; at: string } | null,
+  ): Promise<void> {
+    const name = shortHash(hashOrShort);
+    try {
+      await this.custom.patchClusterCustomObjectStatus(
+        { ...ref, name, body: { status: { replicas: { [node]: replica } } } },
+        merge,
+      );
+    } catch (err) {
+      if (replica === null && isNotFound(err)) return;
+      throw apiError(`writing node ${node}'s replica on ModelCache ${name}`, err);
+    }
+  }
+
   /** Sets one annotation (the promoted source, written before the cache can turn Ready). */
   async annotate(hashOrShort: string, key: string, value: string): Promise<void> {
     const name = shortHash(hashOrShort);

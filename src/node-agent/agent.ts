@@ -1,9 +1,9 @@
 /**
- * The node agent (docs/adr/0006-capture-and-promote.md), wired: a pod reconciler (key
- * `namespace/name`) starts a capture job for each elected leader past its warm-up; a job copies
- * the leader's cache into the node's store and enqueues the cache when it ends; a cache reconciler
- * (key: short hash) promotes committed trees, keeps claims and removes deleted caches' trees.
- * Reads come from informers; what must survive a restart is in the record or the store.
+ * The node agent (ADR 0006), wired: a pod reconciler (`namespace/name`) starts a capture job per
+ * elected leader past its warm-up; a job copies its cache into the store and enqueues the cache;
+ * a cache reconciler (short hash) promotes committed trees, keeps claims, records this node's
+ * copies for peers (ADR 0010) and removes deleted caches' trees. Reads come from informers; what
+ * must survive a restart is in the record or the store.
  */
 import * as k8s from "@kubernetes/client-node";
 import { CacheRecords } from "../common/cache-record.js";
@@ -24,6 +24,7 @@ import { agentInformers } from "./informers.js";
 import { createNodeAgentMetrics, type NodeAgentMetrics } from "./metrics.js";
 import type { AgentParts, NodeAgentHooks } from "./parts.js";
 import { podReconciler, podReconcilerDeps } from "./pod-reconciler.js";
+import { PeerServing } from "./peers.js";
 import { Promoter } from "./promoter.js";
 import { CacheStore } from "./store.js";
 import { publishStoreQuietly, StoreStorageInfo } from "./store-lease.js";
@@ -50,6 +51,7 @@ export class NodeAgent {
   private readonly podController: Controller;
   private readonly cacheController: Controller;
   private readonly jobs: CaptureJobs;
+  private readonly peers: PeerServing | undefined;
   private stopped = true;
   private lastResync = 0;
   private cancelResync: (() => void) | undefined;
@@ -63,16 +65,8 @@ export class NodeAgent {
     const clients = promoteClients(kc);
     this.marks = observedMarks(metrics, log);
     this.store = new CacheStore(cfg.store);
-    const custom = clients.custom;
-    ({ pods: this.pods, caches: this.caches } = agentInformers({
-      kc,
-      node: cfg.node,
-      core,
-      custom,
-      clock,
-      log,
-      metrics,
-    }));
+    const informers = { kc, node: cfg.node, core, custom: clients.custom, clock, log, metrics };
+    ({ pods: this.pods, caches: this.caches } = agentInformers(informers));
     const p = (this.p = {
       ...{ cfg, log, metrics, clock, core, clients, store: this.store, marks: this.marks },
       hooks: o.hooks ?? {},
@@ -83,6 +77,7 @@ export class NodeAgent {
       pod: (namespace: string, name: string) => this.pods.get(name, namespace),
     });
     const storage = new StoreStorageInfo(cfg, kc, new StorageProfiles(core, cfg.systemNamespace, log));
+    const peers = (this.peers = PeerServing.from(cfg, log, metrics.registry));
     const promoter = new Promoter(p, storage);
     const busy = (short: string): boolean =>
       this.jobs.busyWith(short) || this.cacheController.queue.isActive(short);
@@ -114,6 +109,7 @@ export class NodeAgent {
       cacheReconciler(
         cacheReconcilerDeps(p, {
           promoter,
+          peers,
           capturing: (short) => this.jobs.busyWith(short),
           removeTree: (short, why) => this.removeTree(short, why, { unlessMounted: true }),
           lastResync: () => this.lastResync,
@@ -129,15 +125,15 @@ export class NodeAgent {
     if (!this.stopped) return;
     this.stopped = false;
     await this.store.init();
+    const peers = await this.peers?.start();
     this.pods.start();
     this.caches.start();
     void this.podController.start();
     void this.cacheController.start();
     this.scheduleResync();
     await publishStoreQuietly(this.p);
-    const { store, storeBudget, warmupMs, concurrency } = this.p.cfg;
-    const budget = storeBudget || "none";
-    this.p.log.info({ store, budget, warmupMs, concurrency }, "node agent watching pods on its node");
+    const { store, storeBudget: budget, warmupMs, concurrency } = this.p.cfg;
+    this.p.log.info({ store, budget, warmupMs, concurrency, peers }, "node agent watching pods on its node");
   }
 
   async stop(): Promise<void> {
@@ -147,6 +143,7 @@ export class NodeAgent {
     await Promise.all([this.pods.stop(), this.caches.stop()]);
     // A capture in progress stops cleanly (its staging tree removed, nothing committed).
     await Promise.all([this.podController.stop(), this.cacheController.stop(), this.jobs.stopAll()]);
+    await this.peers?.stop();
   }
 
   health(): { ready: boolean; reason: string; inProgress: number; committed: number } {
@@ -181,6 +178,7 @@ export class NodeAgent {
   private removeTree(short: string, why: string, o: { unlessMounted?: boolean } = {}): Promise<void> {
     return removeTree(this.p, short, why, {
       ...o,
+      removed: async () => this.peers?.forget(this.p.records, short),
       stopCaptures: () => this.jobs.stopFor(short, "cache-deleted"),
       storeChanged: () => publishStoreQuietly(this.p),
     });

@@ -159,7 +159,13 @@ export async function removeTree(
   p: AgentParts,
   short: string,
   why: string,
-  o: { unlessMounted?: boolean; stopCaptures(): Promise<void>; storeChanged(): Promise<void> },
+  o: {
+    unlessMounted?: boolean;
+    stopCaptures(): Promise<void>;
+    storeChanged(): Promise<void>;
+    /** Called once the tree is gone (this node's replica entry goes with it). */
+    removed?(): Promise<void>;
+  },
 ): Promise<void> {
   if (o.unlessMounted && (await mountedCaches(p.core)).has(short)) {
     p.log.info({ hash: short, why }, "stored tree kept for now: a pod still mounts the cache");
@@ -168,6 +174,7 @@ export async function removeTree(
   await o.stopCaptures();
   const removed = await p.store.remove(short);
   p.log.info({ hash: short, why, removed }, "stored tree removed");
+  await o.removed?.();
   await p.records.removeFinalizer(short, p.finalizer);
   await o.storeChanged().catch(() => undefined);
 }

@@ -13,6 +13,7 @@ import { scopeOfInputs } from "../core/hash.js";
 import { sourceOf, type CacheSource } from "../promote/source.js";
 import type { AgentParts } from "./parts.js";
 import type { PromoteContext, PromoteOutcome, Promoter } from "./promoter.js";
+import type { PeerServing } from "./peers.js";
 import type { StoredTree } from "./store.js";
 
 export interface CacheReconcilerDeps {
@@ -31,6 +32,8 @@ export interface CacheReconcilerDeps {
   removeTree(short: string, why: string): Promise<void>;
   promote(hash: string, ctx: PromoteContext): Promise<PromoteOutcome>;
   keepClaims(short: string, scope: string, source: CacheSource): Promise<boolean>;
+  /** Records this node's committed copy on the cache, for peers to fetch (when it serves them). */
+  advertise?(cache: ModelCacheObject): Promise<void>;
 }
 
 export function cacheReconciler(
@@ -53,6 +56,7 @@ export function cacheReconciler(
       }
     }
     if (d.capturing(short)) return;
+    await d.advertise?.(cache);
     const status = cache.status;
     if (status?.node !== d.node || !tree.manifest.hash) return;
     const election = cache.spec.electionId;
@@ -85,7 +89,10 @@ export function cacheReconciler(
 /** The cache reconciler's needs, met by the agent's parts. */
 export function cacheReconcilerDeps(
   p: AgentParts,
-  o: Pick<CacheReconcilerDeps, "capturing" | "removeTree" | "lastResync"> & { promoter: Promoter },
+  o: Pick<CacheReconcilerDeps, "capturing" | "removeTree" | "lastResync"> & {
+    promoter: Promoter;
+    peers: PeerServing | undefined;
+  },
 ): CacheReconcilerDeps {
   return {
     node: p.cfg.node,
@@ -106,5 +113,8 @@ export function cacheReconcilerDeps(
     capturing: o.capturing,
     removeTree: o.removeTree,
     lastResync: o.lastResync,
+    ...(o.peers
+      ? { advertise: (cache) => o.peers!.advertise(p.records, cache, p.store.treeDir(cache.metadata.name!)) }
+      : {}),
   };
 }

@@ -87,6 +87,43 @@ export const NODE_AGENT_OPTIONS = {
       )
       .optional(),
   },
+  /**
+   * Serving committed trees to the other nodes' agents (SPEC 1.5): HTTPS with client
+   * certificates of the node agents' CA. Off unless the three files are given.
+   */
+  peerCert: {
+    flag: "--peer-cert <file>",
+    env: "WARMSTART_PEER_CERT",
+    doc: "this node agent's certificate (PEM) for serving and fetching trees between nodes",
+    schema: absolute("the peer certificate file").optional(),
+  },
+  peerKey: {
+    flag: "--peer-key <file>",
+    env: "WARMSTART_PEER_KEY",
+    doc: "its private key (PEM)",
+    schema: absolute("the peer key file").optional(),
+  },
+  peerCa: {
+    flag: "--peer-ca <file>",
+    env: "WARMSTART_PEER_CA",
+    doc: "the node agents' CA (PEM): only its certificates are served",
+    schema: absolute("the peer CA file").optional(),
+  },
+  peerPort: {
+    flag: "--peer-port <port>",
+    env: "WARMSTART_PEER_PORT",
+    default: 9465,
+    doc: "port trees are served on to other nodes (0 = any free port)",
+    schema: z.coerce.number().int().min(0).max(65535),
+  },
+  /** How other nodes reach this one (the chart gives the node's IP); default: the listen host. */
+  peerAddress: {
+    flag: "--peer-address <host>",
+    env: "WARMSTART_PEER_ADDRESS",
+    doc: "the host other nodes reach this node's trees at",
+    defaultText: "the listen host",
+    schema: z.string().min(1).optional(),
+  },
   /** How long a leader must stay Ready before its cache is captured. */
   warmupMs: {
     flag: "--warmup <duration>",

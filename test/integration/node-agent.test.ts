@@ -42,6 +42,10 @@ import {
 } from "../../src/core/contract.js";
 import { SYSTEM_NAMESPACE, isNotFound } from "../../src/common/kube.js";
 import { readManifest } from "../../src/datapath/manifest.js";
+import { createCA, issueCert } from "../../src/common/certs.js";
+import { getModelCache } from "../../src/common/modelcache.js";
+import { replicateTree } from "../../src/node-agent/replication/receiver.js";
+import { manifestDigestOf } from "../../src/node-agent/replication/server.js";
 import { capture } from "../../src/datapath/capture.js";
 import { recordElection, tryAcquire } from "../../src/webhook/election.js";
 import { emptyDirPath } from "../../src/node-agent/store.js";
@@ -954,4 +958,52 @@ void test("a sparse file past the capture volume's limit fails the capture witho
   await assert.rejects(stat(join(ta.store, short)), /ENOENT/, "nothing captured");
   assert.ok((await stat(join(ta.store, shortHash(other)))).isDirectory(), "the other tree stays");
   assert.equal(await metric(ta.agent, "warmstart_node_agent_store_evictions_total", ""), 0);
+});
+
+void test("a committed tree is served to peers: the record names this node's copy, and a peer's fetch is checked against the record's digest", async (t) => {
+  const { custom } = await kube();
+  const where = await testNode(t);
+  // The node agents' CA and this agent's certificate, as the chart issues them.
+  const ca = await createCA("warmstart node agents");
+  const pem = await issueCert(ca, { commonName: where.node, ips: ["127.0.0.1"], usage: "both" });
+  const peer = await issueCert(ca, { commonName: "another-node", usage: "client" });
+  const dir = await mkdtemp(join(tmpdir(), "peer-tls-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const files = { peerCa: ca.cert, peerCert: pem.cert, peerKey: pem.key };
+  for (const [k, v] of Object.entries(files)) await writeFile(join(dir, k), v);
+  const ta = await startAgent(t, where, {
+    ...Object.fromEntries(Object.keys(files).map((k) => [k, join(dir, k)])),
+    peerPort: 0,
+    peerAddress: "127.0.0.1",
+    host: "127.0.0.1",
+  });
+  const ns = await tempNamespace(t, "peers");
+  const { pod, tree } = await readyLeader(ta, ns, "leader", `org/peers-${ns}`);
+  const hash = pod.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [where.store]);
+  const cache = await waitFor("this node's copy on the record", async () => {
+    const c = await getModelCache(custom, short);
+    return c?.status?.phase === "Ready" && c.status.replicas?.[where.node] ? c : undefined;
+  });
+  const { url } = cache.status!.replicas![where.node]!;
+  assert.match(url, /^https:\/\/127\.0\.0\.1:\d+$/);
+  // Another node fetches the tree from it, checked against the digest the leader's agent wrote.
+  const receiver = await mkdtemp(join(tmpdir(), "peer-store-"));
+  t.after(() => rm(receiver, { recursive: true, force: true }));
+  const fetch = (expectedManifestDigest: string, storeDir: string): Promise<{ totalBytes: number }> =>
+    replicateTree({
+      hash,
+      expectedManifestDigest,
+      sources: [{ node: where.node, url }],
+      storeDir,
+      tls: { ca: ca.cert, ...peer },
+      durable: false,
+    });
+  await assert.rejects(fetch("0".repeat(64), receiver), /manifest/i, "a manifest the record does not name");
+  const got = await fetch(cache.status!.manifestDigest!, receiver);
+  assert.equal(got.totalBytes, tree.modelBytes + tree.cacheBytes);
+  const copy = await readManifest(join(receiver, short));
+  assert.equal(copy.fileCount, tree.files);
+  assert.equal(manifestDigestOf(join(receiver, short)), cache.status!.manifestDigest);
 });

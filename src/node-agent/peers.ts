@@ -1,0 +1,68 @@
+/**
+ * This node's committed trees, served to the other nodes' agents (SPEC 1.5, ADR 0010), and where
+ * the record says they are: `status.replicas[<node>]`, written for a tree whose manifest is the
+ * one the record's digest names (what the elected leader's agent committed), removed with it.
+ */
+import { readFileSync } from "node:fs";
+import type { Registry } from "prom-client";
+import type { CacheRecords } from "../common/cache-record.js";
+import type { Logger } from "../common/log.js";
+import type { ModelCacheObject } from "../common/modelcache.js";
+import type { NodeAgentConfig } from "./config.js";
+import { createReplicationMetrics } from "./metrics.js";
+import { manifestDigestOf, PeerServer } from "./replication/server.js";
+
+export class PeerServing {
+  private url = "";
+
+  private constructor(
+    private readonly cfg: NodeAgentConfig,
+    private readonly server: PeerServer,
+    private readonly log: Logger,
+  ) {}
+
+  /** Serving, when the node agent has its peer certificate, key and CA; else undefined. */
+  static from(cfg: NodeAgentConfig, log: Logger, registry: Registry): PeerServing | undefined {
+    if (!cfg.peerCert || !cfg.peerKey || !cfg.peerCa) return undefined;
+    const tls = {
+      cert: readFileSync(cfg.peerCert),
+      key: readFileSync(cfg.peerKey),
+      ca: readFileSync(cfg.peerCa),
+    };
+    const peerLog = log.child({ component: "peers" });
+    const metrics = createReplicationMetrics(registry);
+    return new PeerServing(cfg, new PeerServer({ storeDir: cfg.store, tls, log: peerLog, metrics }), peerLog);
+  }
+
+  async start(): Promise<string> {
+    const port = await this.server.listen(this.cfg.peerPort, this.cfg.host);
+    const host = this.cfg.peerAddress ?? this.cfg.host;
+    this.url = `https://${host.includes(":") ? `[${host}]` : host}:${port}`;
+    return this.url;
+  }
+
+  stop(): Promise<void> {
+    return this.server.close();
+  }
+
+  /**
+   * Records this node's copy on the cache when it is the committed tree the record's digest
+   * names and the record does not say so already (level-based: every reconcile of the cache).
+   */
+  async advertise(records: CacheRecords, cache: ModelCacheObject, treeDir: string): Promise<void> {
+    const digest = cache.status?.manifestDigest;
+    const node = this.cfg.node;
+    if (!this.url || !digest || cache.status?.replicas?.[node]?.url === this.url) return;
+    if (manifestDigestOf(treeDir) !== digest) {
+      this.log.debug({ hash: cache.metadata.name }, "not advertised: this copy is not the record's tree");
+      return;
+    }
+    await records.setReplica(cache.metadata.name!, node, { url: this.url, at: new Date().toISOString() });
+    this.log.info({ hash: cache.metadata.name, url: this.url }, "advertised: peers may fetch this copy");
+  }
+
+  /** The tree is gone from this node: so is its entry. */
+  forget(records: CacheRecords, short: string): Promise<void> {
+    return records.setReplica(short, this.cfg.node, null);
+  }
+}
