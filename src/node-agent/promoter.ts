@@ -93,6 +93,7 @@ export class Promoter {
                 writer: {
                   image: cfg.image,
                   systemNamespace: cfg.systemNamespace,
+                  timeoutMs: cfg.captureDeadlineMs,
                   ...(cfg.imagePullSecrets ? { imagePullSecrets: cfg.imagePullSecrets } : {}),
                 },
               }

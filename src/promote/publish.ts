@@ -122,8 +122,11 @@ async function describeTreeVolumes(
 export interface PublishInput {
   short: string;
   hash: string;
-  /** snapshot-clone: how the tree's volume is written (the Warmstart image, in the system namespace). */
-  writer?: { image: string; systemNamespace: string; imagePullSecrets?: string[] };
+  /**
+   * snapshot-clone: how the tree's volume is written (the Warmstart image, in the system
+   * namespace) and how long the copy may take (default 30 minutes).
+   */
+  writer?: { image: string; systemNamespace: string; imagePullSecrets?: string[]; timeoutMs?: number };
   /** The cache record, which owns what a promote leaves running or bound. */
   owner?: { name: string; uid: string };
   store: StoreLocation;
@@ -191,7 +194,7 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
         image: i.writer.image,
         ...(i.writer.imagePullSecrets ? { imagePullSecrets: i.writer.imagePullSecrets } : {}),
         ...(i.owner ? { owner: i.owner } : {}),
-        timeoutMs,
+        timeoutMs: i.writer.timeoutMs || 30 * 60_000,
         ...(i.signal ? { signal: i.signal } : {}),
       });
       try {

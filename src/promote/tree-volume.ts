@@ -168,7 +168,10 @@ export async function writeTreeVolume(
     } catch (err) {
       if (!isNotFound(err)) throw apiError(`reading the writer pod ${where}`, err);
     }
-    if (!pod) throw new Error(`the writer pod ${where} is gone before it finished`);
+    if (!pod) {
+      await removeTreeVolume(c, i.systemNamespace, i.short);
+      throw new Error(`the writer pod ${where} is gone before it finished`);
+    }
     const phase = pod.status?.phase;
     if (phase === "Succeeded") {
       await removeWriter(pod.metadata?.uid);
