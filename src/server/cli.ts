@@ -33,6 +33,14 @@ function print(rows: string[][], head: string[]): void {
 
 type View = "caches" | "elections" | "pods";
 
+/** The other nodes that serve a copy of the tree to their peers, after the promoting node. */
+function copiesElsewhere(c: Snapshot["caches"][number]): string {
+  const others = c.copies.filter((n) => n !== c.node);
+  return others.length
+    ? ` (+${others.length} cop${others.length === 1 ? "y" : "ies"}: ${others.join(", ")})`
+    : "";
+}
+
 function render(view: View, s: Snapshot): void {
   if (view === "caches") {
     print(
@@ -41,7 +49,7 @@ function render(view: View, s: Snapshot): void {
         c.model,
         c.phase + (c.reason ? ` (${c.reason})` : ""),
         bytes(c.sizeBytes),
-        c.node || "-",
+        (c.node || "-") + copiesElsewhere(c),
         String(c.failedCaptures),
         String(c.restores),
         secs(c.leaderReadySeconds),

@@ -62,7 +62,27 @@ void test("a cache's benefit comes from its record, so it outlives the pods", ()
   assert.equal(row.savedBytes, 4_000);
   assert.equal(row.failedCaptures, 1);
   assert.equal(row.node, "gpu-0");
+  assert.deepEqual(row.copies, [], "no node serves a copy yet");
   assert.deepEqual(s.totals, { savedSeconds: 2300, savedBytes: 4_000, restores: 4, caches: 1 });
+});
+
+void test("the nodes serving a copy of a tree to their peers come from the record's replicas", () => {
+  const at = "2026-01-01T00:00:00Z";
+  const s = buildSnapshot(
+    [
+      cache({
+        phase: "Ready",
+        node: "gpu-0",
+        replicas: {
+          "gpu-2": { url: "https://10.0.0.3:9465", at },
+          "gpu-0": { url: "https://10.0.0.1:9465", at },
+        },
+      }),
+    ],
+    [],
+    [],
+  );
+  assert.deepEqual(s.caches[0]!.copies, ["gpu-0", "gpu-2"]);
 });
 
 void test("a follower's time to Ready runs from its release (scheduled), a restore's from its admission", () => {

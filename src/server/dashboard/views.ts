@@ -33,6 +33,8 @@ export interface CacheRow {
   failedCaptures: number;
   /** The node whose store holds the promoted tree. */
   node: string;
+  /** Every node whose agent serves a checked copy of the tree to its peers (status.replicas). */
+  copies: string[];
   lastRestoredAt: string;
   age: string;
 }
@@ -151,6 +153,7 @@ export function buildSnapshot(
       savedBytes: num(s.savedBytes) ?? 0,
       failedCaptures: num(s.failedCaptures) ?? 0,
       node: s.node ?? "",
+      copies: Object.keys(s.replicas ?? {}).sort(),
       lastRestoredAt: s.lastRestoredAt ?? "",
       age: iso(c.metadata.creationTimestamp),
     };
