@@ -192,3 +192,33 @@ export function compareRbac(
   }
   return problems;
 }
+
+/**
+ * A copy of the chart's ValidatingAdmissionPolicy whose name ends in `suffix`, with its binding,
+ * installed as `name` for one test and removed after it; `matchResources` narrows the binding
+ * (other tests share the cluster). Returns every object the chart rendered.
+ */
+export async function installPolicyCopy(
+  t: { after: (fn: () => Promise<void>) => void },
+  admission: k8s.AdmissionregistrationV1Api,
+  o: { suffix: string; name: string; namespace: string; matchResources?: k8s.V1MatchResources },
+): Promise<k8s.KubernetesObject[]> {
+  const objs = await renderChart({}, { namespace: o.namespace });
+  const policy = objs.find(
+    (x) => x.kind === "ValidatingAdmissionPolicy" && x.metadata?.name?.endsWith(o.suffix),
+  ) as k8s.V1ValidatingAdmissionPolicy;
+  const shipped = objs.find(
+    (x) => x.kind === "ValidatingAdmissionPolicyBinding" && x.metadata?.name === policy.metadata?.name,
+  ) as k8s.V1ValidatingAdmissionPolicyBinding;
+  const { name } = o;
+  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
+  t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
+  const spec = {
+    ...shipped.spec,
+    policyName: name,
+    ...(o.matchResources ? { matchResources: o.matchResources } : {}),
+  };
+  await admission.createValidatingAdmissionPolicyBinding({ body: { ...shipped, metadata: { name }, spec } });
+  t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
+  return objs;
+}

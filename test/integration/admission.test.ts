@@ -57,7 +57,7 @@ import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { recordElection } from "../../src/webhook/election.js";
 import { runWebhook } from "../../src/webhook/run.js";
 import { loadWebhookConfig } from "../../src/webhook/config.js";
-import { renderChart } from "../chart.js";
+import { installPolicyCopy } from "../chart.js";
 import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../../src/core/decorate.js";
 
@@ -843,29 +843,13 @@ test("the stamps policy refuses a later change of a stamp by anyone but Warmstar
 test("the release controller's pod patches are held to what it does: release a follower, mark a restore, nothing else", async (t) => {
   const ns = await tempNamespace(t, "server-vap");
   const { kc, core, admission } = await kube();
-  const objs = await renderChart({}, { namespace: SYSTEM_NAMESPACE });
-  const policy = objs.find(
-    (o) => o.kind === "ValidatingAdmissionPolicy" && o.metadata?.name?.endsWith("-server-pod-patches"),
-  ) as k8s.V1ValidatingAdmissionPolicy;
-  const shipped = objs.find(
-    (o) => o.kind === "ValidatingAdmissionPolicyBinding" && o.metadata?.name === policy.metadata?.name,
-  ) as k8s.V1ValidatingAdmissionPolicyBinding;
   // This test's copy, bound to its namespace only (other tests share the cluster).
-  const name = `server-pod-patches-${ns}`;
-  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
-  t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
-  await admission.createValidatingAdmissionPolicyBinding({
-    body: {
-      ...shipped,
-      metadata: { name },
-      spec: {
-        ...shipped.spec,
-        policyName: name,
-        matchResources: { namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": ns } } },
-      },
-    },
+  await installPolicyCopy(t, admission, {
+    suffix: "-server-pod-patches",
+    name: `server-pod-patches-${ns}`,
+    namespace: SYSTEM_NAMESPACE,
+    matchResources: { namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": ns } } },
   });
-  t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
   const server = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-server`;
   await allowPodEdits(kc, ns, [
     { kind: "ServiceAccount", name: "warmstart-server", namespace: SYSTEM_NAMESPACE },

@@ -11,7 +11,7 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { impersonating, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
-import { renderChart } from "../chart.js";
+import { installPolicyCopy } from "../chart.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { pauseRole } from "../roles.js";
 import { readState } from "../../tools/localcluster/cluster.js";
@@ -665,22 +665,14 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
   const { kc, admission } = await kube();
   const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
   const ns = await tempNamespace(t, "volume-vap");
-  const objs = await renderChart({}, { namespace: SYSTEM_NAMESPACE });
-  const policy = objs.find(
-    (o) => o.kind === "ValidatingAdmissionPolicy" && o.metadata?.name?.endsWith("-volume-objects"),
-  ) as k8s.V1ValidatingAdmissionPolicy;
-  const shipped = objs.find(
-    (o) => o.kind === "ValidatingAdmissionPolicyBinding" && o.metadata?.name === policy.metadata?.name,
-  ) as k8s.V1ValidatingAdmissionPolicyBinding;
   // This test's copy. It matches only the chart's service accounts, which nothing else in the
   // local cluster runs as, so it cannot refuse another test's volumes.
   const name = `volume-objects-${ns}`;
-  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
-  t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
-  await admission.createValidatingAdmissionPolicyBinding({
-    body: { ...shipped, metadata: { name }, spec: { ...shipped.spec, policyName: name } },
+  const objs = await installPolicyCopy(t, admission, {
+    suffix: "-volume-objects",
+    name,
+    namespace: SYSTEM_NAMESPACE,
   });
-  t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
   // RBAC lets the node agent's account create volumes and claims (as the chart grants).
   const nodeAgent = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-node-agent`;
   await rbac.createClusterRole({
