@@ -337,7 +337,15 @@ test("a stored manifest corrupted after the capture: restores refuse the tree, t
     },
     READY_MS,
   );
-  const log = await containerLog(s.node, restore, "warmstart-seed-cache");
+  // The kubelet may list the restarted seed's fresh (empty) log before the failed run's is flushed.
+  const log = await waitFor(
+    "the seed's log to say why",
+    async () => {
+      const text = await containerLog(s.node, restore, "warmstart-seed-cache").catch(() => "");
+      return /manifest|size/i.test(text) ? text : undefined;
+    },
+    30_000,
+  );
   assert.match(log, /manifest|size/i, "seed says why");
   assert.equal(isPodReady(restore), false, "the engine never started on an unverified tree");
   for (const p of pods)
