@@ -39,6 +39,8 @@ COPY --from=build /opt/warmstart/package.json /opt/warmstart/package.json
 COPY --from=build /opt/warmstart/bin /opt/warmstart/bin
 COPY --from=build /opt/warmstart/deploy/crds /opt/warmstart/deploy/crds
 COPY --from=build /opt/warmstart/dist/src /opt/warmstart/dist/src
+# The CSI driver's vendored protocol files, loaded at start (src/node-agent/csi/proto/README.md).
+COPY --from=build /opt/warmstart/src/node-agent/csi/proto /opt/warmstart/src/node-agent/csi/proto
 RUN printf '#!/bin/sh\nexec /usr/local/bin/node /opt/warmstart/bin/warmstart "$@"\n' > /usr/local/bin/warmstart \
  && chmod 0755 /usr/local/bin/warmstart
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin NODE_ENV=production

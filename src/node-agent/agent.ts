@@ -18,6 +18,7 @@ import { StorageProfiles } from "../promote/profiles.js";
 import { removeTree, StoreBudget } from "./budget.js";
 import { cacheReconciler, cacheReconcilerDeps } from "./cache-reconciler.js";
 import { CaptureJobs } from "./capture-jobs.js";
+import { storeDriverFor } from "./csi/serve.js";
 import type { NodeAgentConfig } from "./config.js";
 import { observedMarks, type CaptureMarks } from "./marks.js";
 import { agentInformers } from "./informers.js";
@@ -52,6 +53,7 @@ export class NodeAgent {
   private readonly cacheController: Controller;
   private readonly jobs: CaptureJobs;
   private readonly peers: PeerServing | undefined;
+  private readonly csi: ReturnType<typeof storeDriverFor>;
   private stopped = true;
   private lastResync = 0;
   private cancelResync: (() => void) | undefined;
@@ -79,6 +81,7 @@ export class NodeAgent {
     const storage = new StoreStorageInfo(cfg, kc, new StorageProfiles(core, cfg.systemNamespace, log));
     const peers = (this.peers = PeerServing.from(cfg, log, metrics.registry));
     const promoter = new Promoter(p, storage);
+    this.csi = storeDriverFor(p, { fetched: (short) => this.cacheController.add(short) });
     const busy = (short: string): boolean =>
       this.jobs.busyWith(short) || this.cacheController.queue.isActive(short);
     this.budget = new StoreBudget(p, { busy, removeTree: (short, why) => this.removeTree(short, why) });
@@ -126,6 +129,7 @@ export class NodeAgent {
     this.stopped = false;
     await this.store.init();
     const peers = await this.peers?.start();
+    await this.csi?.start();
     this.pods.start();
     this.caches.start();
     void this.podController.start();
@@ -143,7 +147,7 @@ export class NodeAgent {
     await Promise.all([this.pods.stop(), this.caches.stop()]);
     // A capture in progress stops cleanly (its staging tree removed, nothing committed).
     await Promise.all([this.podController.stop(), this.cacheController.stop(), this.jobs.stopAll()]);
-    await this.peers?.stop();
+    await Promise.all([this.peers?.stop(), this.csi?.stop()]);
   }
 
   health(): { ready: boolean; reason: string; inProgress: number; committed: number } {

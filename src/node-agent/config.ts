@@ -87,6 +87,13 @@ export const NODE_AGENT_OPTIONS = {
       )
       .optional(),
   },
+  podLogsDir: {
+    flag: "--pod-logs-dir <dir>",
+    env: "WARMSTART_POD_LOGS_DIR",
+    default: "/var/log/pods",
+    doc: "the kubelet's container logs (read-only): each restored or leading pod's start is read from its engine's own log lines",
+    schema: absolute("the pod logs directory"),
+  },
   /**
    * Serving committed trees to the other nodes' agents (SPEC 1.5): HTTPS with client
    * certificates of the node agents' CA. Off unless the three files are given.
@@ -123,6 +130,23 @@ export const NODE_AGENT_OPTIONS = {
     doc: "the host other nodes reach this node's trees at",
     defaultText: "the listen host",
     schema: z.string().min(1).optional(),
+  },
+  /**
+   * The `store.warmstart.dev` CSI driver (node-store, SPEC 1.5): served on `<dir>/csi.sock` and
+   * registered with the kubelet. Off unless given. The path must be the one the kubelet sees.
+   */
+  csiPluginDir: {
+    flag: "--csi-plugin-dir <dir>",
+    env: "WARMSTART_CSI_PLUGIN_DIR",
+    doc: "serve the store.warmstart.dev CSI driver on <dir>/csi.sock (e.g. <kubelet-root>/plugins/store.warmstart.dev); off when not given",
+    schema: absolute("the CSI driver's socket folder").optional(),
+  },
+  csiRegistrationDir: {
+    flag: "--csi-registration-dir <dir>",
+    env: "WARMSTART_CSI_REGISTRATION_DIR",
+    doc: "the kubelet's plugin registration folder the CSI driver registers in",
+    defaultText: "<kubelet-root>/plugins_registry",
+    schema: absolute("the kubelet's plugin registration folder").optional(),
   },
   /** How long a leader must stay Ready before its cache is captured. */
   warmupMs: {
