@@ -5,7 +5,15 @@
  * marker last, root mode and times after the marker. Every mode loses its write bits on the way
  * (the store keeps committed trees read-only, as CacheStore.seal does) and its set-ID bits.
  */
-import { chmodSync, lchownSync, linkSync, mkdirSync, symlinkSync, type Stats } from "node:fs";
+import {
+  chmodSync,
+  createReadStream,
+  lchownSync,
+  linkSync,
+  mkdirSync,
+  symlinkSync,
+  type Stats,
+} from "node:fs";
 import { chmod, lstat, open, readdir, rename, rm } from "node:fs/promises";
 import { dirname } from "node:path";
 import { MANIFEST_FILE } from "../../core/contract.js";
@@ -13,6 +21,7 @@ import { bytes, KEPT_MODE_BITS, toBin } from "../../datapath/beneath.js";
 import { AlreadyCapturedError } from "../../datapath/capture-errors.js";
 import { writeDurably } from "../../datapath/capture-manifest.js";
 import { isRoot } from "../../datapath/copy-tree.js";
+import { createDigest, type DigestAlgorithm } from "../../datapath/digest.js";
 import { readManifest } from "../../datapath/manifest.js";
 import { setTimesNs, setTimesNsSync, syncFilesystem } from "../../datapath/native.js";
 import { fsyncDir, writeReadyMarker } from "../../datapath/ready.js";
@@ -136,4 +145,12 @@ export async function removeStaging(path: string): Promise<void> {
     for (const name of names) stack.push(Buffer.concat([p, Buffer.from("/"), name]));
   }
   await rm(path, { recursive: true, force: true });
+}
+
+/** The digest of a file, read in 1 MiB pieces. */
+export async function digestFile(path: Buffer, alg: DigestAlgorithm): Promise<string> {
+  const d = createDigest(alg);
+  for await (const b of createReadStream(path, { highWaterMark: 1024 * 1024 }) as AsyncIterable<Buffer>)
+    d.update(b);
+  return d.hex();
 }

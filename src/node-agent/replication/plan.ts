@@ -22,6 +22,7 @@ export const DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024;
 export const paths = {
   manifest: (short: string): string => `/v1/trees/${short}/manifest`,
   meta: (short: string): string => `/v1/trees/${short}/meta`,
+  have: (short: string): string => `/v1/trees/${short}/have`,
   file: (short: string, rel: string): string => `/v1/trees/${short}/files/${encodeRel(rel)}`,
   load: "/v1/load",
 };
@@ -125,6 +126,8 @@ export interface PlannedFile {
 }
 
 export interface Chunk {
+  /** Index into TreePlan.chunks (what a have bitmap counts). */
+  index: number;
   /** Index into TreePlan.files. */
   file: number;
   offset: number;
@@ -245,7 +248,12 @@ export function planTree(m: Manifest, meta: TreeMeta, chunkBytes: number): TreeP
     }
     const index = files.push({ rel, size: f.size, digest: f.digest, meta: fm }) - 1;
     for (let offset = 0; offset < f.size; offset += chunkBytes)
-      chunks.push({ file: index, offset, length: Math.min(chunkBytes, f.size - offset) });
+      chunks.push({
+        index: chunks.length,
+        file: index,
+        offset,
+        length: Math.min(chunkBytes, f.size - offset),
+      });
   }
   const symlinks = m.symlinks.map((s) => {
     const rel = nameOf(s.path, s.pathBytes);

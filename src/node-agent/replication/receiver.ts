@@ -9,13 +9,17 @@
  * digest is wrong is fetched again from one other source, and the chunks that differ name the
  * liar, which is dropped. The tree is committed like a capture (commit.ts); on any failure the
  * staging folder goes and nothing is left in the store.
+ *
+ * Nodes filling the same tree at once feed each other (have.ts): each may serve the chunks it
+ * holds while it fills (serveFilling), learns of other copies as they appear (watchSources),
+ * starts on its own part of the tree (startAt), and asks a committed origin only for what no
+ * less busy copy holds. A filling copy relays chunks it has not verified yet: the file digest
+ * still stands between any byte and a commit.
  */
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
 import { mkdir, open } from "node:fs/promises";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
-import type { Logger } from "../../common/log.js";
 import { shortHash } from "../../core/contract.js";
 import { AlreadyCapturedError } from "../../datapath/capture-errors.js";
 import {
@@ -24,11 +28,9 @@ import {
   removeStaleStaging,
   stagingPath,
 } from "../../datapath/capture-staging.js";
-import { createDigest, type DigestAlgorithm } from "../../datapath/digest.js";
 import { parseManifest, type Manifest } from "../../datapath/manifest.js";
 import { isReady } from "../../datapath/ready.js";
-import type { ReplicationMetrics } from "../metrics.js";
-import { commitTree, finishTree, makeSkeleton, removeStaging, stagedPath } from "./commit.js";
+import { commitTree, digestFile, finishTree, makeSkeleton, removeStaging, stagedPath } from "./commit.js";
 import {
   checkManifest,
   DEFAULT_CHUNK_BYTES,
@@ -39,64 +41,22 @@ import {
   type Chunk,
   type TreePlan,
 } from "./plan.js";
-import { manifestDigestOf, readStoredManifest, type TlsMaterial } from "./server.js";
-import { LocalIoError, Source, SourceError, type DropReason } from "./source.js";
+import { fillingTree, HaveBits, perSourceLimit, pickWork, rotatedOrder } from "./have.js";
+import { manifestDigestOf, readStoredManifest } from "./server.js";
+import {
+  ReplicationError,
+  type ReplicaSource,
+  type ReplicateOptions,
+  type ReplicateResult,
+} from "./options.js";
+import { LocalIoError, NotHeldError, pollFilling, Source, SourceError, type DropReason } from "./source.js";
 
-export interface ReplicaSource {
-  /** The node holding a committed copy (for logs and metrics). */
-  node: string;
-  /** Its peer server's base URL, `https://<address>:<port>`. */
-  url: string;
-}
-
-export interface ReplicateOptions {
-  /** The full hash of the tree. */
-  hash: string;
-  /** sha256 (hex) of the manifest's bytes, from the record (manifestDigestOf on the leader). */
-  expectedManifestDigest: string;
-  sources: readonly ReplicaSource[];
-  /** This node's store: the tree lands at `<storeDir>/<short>`. */
-  storeDir: string;
-  tls: TlsMaterial;
-  /** Chunks in flight at once, over all sources (default 8). */
-  streams?: number;
-  /** Bytes per ranged request (default 16 MiB). */
-  chunkBytes?: number;
-  /** A request that receives nothing for this long drops its source (default 30 s). */
-  stallMs?: number;
-  /** Flush the tree to disk before it is committed (default true). */
-  durable?: boolean;
-  signal?: AbortSignal;
-  onProgress?: (p: { doneBytes: number; totalBytes: number }) => void;
-  log?: Logger;
-  metrics?: ReplicationMetrics;
-}
-
-export interface ReplicateResult {
-  hash: string;
-  dest: string;
-  /** True when the store already held this tree: nothing was fetched. */
-  present: boolean;
-  /** Data bytes of the tree. */
-  totalBytes: number;
-  /** Bytes received, re-fetches included. */
-  receivedBytes: number;
-  bySource: Record<string, number>;
-  dropped: { node: string; reason: DropReason }[];
-  durationMs: number;
-  bytesPerSecond: number;
-}
-
-/** The replication failed; nothing was committed. */
-export class ReplicationError extends Error {
-  constructor(
-    message: string,
-    readonly dropped: { node: string; reason: DropReason }[] = [],
-    options?: ErrorOptions,
-  ) {
-    super(message, options);
-  }
-}
+export {
+  ReplicationError,
+  type ReplicaSource,
+  type ReplicateOptions,
+  type ReplicateResult,
+} from "./options.js";
 
 const MAX_MANIFEST_BYTES = 256 * 1024 * 1024;
 const HEX64 = /^[0-9a-f]{64}$/;
@@ -175,7 +135,12 @@ class Run {
   readonly dropped: { node: string; reason: DropReason }[] = [];
   plan?: TreePlan;
   private failure?: Error;
-  private readonly queue: Chunk[] = [];
+  private queue: Chunk[] = [];
+  private own?: HaveBits;
+  private unserve?: () => void;
+  private unwatch?: () => void;
+  private poller?: NodeJS.Timeout;
+  private lastProgress = performance.now();
   private remaining: number[] = [];
   /** Per file, the source index that sent each chunk (by offset / chunkBytes). */
   private owner: (number | undefined)[][] = [];
@@ -194,29 +159,57 @@ class Run {
     private readonly streams: number,
   ) {
     this.chunkBytes = o.chunkBytes ?? DEFAULT_CHUNK_BYTES;
-    const stallMs = o.stallMs ?? 30_000;
-    this.sources = o.sources.map(
-      (s) =>
-        new Source(s.node, new URL(s.url), o.tls, streams, stallMs, (src, n) =>
-          o.metrics?.receivedBytes.inc({ source: src.node }, n),
-        ),
-    );
+    this.sources = [];
+    for (const s of o.sources) this.add(s);
     o.signal?.addEventListener("abort", this.onAbort);
+  }
+
+  /** A source more; one known already (by URL) that was filling now holds the whole tree. */
+  add(r: ReplicaSource): void {
+    const known = this.sources.find((s) => s.url.href === new URL(r.url).href);
+    if (known) {
+      if (!r.filling && known.have !== "all") known.have = "all";
+      return this.wake();
+    }
+    const stallMs = this.o.stallMs ?? 30_000;
+    const s = new Source(
+      r.node,
+      new URL(r.url),
+      this.o.tls,
+      this.streams,
+      stallMs,
+      (src, n) => this.o.metrics?.receivedBytes.inc({ source: src.node }, n),
+      r.filling ?? false,
+      () => this.wake(),
+    );
+    if (this.plan) s.plan = { chunkBytes: this.chunkBytes, chunks: this.plan.chunks.length };
+    this.sources.push(s);
+    this.wake();
   }
 
   async go(dest: string): Promise<void> {
     if (this.o.signal?.aborted) throw new ReplicationError("replication cancelled");
     if (this.sources.length === 0) throw new ReplicationError("no source to replicate from");
+    this.unwatch = this.o.watchSources?.((s) => this.add(s));
     const { raw, manifest, from } = await this.fetchManifest();
-    const plan = (this.plan = await this.fetchPlan(manifest, from));
+    const { plan, meta } = await this.fetchPlan(manifest, from);
+    this.plan = plan;
+    for (const s of this.sources) s.plan = { chunkBytes: this.chunkBytes, chunks: plan.chunks.length };
     this.check();
-
     await removeStaleStaging(this.o.storeDir, this.short);
     await prepareDest(dest);
     const staging = (this.staging = stagingPath(dest));
     activeStaging.add(staging);
     await makeSkeleton(staging, plan);
-    this.queue.push(...plan.chunks);
+    this.queue = rotatedOrder(plan.chunks.length, this.o.startAt ?? 0).map((k) => plan.chunks[k] as Chunk);
+    const own = (this.own = new HaveBits(plan.chunks.length));
+    const parts = { raw, manifest, meta, staging };
+    this.unserve = this.o.serveFilling?.(fillingTree(plan, this.chunkBytes, own, parts));
+    const every = this.o.havePollMs ?? 500;
+    this.poller = setInterval(
+      () => pollFilling(this.sources, paths.have(this.short), every, (s, err) => this.sourceFailed(s, err)),
+      every,
+    );
     this.remaining = plan.files.map(() => 0);
     this.owner = plan.files.map(() => []);
     for (const c of plan.chunks) this.remaining[c.file] = (this.remaining[c.file] ?? 0) + 1;
@@ -232,7 +225,10 @@ class Run {
       capturedAt: manifest.createdAt,
       root: plan.root,
       durable: this.o.durable ?? true,
-      beforeRename: () => this.check(),
+      beforeRename: () => {
+        this.check();
+        this.stopServing();
+      },
     });
     activeStaging.delete(staging);
     this.o.onProgress?.({ doneBytes: plan.totalBytes, totalBytes: plan.totalBytes });
@@ -241,9 +237,17 @@ class Run {
   /** Ends every request and removes the staging folder unless it was committed. */
   async close(): Promise<void> {
     this.o.signal?.removeEventListener("abort", this.onAbort);
+    this.stopServing();
+    this.unwatch?.();
     for (const s of this.sources) s.close();
     const staging = this.staging;
     if (staging && activeStaging.delete(staging)) await removeStaging(staging);
+  }
+
+  private stopServing(): void {
+    clearInterval(this.poller);
+    this.unserve?.();
+    this.unserve = undefined;
   }
 
   /** Throws the replication's failure, if any. */
@@ -277,8 +281,13 @@ class Run {
     this.drop(s, err instanceof SourceError ? err.reason : "error", err);
   }
 
+  /** The least busy live source not in `exclude`; a filling one only when no other is left. */
   private live(exclude: ReadonlySet<number>): number | undefined {
-    return pickSource(this.sources.map((s, i) => (exclude.has(i) ? { ...s, alive: false } : s)));
+    const filling = new Set(this.sources.flatMap((s, i) => (s.have === "all" ? [] : [i])));
+    return pickSource(
+      this.sources.map((s, i) => (exclude.has(i) ? { ...s, alive: false } : s)),
+      filling,
+    );
   }
 
   /** The manifest from the least busy source whose copy hashes to the record's digest. */
@@ -319,7 +328,7 @@ class Run {
   }
 
   /** The plan, from the metadata of the manifest's source first, then of any other. */
-  private async fetchPlan(manifest: Manifest, from: number): Promise<TreePlan> {
+  private async fetchPlan(manifest: Manifest, from: number): Promise<{ plan: TreePlan; meta: Buffer }> {
     const tried = new Set<number>();
     for (let i: number | undefined = from; ; i = this.live(tried)) {
       this.check();
@@ -330,7 +339,7 @@ class Run {
       try {
         const body = await s.fetchBody(paths.meta(this.short), 2 * MAX_MANIFEST_BYTES, this.o.signal);
         const meta = TreeMetaSchema.parse(JSON.parse(body.toString("utf8")));
-        return planTree(manifest, meta, this.chunkBytes);
+        return { plan: planTree(manifest, meta, this.chunkBytes), meta: body };
       } catch (err) {
         this.sourceFailed(s, err instanceof SourceError ? err : new SourceError("protocol", String(err)));
       }
@@ -343,19 +352,40 @@ class Run {
     for (const f of w) f();
   }
 
+  /** Until something changes (a chunk done, a source's news), or a quarter second. */
+  private idle(): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const t = setTimeout(resolve, 250);
+      this.waiters.push(() => {
+        clearTimeout(t);
+        resolve();
+      });
+    });
+  }
+
   private async worker(): Promise<void> {
     for (;;) {
       if (this.failure) return;
-      const c = this.queue.shift();
-      if (!c) {
-        // Nothing queued and nobody working: done. Otherwise a failed chunk may come back.
-        if (this.busy === 0) return this.wake();
-        await new Promise<void>((resolve) => this.waiters.push(resolve));
+      // Nothing queued and nobody working: done. Otherwise a failed chunk may come back.
+      if (this.queue.length === 0 && this.busy === 0) return this.wake();
+      const work = pickWork(
+        this.queue.map((c) => c.index),
+        this.sources,
+        perSourceLimit(this.streams, this.sources.filter((s) => s.alive).length),
+      );
+      if (!work) {
+        if (this.queue.length > 0 && !this.sources.some((s) => s.alive))
+          return this.fail(this.noSourceLeft("to fetch from"));
+        const stallMs = this.o.stallMs ?? 30_000;
+        if (this.queue.length > 0 && this.busy === 0 && performance.now() - this.lastProgress > stallMs)
+          return this.fail(this.noSourceLeft(`holding the chunks still missing after ${stallMs} ms`));
+        await this.idle();
         continue;
       }
+      const c = this.queue.splice(work.at, 1)[0] as Chunk;
       this.busy++;
       try {
-        await this.pull(c);
+        await this.pull(c, work.source);
       } catch (err) {
         this.fail(err as Error);
       } finally {
@@ -370,10 +400,8 @@ class Run {
     return { path: stagedPath(this.staging as string, f.rel), rel: f.rel, size: f.size, digest: f.digest };
   }
 
-  /** Fetches one chunk from the least busy source; on failure drops it and requeues the chunk. */
-  private async pull(c: Chunk): Promise<void> {
-    const i = pickSource(this.sources);
-    if (i === undefined) return this.fail(this.noSourceLeft("to fetch from"));
+  /** Fetches one chunk from source `i`; on failure drops it and requeues the chunk. */
+  private async pull(c: Chunk, i: number): Promise<void> {
     const s = this.sources[i] as Source;
     const f = this.fileOf(c.file);
     const first = !this.retried.has(c);
@@ -386,13 +414,18 @@ class Run {
         signal: this.o.signal,
       });
     } catch (err) {
-      this.sourceFailed(s, err);
+      // A filling copy that lacks the chunk after all (or has just committed) keeps its place.
+      if (err instanceof NotHeldError) {
+        if (s.have !== "all") s.have = new Uint8Array(0);
+      } else this.sourceFailed(s, err);
       if (!this.failure) this.queue.unshift(c);
       return;
     } finally {
       await fh.close();
     }
     (this.owner[c.file] as (number | undefined)[])[Math.floor(c.offset / this.chunkBytes)] = i;
+    this.own?.set(c.index, true);
+    this.lastProgress = performance.now();
     this.doneBytes += c.length;
     this.o.onProgress?.({ doneBytes: this.doneBytes, totalBytes: (this.plan as TreePlan).totalBytes });
     this.remaining[c.file] = (this.remaining[c.file] as number) - 1;
@@ -405,7 +438,11 @@ class Run {
     const alg = (this.plan as TreePlan).digest;
     if ((await digestFile(f.path, alg)) === f.digest) return;
     this.o.log?.warn({ hash: this.short, file: f.rel }, "a replicated file does not match its digest");
+    // Not served while it is wrong.
+    const mine = (this.plan as TreePlan).chunks.filter((c) => c.file === file);
+    for (const c of mine) this.own?.set(c.index, false);
     await this.repair(file);
+    for (const c of mine) this.own?.set(c.index, true);
   }
 
   /**
@@ -423,7 +460,9 @@ class Run {
     const suspects = new Set(owners.filter((o): o is number => o !== undefined));
     for (;;) {
       if (this.failure) return;
-      const i = pickSource(this.sources, suspects);
+      // Only a copy that holds the whole file: a committed one.
+      const whole = this.sources.map((s) => (s.have === "all" ? s : { ...s, alive: false }));
+      const i = pickSource(whole, suspects);
       if (i === undefined) return this.fail(this.noSourceLeft(`with a good copy of ${f.rel}`));
       const s = this.sources[i] as Source;
       suspects.add(i);
@@ -458,12 +497,4 @@ class Run {
       this.drop(s, "corrupt", new Error(`sent a copy of ${f.rel} that does not match its digest`));
     }
   }
-}
-
-/** The digest of a file, read in 1 MiB pieces. */
-async function digestFile(path: Buffer, alg: DigestAlgorithm): Promise<string> {
-  const d = createDigest(alg);
-  for await (const b of createReadStream(path, { highWaterMark: 1024 * 1024 }) as AsyncIterable<Buffer>)
-    d.update(b);
-  return d.hex();
 }

@@ -5,7 +5,12 @@
  *   GET /v1/trees/<short>/manifest          the stored manifest, byte for byte
  *   GET /v1/trees/<short>/meta              kind, mode, owner and nanosecond times of each entry
  *   GET /v1/trees/<short>/files/<path>      a file the manifest lists, with byte ranges
+ *   GET /v1/trees/<short>/have              nothing but the headers (HAVE_HEADER while filling)
  *   GET /v1/load                            how many file streams this server is sending
+ *
+ * A tree this node is still replicating is served too (serveFilling, have.ts): its manifest and
+ * metadata as fetched, and the byte ranges whose chunks are in, with HAVE_HEADER saying which;
+ * a range not held yet is NOT_HELD_STATUS. Committed trees send no HAVE_HEADER: they hold all.
  *
  * Every answer carries ACTIVE_STREAMS_HEADER, so a receiver learns how busy a source is from
  * the responses it gets anyway. Only committed trees are served (ready marker, manifest naming a
@@ -27,6 +32,7 @@ import { at, closeFd, lstatAt, O_PATH, openBeneath, openDirNoFollow } from "../.
 import { nameFields, nameOf, parseManifest, type Manifest } from "../../datapath/manifest.js";
 import { scanTree } from "../../datapath/tree.js";
 import type { ReplicationMetrics } from "../metrics.js";
+import { HAVE_HEADER, NOT_HELD_STATUS } from "./have.js";
 import { ACTIVE_STREAMS_HEADER, decodeRel, parseRange, type TreeMeta } from "./plan.js";
 
 export interface PeerIdentity {
@@ -53,6 +59,21 @@ export interface PeerServerOptions {
   metrics?: ReplicationMetrics;
   /** A connection with no traffic for this long is closed (a peer that stopped reading). */
   idleTimeoutMs?: number;
+}
+
+/** A tree this node is still replicating (receiver.ts), served as its chunks land. */
+export interface FillingTree {
+  /** The manifest's bytes as fetched (they hash to the record's digest). */
+  raw: Buffer;
+  manifest: Manifest;
+  /** The metadata's bytes as fetched (the same a committed copy would answer). */
+  meta: Buffer;
+  /** The staging folder the files are written into (sparse, at their final sizes). */
+  staging: string;
+  /** Whether bytes `start` to `end` (inclusive) of the file `rel` are in. */
+  holds(rel: string, start: number, end: number): boolean;
+  /** The HAVE_HEADER value: what is in now. */
+  have(): string;
 }
 
 /** One committed tree as served: its manifest bytes, and its files by byte-string name. */
@@ -137,6 +158,7 @@ export class PeerServer {
   readonly server: https.Server;
   private active = 0;
   private readonly trees = new Map<string, Served>();
+  private readonly filling = new Map<string, { tree: FillingTree; sizes: Map<string, number> }>();
 
   constructor(private readonly o: PeerServerOptions) {
     this.server = https.createServer(
@@ -154,6 +176,20 @@ export class PeerServer {
     this.server.timeout = o.idleTimeoutMs ?? 60_000;
     this.server.headersTimeout = 15_000;
     this.server.keepAliveTimeout = 30_000;
+  }
+
+  /**
+   * Serves `tree` as `short` while it fills, until the returned function is called (at the
+   * latest when it commits: from then on the committed tree is served). A committed tree of
+   * that short is served before a filling one.
+   */
+  serveFilling(short: string, tree: FillingTree): () => void {
+    const sizes = new Map(tree.manifest.files.map((f) => [nameOf(f.path, f.pathBytes), f.size]));
+    const entry = { tree, sizes };
+    this.filling.set(short, entry);
+    return () => {
+      if (this.filling.get(short) === entry) this.filling.delete(short);
+    };
   }
 
   /** File streams being sent now. */
@@ -187,7 +223,7 @@ export class PeerServer {
       const url = req.url ?? "/";
       if (url === "/v1/load")
         return send(res, 200, JSON.stringify({ activeStreams: this.active }), "application/json");
-      const m = /^\/v1\/trees\/([^/]+)\/(manifest|meta|files\/(.+))$/.exec(url);
+      const m = /^\/v1\/trees\/([^/]+)\/(manifest|meta|have|files\/(.+))$/.exec(url);
       if (!m) throw new HttpError(404, "no such endpoint");
       const short = m[1] as string;
       if (!/^[0-9a-f]{16}$/.test(short)) throw new HttpError(400, "not a short hash");
@@ -197,7 +233,8 @@ export class PeerServer {
         throw new HttpError(403, "not shared with this peer");
       }
       const tree = this.load(short);
-      if (!tree) throw new HttpError(404, "no committed tree");
+      if (!tree) return await this.handleFilling(req, res, short, m[2] as string, m[3]);
+      if (m[2] === "have") return send(res, 200, "", "text/plain", req.method === "HEAD");
       if (m[2] === "manifest") return send(res, 200, tree.raw, "application/json", req.method === "HEAD");
       if (m[2] === "meta")
         return send(res, 200, await this.meta(short, tree), "application/json", req.method === "HEAD");
@@ -205,13 +242,40 @@ export class PeerServer {
       if (rel === undefined) throw new HttpError(400, "bad path encoding");
       const size = tree.sizes.get(rel);
       if (size === undefined) throw new HttpError(404, "not a file of this tree");
-      await this.sendFile(req, res, short, rel, size);
+      await this.sendFile(req, res, join(this.o.storeDir, short), short, rel, size);
     } catch (err) {
       const status = err instanceof HttpError ? err.status : 500;
       if (status === 500) this.o.log?.error({ err, url: req.url }, "peer request failed");
       if (!res.headersSent) send(res, status, `${(err as Error).message}\n`, "text/plain");
       else res.destroy();
     }
+  }
+
+  /** The same answers for a tree being filled, from what is in. */
+  private async handleFilling(
+    req: IncomingMessage,
+    res: ServerResponse,
+    short: string,
+    what: string,
+    encoded: string | undefined,
+  ): Promise<void> {
+    const entry = this.filling.get(short);
+    if (!entry) throw new HttpError(404, "no committed tree");
+    const { tree, sizes } = entry;
+    res.setHeader(HAVE_HEADER, tree.have());
+    const head = req.method === "HEAD";
+    if (what === "have") return send(res, 200, "", "text/plain", head);
+    if (what === "manifest") return send(res, 200, tree.raw, "application/json", head);
+    if (what === "meta") return send(res, 200, tree.meta, "application/json", head);
+    const rel = decodeRel(encoded as string);
+    if (rel === undefined) throw new HttpError(400, "bad path encoding");
+    const size = sizes.get(rel);
+    if (size === undefined) throw new HttpError(404, "not a file of this tree");
+    const ask = parseRange(req.headers.range, size);
+    const [start, end] = ask.kind === "range" ? [ask.start, ask.end] : [0, size - 1];
+    if (ask.kind !== "unsatisfiable" && size > 0 && !tree.holds(rel, start, end))
+      throw new HttpError(NOT_HELD_STATUS, "not held yet");
+    await this.sendFile(req, res, tree.staging, short, rel, size);
   }
 
   /** The committed tree `short`, from the cache while its manifest is the same file. */
@@ -271,11 +335,12 @@ export class PeerServer {
   private async sendFile(
     req: IncomingMessage,
     res: ServerResponse,
+    treeDir: string,
     short: string,
     rel: string,
     size: number,
   ): Promise<void> {
-    const pathFd = openTreeFile(join(this.o.storeDir, short), rel, size);
+    const pathFd = openTreeFile(treeDir, rel, size);
     if (pathFd === undefined) throw new HttpError(404, "the file is not the one the manifest lists");
     // Reopened through the checked descriptor: the stream gets an ordinary one of Node's fs.
     const flags = fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY;

@@ -1,13 +1,15 @@
 /**
  * One peer a receiver pulls from: its HTTPS agent (client certificate, kept-alive connections),
- * what the receiver knows of its load, and the requests in flight to it, so dropping it cuts
- * them all at once. A request that sees no byte for `stallMs` fails as a stall.
+ * what the receiver knows of its load and, for a copy still filling, of the chunks it holds
+ * (have.ts), and the requests in flight to it, so dropping it cuts them all at once. A request
+ * that sees no byte for `stallMs` fails as a stall.
  */
 import type { FileHandle } from "node:fs/promises";
 import type { ClientRequest, IncomingMessage } from "node:http";
 import https from "node:https";
 import type { TlsMaterial } from "./server.js";
-import { ACTIVE_STREAMS_HEADER, type SourceLoad } from "./plan.js";
+import { HAVE_HEADER, NOT_HELD_STATUS, parseHave, type Holder } from "./have.js";
+import { ACTIVE_STREAMS_HEADER } from "./plan.js";
 
 /** Why a source was given up on (the metric's label). */
 export type DropReason = "error" | "timeout" | "status" | "protocol" | "corrupt" | "manifest";
@@ -26,6 +28,9 @@ export class SourceError extends Error {
 /** A reused connection was closed under a request that got no answer (see Source.get). */
 class StaleSocketError extends Error {}
 
+/** A filling copy does not hold the range asked for yet: not its fault, the chunk goes elsewhere. */
+export class NotHeldError extends Error {}
+
 /** The receiver's own disk failed (not the source's fault: no source is dropped for it). */
 export class LocalIoError extends Error {}
 
@@ -41,12 +46,18 @@ const RUN_BYTES = 1024 * 1024;
 const ZERO = Buffer.alloc(64 * 1024);
 const isZero = (b: Buffer): boolean => b.length <= ZERO.length && b.equals(ZERO.subarray(0, b.length));
 
-export class Source implements SourceLoad {
+export class Source implements Holder {
   alive = true;
   inflight = 0;
   others = 0;
   bytes = 0;
   dropReason?: DropReason;
+  /** Every chunk (a committed copy), or the bitmap a filling copy last sent. */
+  have: Uint8Array | "all";
+  /** When an answer last came (performance.now() milliseconds). */
+  heardAt = 0;
+  /** The plan's chunk size and count, once known: a HAVE_HEADER is read against them. */
+  plan?: { chunkBytes: number; chunks: number };
   private readonly agent: https.Agent;
   private readonly requests = new Set<ClientRequest>();
   private readonly stalled = new WeakMap<IncomingMessage, SourceError>();
@@ -58,7 +69,11 @@ export class Source implements SourceLoad {
     streams: number,
     private readonly stallMs: number,
     private readonly onBytes: (source: Source, n: number) => void,
+    /** A copy still filling: it holds nothing until it says otherwise. */
+    readonly filling = false,
+    private readonly onHave: (source: Source) => void = () => undefined,
   ) {
+    this.have = filling ? new Uint8Array(0) : "all";
     this.agent = new https.Agent({
       ca: tls.ca,
       cert: tls.cert,
@@ -132,10 +147,40 @@ export class Source implements SourceLoad {
         const active = Number(res.headers[ACTIVE_STREAMS_HEADER]);
         // Its count includes our own streams to it.
         if (Number.isFinite(active)) this.others = Math.max(0, active - this.inflight + 1);
+        this.heard(res);
         resolve(res);
       });
       req.end();
     });
+  }
+
+  /** What an answer says of a filling copy's chunks: its HAVE_HEADER, or all once it answers
+   * without one (it has committed). */
+  private heard(res: IncomingMessage): void {
+    this.heardAt = performance.now();
+    if (!this.filling || this.have === "all") return;
+    const header = res.headers[HAVE_HEADER];
+    if (typeof header === "string") {
+      const bits = this.plan && parseHave(header, this.plan.chunkBytes, this.plan.chunks);
+      if (!bits) return;
+      this.have = bits;
+    } else if (res.statusCode === 200 || res.statusCode === 206) this.have = "all";
+    else return;
+    this.onHave(this);
+  }
+
+  /** Asks a filling copy what it holds (the answer's headers say it); a copy that is not
+   * serving the tree yet holds nothing. */
+  async poll(path: string): Promise<void> {
+    this.inflight++;
+    try {
+      const res = await this.get(path, {});
+      res.resume();
+      if (res.statusCode !== 200 && res.statusCode !== 404)
+        throw new SourceError("status", `source ${this.node}: ${path} answered ${res.statusCode}`);
+    } finally {
+      this.inflight--;
+    }
   }
 
   /** The whole body of `path` (manifest, metadata), at most `max` bytes. */
@@ -188,6 +233,13 @@ export class Source implements SourceLoad {
       const res = await this.get(path, { range: `bytes=${offset}-${end}` }, o.signal);
       let differed = false;
       try {
+        // A filling copy answers 404 in the moment it commits (have.ts): not held, not a fault.
+        if (
+          (res.statusCode === NOT_HELD_STATUS || res.statusCode === 404) &&
+          this.filling &&
+          this.have !== "all"
+        )
+          throw new NotHeldError(`source ${this.node} does not hold that range of ${path} yet`);
         if (res.statusCode !== 206)
           throw new SourceError("status", `source ${this.node}: range of ${path} answered ${res.statusCode}`);
         const cr = /^bytes (\d+)-(\d+)\/\d+$/.exec(String(res.headers["content-range"]));
@@ -229,6 +281,21 @@ export class Source implements SourceLoad {
   }
 }
 
+/** Asks each live filling source not heard from for `every` ms what it holds. */
+export function pollFilling(
+  sources: readonly Source[],
+  path: string,
+  every: number,
+  failed: (s: Source, err: unknown) => void,
+): void {
+  const now = performance.now();
+  for (const s of sources) {
+    if (!s.alive || s.have === "all" || now - s.heardAt < every) continue;
+    s.heardAt = now;
+    s.poll(path).catch((err: unknown) => failed(s, err));
+  }
+}
+
 /** Whether the bytes at `pos` of `fh` differ from `run`. */
 async function differs(fh: FileHandle, run: readonly Buffer[], pos: number): Promise<boolean> {
   let at = pos;
@@ -242,7 +309,7 @@ async function differs(fh: FileHandle, run: readonly Buffer[], pos: number): Pro
 }
 
 function asSourceError(err: unknown, node: string): Error {
-  if (err instanceof SourceError || err instanceof LocalIoError) return err;
+  if (err instanceof SourceError || err instanceof LocalIoError || err instanceof NotHeldError) return err;
   const e = err as Error;
   // An abort is the caller's, not the source's fault: passed on as it is.
   if (e.name === "AbortError") return e;
