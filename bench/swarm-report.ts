@@ -1,0 +1,109 @@
+/**
+ * The figures of `npm run bench:swarm` (swarm.ts): one result per N and mode, the table with
+ * the goals, and the plot.
+ */
+import { Resvg } from "@resvg/resvg-js";
+import Table from "cli-table3";
+import * as vega from "vega";
+import { compile } from "vega-lite";
+
+export interface RunResult {
+  receivers: number;
+  /** "origin": every receiver pulls from the origin alone; "swarm": receivers feed each other. */
+  mode: "origin" | "swarm";
+  treeBytes: number;
+  /** Per receiver, from the start of the run to its commit. */
+  fillSeconds: number[];
+  lastFillSeconds: number;
+  /** Per receiver: tree bytes / fill time / link rate. */
+  linkFraction: number[];
+  /** Tree bytes the origin sent, over all receivers. */
+  originBytes: number;
+  originTrees: number;
+  /** Tree bytes all receivers received (re-fetches included). */
+  receivedBytes: number;
+  /** CPU seconds of every process of the run (origin and receivers). */
+  cpuSeconds: number;
+  cpuSecondsPerGiB: number;
+  originCpuSeconds: number;
+  receiverPeakRssMiB: number[];
+}
+
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
+};
+
+export function printSwarm(rs: RunResult[]): void {
+  const t = new Table({
+    head: [
+      "N",
+      "mode",
+      "last node s",
+      "link fraction min / median",
+      "origin sent (trees)",
+      "CPU s / GiB moved",
+      "receiver peak RSS MiB (max)",
+    ],
+    style: { head: [], border: [] },
+  });
+  for (const r of rs)
+    t.push([
+      r.receivers,
+      r.mode,
+      r.lastFillSeconds.toFixed(1),
+      `${Math.min(...r.linkFraction).toFixed(2)} / ${median(r.linkFraction).toFixed(2)}`,
+      r.originTrees.toFixed(2),
+      r.cpuSecondsPerGiB.toFixed(2),
+      Math.max(...r.receiverPeakRssMiB).toFixed(0),
+    ]);
+  process.stdout.write(`${t.toString()}\n\ngoals (swarm):\n`);
+  const swarm = rs.filter((r) => r.mode === "swarm");
+  const base = swarm.find((r) => r.receivers === 2);
+  for (const r of swarm) {
+    const rate = Math.min(...r.linkFraction);
+    process.stdout.write(
+      `  N=${r.receivers}: slowest receiver ${rate.toFixed(2)}x its link (goal ≥ 0.8: ${rate >= 0.8 ? "met" : "not met"}); ` +
+        `origin sent ${r.originTrees.toFixed(2)} trees (goal ≤ 2: ${r.originTrees <= 2 ? "met" : "not met"})` +
+        (base && r !== base
+          ? `; last node ${(r.lastFillSeconds / base.lastFillSeconds).toFixed(2)}x N=2's (goal ≤ 1.5 at N=16: ${r.lastFillSeconds <= 1.5 * base.lastFillSeconds ? "met" : "not met"})`
+          : "") +
+        "\n",
+    );
+  }
+}
+
+export async function plotSwarm(rs: RunResult[]): Promise<Buffer> {
+  const rows = rs.flatMap((r) => [
+    { N: r.receivers, mode: r.mode, metric: "last node filled (s)", value: r.lastFillSeconds },
+    { N: r.receivers, mode: r.mode, metric: "origin sent (trees)", value: r.originTrees },
+    { N: r.receivers, mode: r.mode, metric: "slowest receiver / link", value: Math.min(...r.linkFraction) },
+  ]);
+  const spec = compile({
+    $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+    title: "N receivers filling one tree: from the origin alone vs the swarm",
+    data: { values: rows },
+    facet: { column: { field: "metric", type: "nominal", title: null } },
+    spec: {
+      width: 260,
+      height: 220,
+      mark: { type: "line", point: true },
+      encoding: {
+        x: {
+          field: "N",
+          type: "quantitative",
+          title: "receivers",
+          scale: { type: "log", base: 2 },
+          axis: { values: [...new Set(rs.map((r) => r.receivers))] },
+        },
+        y: { field: "value", type: "quantitative", title: null },
+        color: { field: "mode", type: "nominal" },
+      },
+    },
+    resolve: { scale: { y: "independent" } },
+    config: { background: "white" },
+  }).spec;
+  const view = new vega.View(vega.parse(spec), { renderer: "none" });
+  return new Resvg(await view.toSVG(), { fitTo: { mode: "zoom", value: 2 } }).render().asPng();
+}

@@ -1,0 +1,333 @@
+/**
+ * `npm run bench:swarm [-- --receivers 2,4,8,16 --size-mib 1024 --mbit 100 ...]`: N receivers
+ * fill their stores with one committed tree, each node in its own network namespace behind a
+ * link shaped to the same rate each way (swarm-net.ts), one Node.js process per node running
+ * the node agent's peer server and receiver (swarm-node.ts). Side by side in one run, for each
+ * N: every receiver pulling from the origin alone, and the swarm, where receivers serve the
+ * chunks they hold while they fill and are announced to the others as the record would list
+ * them (this process plays the record). It reports the last node's fill time, each receiver's
+ * rate as a fraction of its link, the bytes the origin sent, CPU seconds per GiB moved and the
+ * receivers' peak RSS: a table on stdout, JSON and a PNG plot in the output folder. Needs root
+ * (namespaces, tc); every namespace, veth and process it makes is removed when it ends.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { createHash, randomFillSync } from "node:crypto";
+import { closeSync, mkdirSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { cpus, loadavg } from "node:os";
+import { join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { parseArgs } from "node:util";
+import { createCA, issueCert } from "../src/common/certs.js";
+import { shortHash } from "../src/core/contract.js";
+import { capture } from "../src/datapath/capture.js";
+import { manifestDigestOf } from "../src/node-agent/replication/server.js";
+import { setup, teardown, type NetNode } from "./swarm-net.js";
+import { plotSwarm, printSwarm, type RunResult } from "./swarm-report.js";
+
+const MiB = 2 ** 20;
+const { values } = parseArgs({
+  options: {
+    receivers: { type: "string", default: "2,4,8,16" },
+    "size-mib": { type: "string", default: "1024" },
+    mbit: { type: "string", default: "100" },
+    "chunk-kib": { type: "string", default: "1024" },
+    streams: { type: "string", default: "8" },
+    modes: { type: "string", default: "origin,swarm" },
+    out: { type: "string", default: ".bench/swarm" },
+    work: { type: "string", default: "/var/tmp/warmstart-bench-swarm" },
+  },
+});
+const counts = values.receivers.split(",").map((x) => Number(x.trim()));
+if (counts.some((n) => !Number.isInteger(n) || n < 1))
+  throw new Error(`--receivers: expected a list like 2,4,8, got "${values.receivers}"`);
+const modes = values.modes.split(",").map((m) => m.trim()) as ("origin" | "swarm")[];
+if (modes.some((m) => m !== "origin" && m !== "swarm")) throw new Error("--modes: origin and/or swarm");
+const sizeBytes = Number(values["size-mib"]) * MiB;
+const mbit = Number(values.mbit);
+const linkBytesPerSecond = (mbit * 1e6) / 8;
+const chunkBytes = Number(values["chunk-kib"]) * 1024;
+const streams = Number(values.streams);
+const work = resolve(values.work);
+const log = (line: string): void => void process.stderr.write(`[bench:swarm] ${line}\n`);
+if (process.getuid?.() !== 0) throw new Error("bench:swarm needs root (network namespaces and tc)");
+
+const children = new Set<ChildProcess>();
+function cleanup(): void {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+  children.clear();
+  teardown();
+  rmSync(join(work, "run"), { recursive: true, force: true });
+}
+for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const)
+  process.on(sig, () => {
+    cleanup();
+    process.exit(130);
+  });
+process.on("exit", cleanup);
+
+try {
+  await main();
+} finally {
+  cleanup();
+}
+
+async function main(): Promise<void> {
+  rmSync(work, { recursive: true, force: true });
+  const { hash, treeBytes, originStore, digest } = await makeTree();
+  const names = ["origin", ...Array.from({ length: Math.max(...counts) }, (_, i) => `r${i}`)];
+  const net = setup(names, mbit);
+  const tlsFiles = await certificates(names, net);
+  log(`${names.length} namespaces, links at ${mbit} Mbit/s each way`);
+
+  const loadBefore = loadavg();
+  const started = Date.now();
+  const results: RunResult[] = [];
+  for (const n of counts)
+    for (const mode of modes) {
+      log(`N=${n}, ${mode}`);
+      results.push(await runOnce(n, mode, { hash, treeBytes, originStore, digest, net, tlsFiles }));
+      const r = results[results.length - 1] as RunResult;
+      log(`  last node ${r.lastFillSeconds.toFixed(1)} s, origin sent ${r.originTrees.toFixed(2)} trees`);
+    }
+  const machine = {
+    cpus: cpus().length,
+    loadBefore: loadBefore.map((x) => Number(x.toFixed(2))),
+    loadAfter: loadavg().map((x) => Number(x.toFixed(2))),
+    minutes: Number(((Date.now() - started) / 60_000).toFixed(1)),
+  };
+  const config = { sizeMiB: sizeBytes / MiB, treeBytes, mbit, chunkBytes, streams, receivers: counts };
+  mkdirSync(values.out, { recursive: true });
+  writeFileSync(join(values.out, "swarm.json"), JSON.stringify({ machine, config, results }, null, 2));
+  writeFileSync(join(values.out, "swarm.png"), await plotSwarm(results));
+  printSwarm(results);
+  process.stdout.write(
+    `\nmachine: ${machine.cpus} CPUs, load ${machine.loadBefore.join(" ")} before, ` +
+      `${machine.loadAfter.join(" ")} after; ${machine.minutes} min; tree ${(treeBytes / MiB).toFixed(0)} MiB, ` +
+      `links ${mbit} Mbit/s, chunks ${chunkBytes / 1024} KiB, ${streams} streams per receiver\n` +
+      `written: ${join(values.out, "swarm.json")}, ${join(values.out, "swarm.png")}\n`,
+  );
+}
+
+/** A model-like tree (shards of up to 256 MiB and a few small files), captured with hashes. */
+async function makeTree(): Promise<{ hash: string; treeBytes: number; originStore: string; digest: string }> {
+  const src = join(work, "src");
+  mkdirSync(join(src, "model"), { recursive: true });
+  mkdirSync(join(src, "cache"), { recursive: true });
+  const shard = Math.min(256 * MiB, sizeBytes);
+  const block = Buffer.alloc(4 * MiB);
+  const nShards = Math.ceil(sizeBytes / shard);
+  for (let k = 0; k < nShards; k++) {
+    const fd = openSync(join(src, "model", `model-${k + 1}-of-${nShards}.safetensors`), "w");
+    for (let left = Math.min(shard, sizeBytes - k * shard); left > 0; left -= block.length) {
+      randomFillSync(block);
+      writeSync(fd, block, 0, Math.min(left, block.length));
+    }
+    closeSync(fd);
+  }
+  writeFileSync(join(src, "model", "config.json"), `${JSON.stringify({ model_type: "llama" })}\n`);
+  writeFileSync(join(src, "model", "tokenizer.json"), Buffer.alloc(64 * 1024, "t"));
+  const hash = createHash("sha256").update(`bench-swarm-${Date.now()}`).digest("hex");
+  const originStore = join(work, "origin");
+  const t0 = Date.now();
+  const m = await capture({
+    src,
+    dest: join(originStore, shortHash(hash)),
+    hash,
+    model: "bench/swarm",
+    progress: false,
+    durable: false,
+  });
+  log(
+    `captured ${(m.totalBytes / MiB).toFixed(0)} MiB (${m.digest}) in ${((Date.now() - t0) / 1000).toFixed(1)} s`,
+  );
+  rmSync(src, { recursive: true, force: true });
+  return {
+    hash,
+    treeBytes: m.totalBytes,
+    originStore,
+    digest: manifestDigestOf(join(originStore, shortHash(hash))),
+  };
+}
+
+async function certificates(names: string[], net: NetNode[]): Promise<string[]> {
+  const ca = await createCA("warmstart node agents");
+  const dir = join(work, "tls");
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return Promise.all(
+    names.map(async (name, k) => {
+      const pem = await issueCert(ca, {
+        commonName: name,
+        usage: "both",
+        ips: [(net[k] as NetNode).address],
+      });
+      const file = join(dir, `${name}.json`);
+      writeFileSync(file, JSON.stringify({ ca: ca.cert, cert: pem.cert, key: pem.key }), { mode: 0o600 });
+      return file;
+    }),
+  );
+}
+
+interface NodeProc {
+  name: string;
+  proc: ChildProcess;
+  url: string;
+  on: (ev: string, f: (m: Record<string, unknown>) => void) => void;
+  once: (ev: string, f: (m: Record<string, unknown>) => void) => void;
+  send: (m: object) => void;
+}
+
+/** Starts swarm-node.js in the node's namespace; resolves once its peer server listens. */
+function startNode(name: string, net: NetNode, store: string, tls: string): Promise<NodeProc> {
+  mkdirSync(store, { recursive: true });
+  const script = join(import.meta.dirname, "swarm-node.js");
+  const proc = spawn(
+    "ip",
+    [
+      "netns",
+      "exec",
+      net.ns,
+      process.execPath,
+      script,
+      "--store",
+      store,
+      "--host",
+      net.address,
+      "--tls",
+      tls,
+    ],
+    { stdio: ["pipe", "pipe", "inherit"] },
+  );
+  children.add(proc);
+  const handlers = new Map<string, ((m: Record<string, unknown>) => void)[]>();
+  createInterface({ input: proc.stdout }).on("line", (line) => {
+    const m = JSON.parse(line) as Record<string, unknown>;
+    for (const f of handlers.get(String(m.ev)) ?? []) f(m);
+  });
+  const node: NodeProc = {
+    name,
+    proc,
+    url: "",
+    on: (ev, f) => handlers.set(ev, [...(handlers.get(ev) ?? []), f]),
+    once: (ev, f) => {
+      const g = (m: Record<string, unknown>): void => {
+        handlers.set(
+          ev,
+          (handlers.get(ev) ?? []).filter((h) => h !== g),
+        );
+        f(m);
+      };
+      handlers.set(ev, [...(handlers.get(ev) ?? []), g]);
+    },
+    send: (m) => void proc.stdin.write(`${JSON.stringify(m)}\n`),
+  };
+  return new Promise((res, rej) => {
+    proc.once("exit", (code) => rej(new Error(`${name} exited (${code}) before it listened`)));
+    node.on("ready", (m) => {
+      node.url = String(m.url);
+      res(node);
+    });
+  });
+}
+
+interface Usage {
+  cpuSeconds: number;
+  peakRssMiB: number;
+}
+
+function stats(n: NodeProc): Promise<Usage> {
+  return new Promise((res) => {
+    n.once("stats", (m) => res(m as unknown as Usage));
+    n.send({ op: "stats" });
+  });
+}
+
+async function runOnce(
+  n: number,
+  mode: "origin" | "swarm",
+  t: {
+    hash: string;
+    treeBytes: number;
+    originStore: string;
+    digest: string;
+    net: NetNode[];
+    tlsFiles: string[];
+  },
+): Promise<RunResult> {
+  const runDir = join(work, "run", `${mode}-${n}`);
+  const origin = await startNode("origin", t.net[0] as NetNode, t.originStore, t.tlsFiles[0] as string);
+  const receivers = await Promise.all(
+    Array.from({ length: n }, (_, i) =>
+      startNode(`r${i}`, t.net[i + 1] as NetNode, join(runDir, `r${i}`), t.tlsFiles[i + 1] as string),
+    ),
+  );
+  // CPU from here on: the fill's, not the processes' start.
+  const before = await Promise.all([origin, ...receivers].map(stats));
+  const swarm = mode === "swarm";
+  const fillSeconds: number[] = Array.from({ length: n }, () => NaN);
+  const bySource: Record<string, number>[] = [];
+  let receivedBytes = 0;
+  const t0 = performance.now();
+  const deadlineMs = Math.max(120_000, ((3 * n * t.treeBytes) / linkBytesPerSecond) * 1000);
+  await new Promise<void>((res, rej) => {
+    let left = n;
+    const timer = setTimeout(
+      () => rej(new Error(`N=${n} ${mode}: ${left} not done after ${deadlineMs} ms`)),
+      deadlineMs,
+    );
+    receivers.forEach((r, i) => {
+      r.on("failed", (m) => {
+        clearTimeout(timer);
+        rej(new Error(`${r.name} failed: ${String(m.error)}`));
+      });
+      r.on("committed", (m) => {
+        fillSeconds[i] = (performance.now() - t0) / 1000;
+        bySource[i] = m.bySource as Record<string, number>;
+        receivedBytes += Number(m.receivedBytes);
+        // As the record would: the committed copy is listed for everyone still filling.
+        if (swarm)
+          for (const o of receivers) if (o !== r) o.send({ op: "add", source: { node: r.name, url: r.url } });
+        if (--left === 0) {
+          clearTimeout(timer);
+          res();
+        }
+      });
+      const others = swarm
+        ? receivers.filter((o) => o !== r).map((o) => ({ node: o.name, url: o.url, filling: true }))
+        : [];
+      r.send({
+        op: "fill",
+        hash: t.hash,
+        digest: t.digest,
+        sources: [{ node: "origin", url: origin.url }, ...others],
+        chunkBytes,
+        streams,
+        startAt: swarm ? i / n : 0,
+        serveFilling: swarm,
+      });
+    });
+  });
+  const usage = await Promise.all([origin, ...receivers].map(stats));
+  for (const p of [origin, ...receivers]) {
+    p.proc.stdin!.end();
+    p.proc.kill("SIGKILL");
+    children.delete(p.proc);
+  }
+  rmSync(runDir, { recursive: true, force: true });
+  const originBytes = bySource.reduce((a, b) => a + (b?.origin ?? 0), 0);
+  const cpuSeconds = usage.reduce((a, u, k) => a + u.cpuSeconds - (before[k] as Usage).cpuSeconds, 0);
+  return {
+    receivers: n,
+    mode,
+    treeBytes: t.treeBytes,
+    fillSeconds,
+    lastFillSeconds: Math.max(...fillSeconds),
+    linkFraction: fillSeconds.map((s) => t.treeBytes / s / linkBytesPerSecond),
+    originBytes,
+    originTrees: originBytes / t.treeBytes,
+    receivedBytes,
+    cpuSeconds,
+    cpuSecondsPerGiB: cpuSeconds / (receivedBytes / 2 ** 30),
+    originCpuSeconds: (usage[0] as Usage).cpuSeconds - (before[0] as Usage).cpuSeconds,
+    receiverPeakRssMiB: usage.slice(1).map((u) => Number(u.peakRssMiB.toFixed(0))),
+  };
+}
