@@ -44,6 +44,9 @@ export interface CaptureHooks {
   beforeOpen?: (rel: string) => void | Promise<void>;
   /** With the staging tree complete and flushed, just before the rename that commits it. */
   beforeCommit?: (staging: string) => void | Promise<void>;
+  /** The tree's one flush, in place of syncfs(2) on `fd` (a descriptor of the staging folder
+   * opened before the copy); tests wrap the real call to see when it happens and how often. */
+  syncfs?: (fd: number, staging: string) => Promise<void>;
 }
 
 export interface CaptureOptions {
@@ -145,7 +148,7 @@ export async function capture(opts: CaptureOptions): Promise<Manifest> {
     // One flush for the whole tree, before anything says it is complete (ADR 0006): the copiers
     // started each file's writeback as they went, and syncfs waits for all of it, every inode
     // and directory included.
-    if (flushFh) await syncfsFd(flushFh.fd, staging);
+    if (flushFh) await (opts.hooks?.syncfs ?? syncfsFd)(flushFh.fd, staging);
     else if (durable) await syncFilesystem(staging);
     stop.check();
     const tFlush = performance.now();

@@ -24,6 +24,9 @@ type Addr = number | bigint;
 type Mmap = (addr: number, len: number, prot: number, flags: number, fd: number, off: number) => Addr;
 type Munmap = (addr: Addr, len: number) => number;
 type Mincore = (addr: Addr, len: number, vec: Buffer) => number;
+type Madvise = (addr: Addr, len: number, advice: number) => number;
+// The same mmap returning a pointer object, which koffi.view can turn into an ArrayBuffer.
+type MmapPtr = (addr: null, len: number, prot: number, flags: number, fd: number, off: number) => unknown;
 type CopyFileRange = (
   fdIn: number,
   offIn: null,
@@ -33,7 +36,7 @@ type CopyFileRange = (
   flags: number,
 ) => number | bigint;
 
-interface Libc {
+export interface Libc {
   utimensat: Utimensat;
   futimens: Futimens;
   ioctl: Ioctl;
@@ -43,6 +46,11 @@ interface Libc {
   mmap: Mmap;
   munmap: Munmap;
   mincore: Mincore;
+  madvise: Madvise;
+  mmapPtr: MmapPtr;
+  munmapPtr: (addr: unknown, len: number) => number;
+  view: (ptr: unknown, len: number) => ArrayBuffer;
+  address: (ptr: unknown) => bigint;
   lseek: (fd: number, off: number, whence: number) => number | bigint;
   pageSize: number;
   copyFileRange: CopyFileRange;
@@ -74,6 +82,11 @@ async function loadLibc(): Promise<Libc | null> {
       mmap: lib.func("intptr_t mmap(intptr_t, size_t, int, int, int, int64_t)") as Mmap,
       munmap: lib.func("int munmap(intptr_t, size_t)") as Munmap,
       mincore: lib.func("int mincore(intptr_t, size_t, void *)") as Mincore,
+      madvise: lib.func("int madvise(intptr_t, size_t, int)") as Madvise,
+      mmapPtr: lib.func("mmap", "void *", ["void *", "size_t", "int", "int", "int", "int64_t"]) as MmapPtr,
+      munmapPtr: lib.func("munmap", "int", ["void *", "size_t"]) as Libc["munmapPtr"],
+      view: (ptr, len) => koffi.view(ptr, len),
+      address: (ptr) => koffi.address(ptr),
       lseek: lib.func("int64_t lseek(int, int64_t, int)") as Libc["lseek"],
       pageSize: Number((lib.func("long sysconf(int)") as (n: number) => number | bigint)(SC_PAGESIZE)),
       copyFileRange: lib.func(
@@ -90,13 +103,16 @@ async function loadLibc(): Promise<Libc | null> {
 
 const libc = await loadLibc();
 
+/** The loaded helpers, for the other native-* modules of this folder (null without koffi). */
+export const nativeLibc = (): Libc | null => libc;
+
 /** True when times are set to the nanosecond (utimensat reachable); false means microseconds. */
 export const exactTimes = libc !== null;
 
 const cString = (path: string | Buffer): Buffer =>
   Buffer.concat([typeof path === "string" ? Buffer.from(path) : path, Buffer.from([0])]);
 
-function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
+export function errnoError(call: string, path: string, errno: number): NodeJS.ErrnoException {
   const code = Object.entries(osConstants.errno).find(([, n]) => n === errno)?.[0] ?? `E${errno}`;
   const err: NodeJS.ErrnoException = new Error(`${code}: ${call} failed on ${path} (errno ${errno})`);
   err.code = code;
@@ -257,8 +273,8 @@ export function dropFromPageCache(fd: number, offset = 0, len = 0): boolean {
 
 export type ResidencyMethod = "cachestat" | "mincore";
 const SYS_CACHESTAT = 451; // the same number on x86_64 and arm64 (Linux 6.5 and later)
-const PROT_READ = 1;
-const MAP_SHARED = 1;
+export const PROT_READ = 1;
+export const MAP_SHARED = 1;
 /** mincore looks at a mapping of at most this much at a time (a byte per page of it). */
 const MINCORE_WINDOW = 1 << 30;
 let residency: ResidencyMethod | undefined | null =

@@ -10,6 +10,8 @@ import { fileSize, missingPages, pageSize, residencyMethod, type ResidencyMethod
 
 export interface ReadTask {
   path: string;
+  /** The file's size when it was looked up. */
+  size: number;
   /** [start, end) byte ranges to read; absent: the whole file. */
   ranges?: [number, number][];
 }
@@ -57,7 +59,7 @@ function planFile(plan: ReadPlan, path: string, fd: number, size: number, chunk:
   }
   // Nothing there, or no way to tell: one sequential read, which the kernel reads ahead of.
   if (missing === undefined || missing >= Math.ceil(size / pageSize())) {
-    plan.tasks.push({ path });
+    plan.tasks.push({ path, size });
     return;
   }
   // Partly there (another replica on this node read part of it): the missing chunks, runs of
@@ -74,5 +76,5 @@ function planFile(plan: ReadPlan, path: string, fd: number, size: number, chunk:
       else ranges.push([pos, end]);
     }
   }
-  plan.tasks.push({ path, ranges });
+  plan.tasks.push({ path, size, ranges });
 }

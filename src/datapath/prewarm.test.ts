@@ -8,7 +8,7 @@ import { test, type TestContext } from "node:test";
 import { ENV_PREWARM } from "../core/contract.js";
 import { dropFromPageCache, missingPages } from "./native.js";
 import { listTree, loadOrder } from "./prewarm-order.js";
-import { describePrewarm, prewarm } from "./prewarm.js";
+import { describePrewarm, prewarm, readerCount } from "./prewarm.js";
 import { canSwitchUid, runCli, tempDir } from "../../test/support/datapath.js";
 
 const MiB = 1 << 20;
@@ -268,4 +268,60 @@ void test("prewarm skips on --skip, on the env var at 0, and follows --default w
     [bad.status, bad.stderr],
     [1, 'warmstart: --parallel must be an integer from 1 to 256, got "many"\n'],
   );
+});
+
+void test("a big cold file is brought in through a mapping, nothing copied to a reader; the buffer where that is off", async (t) => {
+  const dir = tempDir(t);
+  const big = join(dir, "model-00001-of-00001.safetensors");
+  await writeFile(big, randomBytes(9 * MiB + 5));
+  await writeFile(join(dir, "config.json"), "{}");
+  for (const noPopulate of [false, true]) {
+    if (!(await coldTree(t, dir))) return;
+    const r = await prewarm({ dir, parallel: 2, noPopulate });
+    assert.deepEqual([r.files, r.bytes, r.errorCount], [2, 9 * MiB + 7, 0], `noPopulate ${noPopulate}`);
+    // Small files are always read; the big one is mapped unless that is turned off.
+    assert.equal(r.mappedBytes, noPopulate ? 0 : 9 * MiB + 5, `noPopulate ${noPopulate}`);
+    assert.equal(missingOf(big), 0, "in the page cache after");
+  }
+});
+
+void test("what is missing from a tree mostly in memory gets the readers it is worth, not all of them", async (t) => {
+  const task = (size: number): { path: string; size: number } => ({ path: "x", size });
+  assert.equal(readerCount([], 6), 0);
+  assert.equal(readerCount([task(4096)], 6), 1);
+  assert.equal(
+    readerCount(
+      Array.from({ length: 300 }, () => task(60_000)),
+      6,
+    ),
+    2,
+    "300 small files",
+  );
+  assert.equal(readerCount([task(1 << 30)], 6), 1, "one file, however big");
+  assert.equal(
+    readerCount(
+      Array.from({ length: 4 }, () => task(512 * MiB)),
+      6,
+    ),
+    4,
+  );
+  assert.equal(
+    readerCount(
+      Array.from({ length: 20_000 }, () => task(30_000)),
+      6,
+    ),
+    6,
+  );
+  assert.equal(readerCount([{ path: "x", size: 1 << 30, ranges: [[0, MiB]] }], 6), 1);
+
+  const dir = tempDir(t);
+  await tree(dir, 12, () => 8192);
+  if (!(await coldTree(t, dir))) return;
+  await settled(async () => {
+    await prewarm({ dir, parallel: 6 });
+    const [a, b] = (await filesOf(dir)).slice(0, 2) as [string, string];
+    assert.ok(evict(a) && evict(b), "two files dropped");
+    const r = await prewarm({ dir, parallel: 6, holdMs: 50 });
+    assert.deepEqual([r.files, r.bytes, r.residentFiles, r.peakReaders], [2, 16384, 10, 1]);
+  });
 });

@@ -10,7 +10,7 @@ import { Worker } from "node:worker_threads";
 import { workerExecArgv } from "./copy-files.js";
 import { useResidency, withLowIoPriority, type ResidencyMethod } from "./native.js";
 import { listTree, loadOrder } from "./prewarm-order.js";
-import { planReads, type ReadPlan } from "./prewarm-plan.js";
+import { planReads, type ReadPlan, type ReadTask } from "./prewarm-plan.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
 
 export const DEFAULT_PREWARM_PARALLEL = 6;
@@ -42,6 +42,8 @@ export interface PrewarmOptions {
   residency?: "auto" | ResidencyMethod | "none";
   /** Read at a lower I/O priority than other pods' reads (default true). */
   lowPriority?: boolean;
+  /** Read every range into a buffer, never through a mapping (tests of that path). */
+  noPopulate?: boolean;
 }
 
 export interface PrewarmResult {
@@ -51,6 +53,8 @@ export interface PrewarmResult {
   /** Files read (whole or in part), and the bytes read. */
   files: number;
   bytes: number;
+  /** Of `bytes`, those brought into the page cache through a mapping, with no copy to a reader. */
+  mappedBytes: number;
   /** Files not read because they were wholly in the page cache, and the bytes not read because
    * they were (those files and the resident ranges of the others). */
   residentFiles: number;
@@ -77,6 +81,7 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     skipped: false,
     files: 0,
     bytes: 0,
+    mappedBytes: 0,
     residentFiles: 0,
     residentBytes: 0,
     residency: null,
@@ -123,10 +128,21 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
 
   // Readers only for what is missing: a tree already in memory starts none.
   const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
-  const work: PrewarmWork = { shared, chunkBytes, holdMs: opts.holdMs ?? 0 };
+  const work: PrewarmWork = {
+    shared,
+    chunkBytes,
+    holdMs: opts.holdMs ?? 0,
+    noPopulate: opts.noPopulate ?? false,
+  };
   let readers: ReturnType<typeof startReader>[] = [];
+  // A cold tree gets every reader (small files on a cold disk are read at the disk's latency);
+  // what is missing from a tree mostly in memory gets as many as it is worth.
+  const count =
+    plan.residentFiles + plan.residentBytes > 0
+      ? readerCount(plan.tasks, parallel)
+      : Math.min(parallel, plan.tasks.length);
   const startReaders = (): void => {
-    readers = Array.from({ length: Math.min(parallel, plan.tasks.length) }, () => startReader(work));
+    readers = Array.from({ length: count }, () => startReader(work));
   };
   if (plan.tasks.length > 0) {
     if (opts.lowPriority ?? true) result.lowPriority = withLowIoPriority(startReaders);
@@ -137,6 +153,7 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   for (const r of reports) {
     result.files += r.files;
     result.bytes += r.bytes;
+    result.mappedBytes += r.mappedBytes;
     errorCount += r.errorCount;
     for (const e of r.errors) if (errors.length < MAX_ERRORS_SHOWN) errors.push(e);
   }
@@ -147,7 +164,21 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   return result;
 }
 
-const EMPTY: PrewarmReport = { files: 0, bytes: 0, errorCount: 0, errors: [] };
+const EMPTY: PrewarmReport = { files: 0, bytes: 0, mappedBytes: 0, errorCount: 0, errors: [] };
+
+/** Bytes, and files, that keep one more reader busy enough to be worth its start (tens of
+ * milliseconds and a few MB each): a few files missing from a tree in memory get one reader. */
+const BYTES_PER_READER = 32 << 20;
+const FILES_PER_READER = 256;
+
+/** How many readers the missing part of a tree is worth: at most `parallel`, at least one. */
+export function readerCount(tasks: readonly ReadTask[], parallel: number): number {
+  if (tasks.length === 0) return 0;
+  let bytes = 0;
+  for (const t of tasks) bytes += t.ranges ? t.ranges.reduce((n, [a, b]) => n + b - a, 0) : t.size;
+  const worth = Math.max(Math.ceil(bytes / BYTES_PER_READER), Math.ceil(tasks.length / FILES_PER_READER));
+  return Math.max(1, Math.min(parallel, tasks.length, worth));
+}
 
 function startReader(work: PrewarmWork): { worker: Worker; done: Promise<PrewarmReport> } {
   const worker = new Worker(new URL("./prewarm-worker.js", import.meta.url), {
