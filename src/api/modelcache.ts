@@ -22,6 +22,38 @@ export const restoreRecordSchema = z
   })
   .describe("one restore counted on the record");
 
+const phaseSeconds = z
+  .looseObject({
+    download: z.number().optional(),
+    weightLoad: z.number().optional(),
+    modelLoad: z.number().optional(),
+    compile: z.number().optional(),
+    cudaGraph: z.number().optional(),
+    engineInit: z.number().optional(),
+    ready: z.number().optional(),
+  })
+  .describe("seconds per start-up phase, as the engine's own log lines say");
+
+export const startupRecordSchema = z
+  .looseObject({
+    namespace: z.string(),
+    name: z.string(),
+    uid: z.string(),
+    role: z.string(),
+    node: z.string(),
+    engine: z.string().describe("vllm, sglang, tgi, or unknown"),
+    seconds: phaseSeconds,
+    compileCache: z.enum(["hit", "miss", "unknown"]),
+    cause: z.string().describe("why the compile cache missed, where it can be told").optional(),
+    gpuProduct: z.string().describe("the node's nvidia.com/gpu.product when the pod started").optional(),
+    factors: z
+      .record(z.string(), z.string())
+      .describe("the engine container's compile-relevant environment: name to a digest of the value")
+      .optional(),
+    at: dateTime(),
+  })
+  .describe("one pod's start, read from its engine's log by the node agent of its node");
+
 /** Kubernetes-style condition (metav1.Condition's fields), derived from the phase (`conditions.ts`). */
 export const conditionSchema = z.looseObject({
   type: z.string(),
@@ -113,6 +145,11 @@ export const modelCacheStatusSchema = z.looseObject({
     .optional(),
   lastRestoredAt: dateTime().optional(),
   recentRestores: z.array(restoreRecordSchema).max(50).optional(),
+  startups: z
+    .array(startupRecordSchema)
+    .max(50)
+    .describe("the leader's start and the last restores' (phases, compile cache hit or miss and why)")
+    .optional(),
   /** When the phase last changed. */
   lastTransitionTime: dateTime().optional(),
   conditions: z
@@ -140,6 +177,7 @@ export type ModelCacheSpec = z.infer<typeof modelCacheSpecSchema>;
 export type ModelCacheStatus = z.infer<typeof modelCacheStatusSchema>;
 /** One restore counted on its cache's record (the last few are kept, for the views and for dedupe). */
 export type RestoreRecord = z.infer<typeof restoreRecordSchema>;
+export type StartupRecord = z.infer<typeof startupRecordSchema>;
 export type Condition = z.infer<typeof conditionSchema>;
 
 /**

@@ -5,7 +5,7 @@ import { apiError, isNotFound } from "./kube.js";
 import { parseModelCache, type ModelCacheObject } from "../api/modelcache.js";
 
 // The record's type is its schema's (src/api); re-exported for the roles that import it from here.
-export type { ModelCacheObject, RestoreRecord } from "../api/modelcache.js";
+export type { ModelCacheObject, RestoreRecord, StartupRecord } from "../api/modelcache.js";
 
 /** Whether the record's status speaks for this election (written for it, or for the one in its spec). */
 export function statusOf(cache: ModelCacheObject, electionId: string | undefined): boolean {

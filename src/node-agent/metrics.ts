@@ -13,6 +13,9 @@ export interface NodeAgentMetrics {
   claims: Counter<"result">;
   watchRestarts: Counter;
   evictions: Counter;
+  /** Each pod's start by phase, from its engine's log (leader and restores side by side). */
+  engineStartSeconds: Histogram<"phase" | "role" | "engine">;
+  compileCaches: Counter<"result" | "role">;
 }
 
 export function createNodeAgentMetrics(): NodeAgentMetrics {
@@ -81,6 +84,20 @@ export function createNodeAgentMetrics(): NodeAgentMetrics {
     watchRestarts: new Counter({
       name: "warmstart_node_agent_watch_restarts_total",
       help: "Pod watch restarts after an error",
+      registers: r,
+    }),
+    engineStartSeconds: new Histogram({
+      name: "warmstart_engine_start_seconds",
+      help: "Seconds per start-up phase of each pod of a cache on this node, as its engine's log says (download, weightLoad, modelLoad, compile, cudaGraph, engineInit, ready)",
+      labelNames: ["phase", "role", "engine"],
+      // Engines take minutes to start: buckets reach 30 minutes.
+      buckets: [0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 900, 1200, 1800],
+      registers: r,
+    }),
+    compileCaches: new Counter({
+      name: "warmstart_compile_cache_total",
+      help: "Pods' compile caches as their engines reported them: hit, miss or unknown, by role",
+      labelNames: ["result", "role"],
       registers: r,
     }),
   };

@@ -12,6 +12,7 @@ import type { ReconcileContext, ReconcileResult } from "../common/controller/con
 import type { Logger } from "../common/log.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { SETTLED } from "./capture-jobs.js";
+import { StartupReadings } from "./startups.js";
 import { checkLeader, sightLeader } from "./leader.js";
 import type { AgentParts } from "./parts.js";
 import {
@@ -49,6 +50,8 @@ export interface PodReconcilerDeps {
   adoptStored(hash: string, election: string): Promise<void>;
   /** Ask the cache reconciler to look at this cache (promote it, keep its claims). */
   enqueueCache(short: string): void;
+  /** Records a Ready leader's or restore's start from its engine's log, once (startups.ts). */
+  observeStart?(pod: k8s.V1Pod, log: Logger): Promise<void>;
 }
 
 export function podReconciler(
@@ -77,6 +80,7 @@ export function podReconciler(
 
     const seen = leaderSighting(pod, d.node);
     if (seen) await d.sight(seen, uid, log);
+    await d.observeStart?.(pod, log).catch((err: unknown) => log.warn({ err }, "start not recorded"));
 
     const dec = decidePod(pod, d.node);
     const mark = d.marks.get(uid);
@@ -169,6 +173,7 @@ export function podReconcilerDeps(
   p: AgentParts,
   o: Pick<PodReconcilerDeps, "startCapture" | "enqueueCache">,
 ): PodReconcilerDeps {
+  const startups = new StartupReadings(p);
   return {
     node: p.cfg.node,
     warmupMs: p.cfg.warmupMs,
@@ -183,6 +188,7 @@ export function podReconcilerDeps(
     },
     sight: (seen, uid, log) => sightLeader(p, seen, uid, log),
     checkLeader: (pod, hash, election) => checkLeader(p, pod, hash, election),
+    observeStart: (pod, log) => startups.observe(pod, log),
     adoptStored: async (hash, election) => {
       await p.records.advance(hash, election, "captureStarted", {
         reason: "CaptureStarted",

@@ -56,6 +56,9 @@ function render(view: View, s: Snapshot): void {
         secs(c.restoredReadySeconds),
         secs(c.savedSeconds),
         bytes(c.savedBytes),
+        c.compileCache.hits + c.compileCache.misses
+          ? `${c.compileCache.hits}/${c.compileCache.hits + c.compileCache.misses} hit`
+          : "-",
       ]),
       [
         "HASH",
@@ -69,6 +72,7 @@ function render(view: View, s: Snapshot): void {
         "RESTORED READY",
         "SAVED",
         "NOT DOWNLOADED",
+        "COMPILE CACHE",
       ],
     );
     for (const st of s.stores)
@@ -91,9 +95,29 @@ function render(view: View, s: Snapshot): void {
         p.ready ? "yes" : "no",
         secs(p.readySeconds),
         p.node,
+        secs(p.startup?.seconds.download ?? null),
+        secs(p.startup?.seconds.weightLoad ?? p.startup?.seconds.modelLoad ?? null),
+        secs(p.startup?.seconds.compile ?? null),
+        p.startup?.compileCache ?? "-",
       ]),
-      ["NAMESPACE", "POD", "HASH", "ROLE", "PHASE", "READY", "READY IN", "NODE"],
+      [
+        "NAMESPACE",
+        "POD",
+        "HASH",
+        "ROLE",
+        "PHASE",
+        "READY",
+        "READY IN",
+        "NODE",
+        "DOWNLOAD",
+        "LOAD",
+        "COMPILE",
+        "COMPILE CACHE",
+      ],
     );
+    for (const p of s.pods)
+      if (p.startup?.cause)
+        process.stdout.write(`compile cache missed on ${p.namespace}/${p.name}: ${p.startup.cause}\n`);
     const cold = s.pods
       .filter((p) => p.role === "leader" || p.role === "cold")
       .map((p) => p.readySeconds)

@@ -10,10 +10,11 @@ import { readFile, readdir, rm, mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { setTimeout as sleep } from "node:timers/promises";
-import type * as k8s from "@kubernetes/client-node";
+import * as k8s from "@kubernetes/client-node";
 import { CNI_BIN_DIR } from "./host-packages.js";
 import { GPU_PRODUCT_LABEL, setNodeGpus } from "./nodes.js";
 import { freePort, type ProcessRecord } from "./processes.js";
+import { stateDir } from "./versions.js";
 
 const run = promisify(execFile);
 
@@ -76,6 +77,8 @@ export async function startRealNode(ctx: RealNodeContext): Promise<RealNodePaths
     join(cniConf, "10-loopback.conf"),
     JSON.stringify({ cniVersion: "0.3.1", name: "lo", type: "loopback" }),
   );
+  await writeFile(gpuProductFile(p), ctx.product ?? DEFAULT_REAL_NODE_PRODUCT);
+  await writeFile(gpuRuntime(p), gpuRuntimeScript(p), { mode: 0o755 });
   await writeFile(join(p.dir, "containerd.toml"), containerdConfig(p, cniConf, ctx.pauseImage));
   ctx.progress(`real node ${ctx.name}: starting containerd`);
   await ctx.launch(`containerd-${ctx.name}`, "containerd", ["--config", join(p.dir, "containerd.toml")]);
@@ -207,6 +210,56 @@ export async function removeNodeFolder(p: RealNodePaths): Promise<void> {
   await rm(p.dir, { recursive: true, force: true, maxRetries: 3 });
 }
 
+const gpuProductFile = (p: RealNodePaths): string => join(p.dir, "gpu-product");
+const gpuRuntime = (p: RealNodePaths): string => join(p.dir, "runc-gpu");
+
+/**
+ * The node's container runtime, as the NVIDIA container runtime is on a GPU node: a wrapper of
+ * runc that edits each container's OCI spec before runc creates it. Here it gives every container
+ * the node's GPU product (NVIDIA_GPU_PRODUCT, from the node's gpu-product file), which the engine
+ * stand-in's compile caches key on as real engines' key on the device.
+ */
+function gpuRuntimeScript(p: RealNodePaths): string {
+  const edit = [
+    "const fs = require('fs'); const [spec, file] = process.argv.slice(1);",
+    "const c = JSON.parse(fs.readFileSync(spec, 'utf8')); if (!c.process) process.exit(0);",
+    "const product = fs.readFileSync(file, 'utf8').trim();",
+    "c.process.env = (c.process.env || []).filter((e) => !e.startsWith('NVIDIA_GPU_PRODUCT='));",
+    "c.process.env.push('NVIDIA_GPU_PRODUCT=' + product); fs.writeFileSync(spec, JSON.stringify(c));",
+  ].join(" ");
+  return `#!/bin/sh
+bundle= prev=
+for a in "$@"; do
+  case "$prev" in --bundle|-b) bundle=$a ;; esac
+  case "$a" in --bundle=*) bundle=\${a#--bundle=} ;; esac
+  prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+  ${JSON.stringify(process.execPath)} -e ${shellQuote(edit)} "$bundle/config.json" ${JSON.stringify(gpuProductFile(p))} || true
+fi
+exec runc "$@"
+`;
+}
+
+const shellQuote = (s: string): string => `'${s.replaceAll("'", `'\\''`)}'`;
+
+/**
+ * Swaps a real node's GPUs for another product: containers created from now on see it, and the
+ * node's nvidia.com/gpu.product label says it (as GPU feature discovery would).
+ */
+export async function setRealNodeGpuProduct(
+  core: k8s.CoreV1Api,
+  name: string,
+  product: string,
+  dir = stateDir(),
+): Promise<void> {
+  await writeFile(gpuProductFile(realNodePaths(dir, name)), product);
+  await core.patchNode(
+    { name, body: { metadata: { labels: { [GPU_PRODUCT_LABEL]: product } } } },
+    k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
+  );
+}
+
 function ctr(p: RealNodePaths, args: string[]): Promise<{ stdout: string }> {
   return run("ctr", ["--address", p.socket, "--connect-timeout", "2s", ...args], { maxBuffer: 16 << 20 });
 }
@@ -233,6 +286,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = ${JSON.stringify(join(p.dir, "runc"))}
+        BinaryName = ${JSON.stringify(gpuRuntime(p))}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = ${JSON.stringify(CNI_BIN_DIR)}
     conf_dir = ${JSON.stringify(cniConf)}

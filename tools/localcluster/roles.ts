@@ -201,6 +201,8 @@ async function startNodeAgents(ctx: RoleContext): Promise<void> {
       `--node=${node.name}`,
       `--kubelet-root=${node.kubeletRoot}`,
       `--store=${store}`,
+      // A real node's kubelet writes its containers' logs here; a simulated node has none.
+      `--pod-logs-dir=${node.podLogsDir ?? join(dirname(node.kubeletRoot), "pod-logs")}`,
       "--warmup=1s",
       "--resync=15s",
       "--no-durable",

@@ -32,6 +32,7 @@ export const DASHBOARD_HTML = `<!doctype html>
   <div class="tile"><span class="muted">Downloads avoided</span><b id="t-bytes">-</b></div>
 </div>
 <h2>Time to ready: leader (cold) vs restored, per cache</h2><svg id="chart" width="100%" height="40"></svg>
+<h2>Start by phase, as the engines logged it: leader vs restored (mean), per cache</h2><svg id="phases" width="100%" height="40"></svg>
 <h2>Caches</h2><table id="caches"></table>
 <h2>Node stores</h2><table id="stores"></table>
 <h2>Elections in progress</h2><table id="elections"></table>
@@ -57,6 +58,21 @@ function chart(caches) {
       (c.restoredReadySeconds != null ? '<rect x="' + left + '" y="' + (y + bar / 2) + '" width="' + x(c.restoredReadySeconds) + '" height="' + (bar / 2) + '" fill="#2f8f5b"><title>restored ' + fmtS(c.restoredReadySeconds) + '</title></rect>' : "") +
       '<text x="' + (left + x(c.leaderReadySeconds) + 6) + '" y="' + (y + 11) + '">' + fmtS(c.leaderReadySeconds) + " / " + fmtS(c.restoredReadySeconds) + '</text>'; }).join("");
 }
+const PHASES = [["download", "#c4453c"], ["weightLoad", "#e08a2c"], ["modelLoad", "#d9b23b"], ["compile", "#5b6fd6"], ["cudaGraph", "#8a5bd6"], ["engineInit", "#2f8f5b"]];
+function phaseChart(caches) {
+  const svg = document.getElementById("phases");
+  const rows = caches.filter((c) => c.leaderStart).flatMap((c) => [[c.hash + " leader", c.leaderStart], [c.hash + " restored", c.restoredStart]]).filter((r) => r[1]);
+  const w = svg.clientWidth || 800, bar = 12, gap = 20, left = 170, top = 24;
+  svg.setAttribute("height", Math.max(40, rows.length * gap + top + 10));
+  const total = (s) => PHASES.reduce((n, [k]) => n + (s[k] || 0), 0);
+  const max = Math.max(1, ...rows.map((r) => total(r[1])));
+  const x = (v) => ((w - left - 80) * v) / max;
+  const legend = PHASES.map(([k, c], i) => '<rect x="' + (left + i * 100) + '" y="2" width="10" height="10" fill="' + c + '"></rect><text x="' + (left + i * 100 + 14) + '" y="11">' + k + "</text>").join("");
+  svg.innerHTML = legend + rows.map(([label, s], i) => { const y = top + i * gap; let at = left;
+    return '<text x="0" y="' + (y + 10) + '">' + esc(label) + "</text>" + PHASES.filter(([k]) => s[k]).map(([k, c]) => {
+      const r = '<rect x="' + at + '" y="' + y + '" width="' + x(s[k]) + '" height="' + bar + '" fill="' + c + '"><title>' + k + " " + fmtS(s[k]) + "</title></rect>"; at += x(s[k]); return r; }).join("") +
+      '<text x="' + (at + 6) + '" y="' + (y + 10) + '">' + fmtS(total(s)) + "</text>"; }).join("");
+}
 const login = document.getElementById("login");
 login.addEventListener("submit", (e) => {
   e.preventDefault();
@@ -79,7 +95,7 @@ async function refresh() {
     document.getElementById("t-restores").textContent = s.totals.restores;
     document.getElementById("t-saved").textContent = fmtS(s.totals.savedSeconds);
     document.getElementById("t-bytes").textContent = fmtBytes(s.totals.savedBytes);
-    chart(s.caches);
+    chart(s.caches); phaseChart(s.caches);
     table(document.getElementById("caches"), [["hash", (c) => esc(c.hash)], ["model", (c) => esc(c.model)],
       ["phase", (c) => '<span class="phase-' + esc(c.phase) + '">' + esc(c.phase) + "</span>" + (c.reason ? ' <span class="muted">' + esc(c.reason) + "</span>" : "")],
       ["size", (c) => fmtBytes(c.sizeBytes)], ["restores", (c) => c.restores], ["leader ready", (c) => fmtS(c.leaderReadySeconds)],
@@ -90,7 +106,10 @@ async function refresh() {
     table(document.getElementById("elections"), [["hash", (e) => esc(e.hash)], ["leader namespace", (e) => esc(e.leaderNamespace)],
       ["acquired", (e) => esc(e.acquired)], ["deadline", (e) => esc(e.deadline)], ["waiting followers", (e) => e.followers]], s.elections);
     table(document.getElementById("pods"), [["namespace", (p) => esc(p.namespace)], ["pod", (p) => esc(p.name)], ["hash", (p) => esc(p.hash)],
-      ["role", (p) => esc(p.role)], ["phase", (p) => esc(p.phase)], ["ready in", (p) => fmtS(p.readySeconds)], ["node", (p) => esc(p.node)]], s.pods);
+      ["role", (p) => esc(p.role)], ["phase", (p) => esc(p.phase)], ["ready in", (p) => fmtS(p.readySeconds)], ["node", (p) => esc(p.node)],
+      ["download", (p) => fmtS(p.startup && p.startup.seconds.download)], ["load", (p) => fmtS(p.startup && (p.startup.seconds.weightLoad ?? p.startup.seconds.modelLoad))],
+      ["compile", (p) => fmtS(p.startup && p.startup.seconds.compile)],
+      ["compile cache", (p) => p.startup ? esc(p.startup.compileCache) + (p.startup.cause ? ' <span class="muted">' + esc(p.startup.cause) + "</span>" : "") : "-"]], s.pods);
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) { document.getElementById("updated").textContent = "cannot reach the server: " + e; }
 }

@@ -121,3 +121,39 @@ void test("node stores are shown from their agents' Leases", () => {
     ],
   );
 });
+
+void test("each pod's start comes from the record's startups by UID; a cache shows its leader's phases beside its restores' mean", () => {
+  const start = (uid: string, role: string, compile: number, hit: "hit" | "miss", cause?: string) => ({
+    ...{ namespace: "ns", name: role, uid, role, node: "gpu-0", engine: "vllm", at: "2026-01-01T00:00:00Z" },
+    seconds: { download: role === "leader" ? 60 : 0, weightLoad: 10, compile },
+    compileCache: hit,
+    ...(cause ? { cause } : {}),
+  });
+  const restore = pod("restore", [["Ready", "2026-01-01T00:00:20Z"]]);
+  restore.metadata!.uid = "r1";
+  const s = buildSnapshot(
+    [
+      cache({
+        phase: "Ready",
+        startups: [
+          start("l1", "leader", 90, "miss"),
+          start("r1", "restore", 4, "hit"),
+          start("r2", "restore", 80, "miss", "GPU product differs"),
+        ],
+      }),
+    ],
+    [],
+    [restore, pod("cold", [])],
+  );
+  assert.deepEqual(s.pods[0]!.startup, {
+    engine: "vllm",
+    seconds: { download: 0, weightLoad: 10, compile: 4 },
+    compileCache: "hit",
+    cause: null,
+  });
+  assert.equal(s.pods[1]!.startup, null, "a pod with no recorded start");
+  const row = s.caches[0]!;
+  assert.deepEqual(row.leaderStart, { download: 60, weightLoad: 10, compile: 90 });
+  assert.deepEqual(row.restoredStart, { download: 0, weightLoad: 10, compile: 42 });
+  assert.deepEqual(row.compileCache, { hits: 1, misses: 1 });
+});

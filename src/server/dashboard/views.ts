@@ -11,7 +11,7 @@ import {
   LABEL_STORE,
   MODELCACHE,
 } from "../../core/contract.js";
-import { type ModelCacheObject } from "../../common/modelcache.js";
+import { type ModelCacheObject, type StartupRecord } from "../../common/modelcache.js";
 import { redactUrlCredentials } from "../../core/env.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster's objects. */
@@ -35,6 +35,11 @@ export interface CacheRow {
   node: string;
   /** Every node whose agent serves a checked copy of the tree to its peers (status.replicas). */
   copies: string[];
+  /** The leader's start by phase, and the restores' mean (from status.startups). */
+  leaderStart: Partial<Record<StartPhase, number>> | null;
+  restoredStart: Partial<Record<StartPhase, number>> | null;
+  /** The restores' compile caches, as their engines reported them. */
+  compileCache: { hits: number; misses: number };
   lastRestoredAt: string;
   age: string;
 }
@@ -67,7 +72,28 @@ export interface PodRow {
   ready: boolean;
   readySeconds: number | null;
   node: string;
+  /** Its start as its engine's log told it, once its node agent recorded it. */
+  startup: PodStartup | null;
 }
+
+export interface PodStartup {
+  engine: string;
+  seconds: Partial<Record<StartPhase, number>>;
+  compileCache: "hit" | "miss" | "unknown";
+  /** Why the compile cache missed, where it can be told. */
+  cause: string | null;
+}
+
+/** The phases an engine's start is drawn in, in the order they happen. */
+export const START_PHASES = [
+  "download",
+  "weightLoad",
+  "modelLoad",
+  "compile",
+  "cudaGraph",
+  "engineInit",
+] as const;
+export type StartPhase = (typeof START_PHASES)[number] | "ready";
 
 export interface Snapshot {
   caches: CacheRow[];
@@ -98,7 +124,15 @@ export function readySeconds(p: k8s.V1Pod): number | undefined {
   return Math.max(0, Math.round((end - start) / 100) / 10);
 }
 
-export function podRow(p: k8s.V1Pod): PodRow {
+function podStartup(e: StartupRecord | undefined): PodStartup | null {
+  if (!e) return null;
+  const seconds: PodStartup["seconds"] = {};
+  for (const k of [...START_PHASES, "ready"] as const)
+    if (typeof e.seconds[k] === "number") seconds[k] = e.seconds[k];
+  return { engine: e.engine, seconds, compileCache: e.compileCache, cause: e.cause ?? null };
+}
+
+export function podRow(p: k8s.V1Pod, startups: ReadonlyMap<string, StartupRecord> = new Map()): PodRow {
   return {
     namespace: p.metadata?.namespace ?? "",
     name: p.metadata?.name ?? "",
@@ -108,7 +142,19 @@ export function podRow(p: k8s.V1Pod): PodRow {
     ready: p.status?.conditions?.find((c) => c.type === "Ready")?.status === "True",
     readySeconds: readySeconds(p) ?? null,
     node: p.spec?.nodeName ?? "",
+    startup: podStartup(startups.get(p.metadata?.uid ?? "")),
   };
+}
+
+/** Mean seconds per phase over some starts (a phase no start reported is left out). */
+function meanPhases(entries: StartupRecord[]): Partial<Record<StartPhase, number>> | null {
+  if (!entries.length) return null;
+  const out: Partial<Record<StartPhase, number>> = {};
+  for (const k of [...START_PHASES, "ready"] as const) {
+    const xs = entries.map((e) => e.seconds[k]).filter((x): x is number => typeof x === "number");
+    if (xs.length) out[k] = Math.round((xs.reduce((a, b) => a + b, 0) / xs.length) * 100) / 100;
+  }
+  return out;
 }
 
 const mean = (xs: number[]): number | null => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
@@ -120,7 +166,8 @@ export function buildSnapshot(
   pods: k8s.V1Pod[],
   storeLeases: k8s.V1Lease[] = [],
 ): Snapshot {
-  const podRows = pods.map(podRow);
+  const startups = new Map(caches.flatMap((c) => (c.status?.startups ?? []).map((e) => [e.uid, e] as const)));
+  const podRows = pods.map((p) => podRow(p, startups));
   // The benefit of each cache is what its record counted as its restores turned Ready, so it
   // outlives the pods; live pods only fill in a leader time the record lacks.
   const cacheRows = caches.map((c): CacheRow => {
@@ -154,6 +201,12 @@ export function buildSnapshot(
       failedCaptures: num(s.failedCaptures) ?? 0,
       node: s.node ?? "",
       copies: Object.keys(s.replicas ?? {}).sort(),
+      leaderStart: meanPhases((s.startups ?? []).filter((e) => e.role === "leader").slice(-1)),
+      restoredStart: meanPhases((s.startups ?? []).filter((e) => e.role !== "leader")),
+      compileCache: {
+        hits: (s.startups ?? []).filter((e) => e.role !== "leader" && e.compileCache === "hit").length,
+        misses: (s.startups ?? []).filter((e) => e.role !== "leader" && e.compileCache === "miss").length,
+      },
       lastRestoredAt: s.lastRestoredAt ?? "",
       age: iso(c.metadata.creationTimestamp),
     };

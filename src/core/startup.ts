@@ -1,0 +1,111 @@
+/**
+ * One pod's start as its engine told it (engine-log.ts), made into the record's entry, and why a
+ * restored pod's compile cache missed where the leader's inputs can say. Pure.
+ *
+ * Engines key their compile caches on the device and on compile-relevant settings (vLLM hashes
+ * its VLLM_* environment, the torch and Triton versions and the GPU's name and capability into the
+ * torch.compile cache key), so a restore that misses is explained by comparing what it ran on
+ * with what the leader ran on: the node's GPU product (nvidia.com/gpu.product) and the engine
+ * container's compile-relevant environment, kept as digests (values may be secrets).
+ */
+import { createHash } from "node:crypto";
+import type * as k8s from "@kubernetes/client-node";
+import type { StartupRecord } from "../api/modelcache.js";
+import type { EngineLogReading } from "./engine-log.js";
+
+/** Environment prefixes the engines' compile caches depend on. */
+const FACTOR_PREFIXES = ["VLLM_", "SGLANG_", "SGL_", "TORCH", "TRITON_", "CUDA_", "NVIDIA_", "NCCL_"];
+/** Where a cache lives, which device indexes a replica got, and credentials: not compile inputs. */
+const NOT_FACTORS = /(_DIR|_ROOT|_PATH|_HOME|_HOST|_PORT|_VISIBLE_DEVICES|_KEY|_TOKEN|_SECRET)$/;
+/** The most factors kept per entry (an attacker's pod could declare thousands). */
+const MAX_FACTORS = 32;
+
+/**
+ * The engine container's compile-relevant environment: name → 12 hex digits of the value's
+ * digest (a value from a Secret or ConfigMap digests its reference, not its content).
+ */
+export function compileFactors(env: k8s.V1EnvVar[] | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const e of env ?? []) {
+    if (Object.keys(out).length >= MAX_FACTORS) break;
+    if (e.name.length > 128 || !FACTOR_PREFIXES.some((p) => e.name.startsWith(p))) continue;
+    if (NOT_FACTORS.test(e.name)) continue;
+    const value = e.valueFrom ? `valueFrom:${JSON.stringify(e.valueFrom)}` : (e.value ?? "");
+    out[e.name] = createHash("sha256").update(value).digest("hex").slice(0, 12);
+  }
+  return out;
+}
+
+export interface StartupInput {
+  pod: { namespace: string; name: string; uid: string; role: string; node: string };
+  reading: EngineLogReading;
+  gpuProduct?: string;
+  factors: Record<string, string>;
+  at: string;
+}
+
+/** The record's entry for one pod's start. */
+export function startupRecord(i: StartupInput): StartupRecord {
+  const seconds: StartupRecord["seconds"] = {};
+  for (const [phase, s] of Object.entries(i.reading.seconds))
+    if (typeof s === "number" && Number.isFinite(s)) seconds[phase] = Math.round(s * 100) / 100;
+  return {
+    ...i.pod,
+    engine: i.reading.engine,
+    seconds,
+    compileCache: i.reading.compileCache,
+    ...(i.gpuProduct ? { gpuProduct: i.gpuProduct.slice(0, 128) } : {}),
+    ...(Object.keys(i.factors).length ? { factors: i.factors } : {}),
+    at: i.at,
+  };
+}
+
+/**
+ * Why a restored pod's compile cache missed, by what differs from the leader's start; undefined
+ * when it did not miss or is the leader (a leader compiles: nothing was there to hit).
+ */
+export function missCause(entry: StartupRecord, leader: StartupRecord | undefined): string | undefined {
+  if (entry.compileCache !== "miss" || entry.role === "leader") return undefined;
+  if (!leader) return "no record of the leader's start to compare with";
+  if ((entry.gpuProduct ?? "") !== (leader.gpuProduct ?? ""))
+    return `GPU product differs from the leader's: ${entry.gpuProduct || "none"} here, ${leader.gpuProduct || "none"} on the leader's node ${leader.node}; compile caches are built per device`;
+  const mine = entry.factors ?? {};
+  const theirs = leader.factors ?? {};
+  const differs = [...new Set([...Object.keys(mine), ...Object.keys(theirs)])]
+    .filter((k) => mine[k] !== theirs[k])
+    .sort();
+  if (differs.length)
+    return `compile-relevant environment differs from the leader's: ${differs.slice(0, 8).join(", ")}${differs.length > 8 ? ", ..." : ""}`;
+  if (entry.engine !== leader.engine)
+    return `engine differs from the leader's: ${entry.engine}, ${leader.engine}`;
+  return "same GPU product and environment as the leader: the engine's version or compile settings outside the pod spec differ";
+}
+
+/** How many entries the record keeps: the newest leader's, then the latest others'. */
+export const STARTUPS_KEPT = 30;
+
+/** The record's list with one more entry: the newest leader's kept, the oldest others dropped. */
+export function withStartup(list: StartupRecord[], entry: StartupRecord): StartupRecord[] {
+  const all = [...list.filter((x) => x.uid !== entry.uid), entry];
+  const leader = all.filter((x) => x.role === "leader").at(-1);
+  const others = all.filter((x) => x !== leader);
+  const kept = others.slice(-(STARTUPS_KEPT - (leader ? 1 : 0)));
+  return all.filter((x) => x === leader || kept.includes(x));
+}
+
+/** One line for an Event or a log: `vllm: download 0s, weight load 1.2s, compile 3.1s (cache hit)`. */
+export function describeStartup(e: StartupRecord): string {
+  const names: [keyof StartupRecord["seconds"], string][] = [
+    ["download", "download"],
+    ["weightLoad", "weight load"],
+    ["modelLoad", "model load"],
+    ["compile", "compile"],
+    ["cudaGraph", "CUDA graphs"],
+    ["engineInit", "engine init"],
+    ["ready", "ready"],
+  ];
+  const parts = names
+    .filter(([k]) => typeof e.seconds[k] === "number")
+    .map(([k, label]) => `${label} ${e.seconds[k] as number}s`);
+  return `${e.engine}: ${parts.join(", ") || "no phase lines"} (compile cache ${e.compileCache})`;
+}
