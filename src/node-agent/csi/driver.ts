@@ -99,9 +99,27 @@ export class StoreDriver {
     return { socket: this.o.socket, registration: regSocket };
   }
 
-  async stop(): Promise<void> {
+  /**
+   * Stops serving: calls in progress get `graceMs` to end, then every connection is cut (the
+   * kubelet keeps its connection open, so a graceful shutdown alone would never end).
+   */
+  async stop(graceMs = 2000): Promise<void> {
     const servers = this.servers.splice(0);
-    await Promise.all(servers.map((s) => new Promise<void>((r) => s.tryShutdown(() => r()))));
+    await Promise.all(
+      servers.map(
+        (s) =>
+          new Promise<void>((done) => {
+            const force = setTimeout(() => {
+              s.forceShutdown();
+              done();
+            }, graceMs);
+            s.tryShutdown(() => {
+              clearTimeout(force);
+              done();
+            });
+          }),
+      ),
+    );
   }
 
   private async bind(server: grpc.Server, socket: string): Promise<void> {
@@ -124,15 +142,18 @@ export class StoreDriver {
     const impl: grpc.UntypedServiceImplementation = {};
     for (const [method, fn] of Object.entries(handlers)) {
       impl[method] = (call: grpc.ServerUnaryCall<Req, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        fn(call.request).then(
-          (res) => cb(null, res),
-          (err: unknown) => {
-            const e =
-              err instanceof CsiError ? err : new CsiError(grpc.status.INTERNAL, (err as Error).message);
-            this.o.log.warn({ method, code: grpc.status[e.code], reason: e.message }, "CSI call refused");
-            cb({ code: e.code, details: e.message });
-          },
-        );
+        // A check that throws before the handler's first await is a refusal too, not UNKNOWN.
+        Promise.resolve(call.request)
+          .then(fn)
+          .then(
+            (res) => cb(null, res),
+            (err: unknown) => {
+              const e =
+                err instanceof CsiError ? err : new CsiError(grpc.status.INTERNAL, (err as Error).message);
+              this.o.log.warn({ method, code: grpc.status[e.code], reason: e.message }, "CSI call refused");
+              cb({ code: e.code, details: e.message });
+            },
+          );
       };
     }
     return impl;
