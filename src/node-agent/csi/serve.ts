@@ -44,7 +44,7 @@ export function replicationSources(
 ): { digest: string; sources: ReplicaSource[] } {
   const short = shortHash(hash);
   if (!cache || cache.spec.hash !== hash)
-    throw new CsiError(status.NOT_FOUND, `no cache record of hash ${short}... holds this hash`);
+    throw new CsiError(status.NOT_FOUND, `no cache record holds hash ${short}...: nothing to fetch`);
   const phase = cache.metadata.deletionTimestamp ? "being deleted" : (cache.status?.phase ?? "new");
   if (phase !== "Ready")
     throw new CsiError(
