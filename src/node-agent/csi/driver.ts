@@ -50,9 +50,10 @@ export interface StoreDriverOptions {
   store: CacheStore;
   /**
    * Makes the node hold the committed tree of a full hash (replication from peers) and returns its
-   * folder. Absent: a node without the tree answers FAILED_PRECONDITION.
+   * folder; `signal` aborts when the driver stops. Absent: a node without the tree answers
+   * FAILED_PRECONDITION.
    */
-  ensureTree?: (hash: string) => Promise<string>;
+  ensureTree?: (hash: string, signal: AbortSignal) => Promise<string>;
   log: Logger;
   /** Where csi.proto and pluginregistration.proto are (default: the vendored ones). */
   protoDir?: string;
@@ -67,6 +68,7 @@ export class StoreDriver {
   private readonly fetching = new Map<string, Promise<string>>();
   private readonly busy = new Map<string, Promise<unknown>>();
   private readonly version: string;
+  private readonly stopping = new AbortController();
 
   constructor(private readonly o: StoreDriverOptions) {
     this.version = packageVersion();
@@ -104,6 +106,8 @@ export class StoreDriver {
    * kubelet keeps its connection open, so a graceful shutdown alone would never end).
    */
   async stop(graceMs = 2000): Promise<void> {
+    // A fetch in progress stops and removes what it staged.
+    this.stopping.abort();
     const servers = this.servers.splice(0);
     await Promise.all(
       servers.map(
@@ -288,7 +292,7 @@ export class StoreDriver {
     let pending = this.fetching.get(hash);
     if (!pending) {
       this.o.log.info({ hash: short }, "this node lacks the tree: fetching it from peers");
-      pending = ensure(hash).finally(() => this.fetching.delete(hash));
+      pending = ensure(hash, this.stopping.signal).finally(() => this.fetching.delete(hash));
       this.fetching.set(hash, pending);
     }
     const dir = await pending.catch((err: unknown) => {

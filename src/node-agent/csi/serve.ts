@@ -28,7 +28,7 @@ export function storeDriverFor(
     registrationDir: cfg.csiRegistrationDir ?? join(cfg.kubeletRoot, "plugins_registry"),
     nodeId: cfg.node,
     store: p.store,
-    ensureTree: (hash) => fetchTree(p, hash, o.fetched),
+    ensureTree: (hash, signal) => fetchTree(p, hash, signal, o.fetched),
     log: p.log.child({ component: "csi" }),
   });
 }
@@ -77,7 +77,12 @@ async function peerTls(cfg: NodeAgentConfig, short: string): Promise<TlsMaterial
 }
 
 /** Replicates the committed tree of `hash` into the store from the nodes the record names. */
-async function fetchTree(p: AgentParts, hash: string, fetched: (short: string) => void): Promise<string> {
+async function fetchTree(
+  p: AgentParts,
+  hash: string,
+  signal: AbortSignal,
+  fetched: (short: string) => void,
+): Promise<string> {
   const short = shortHash(hash);
   const { digest, sources } = replicationSources(p.record(short), hash, p.cfg.node);
   const tls = await peerTls(p.cfg, short);
@@ -91,6 +96,7 @@ async function fetchTree(p: AgentParts, hash: string, fetched: (short: string) =
     storeDir: p.cfg.store,
     tls,
     durable: p.cfg.durable,
+    signal,
     log,
   }).catch(async (err: unknown) => {
     await dropFinalizerIfEmpty(p, hash);
