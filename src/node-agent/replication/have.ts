@@ -9,7 +9,8 @@ import type { Manifest } from "../../datapath/manifest.js";
 import { pickSource, type SourceLoad, type TreePlan } from "./plan.js";
 import type { FillingTree } from "./server.js";
 
-/** On a filling copy's answers: `<chunkBytes>:<base64 bitmap, chunk i at bit i % 8 of byte i / 8>`. */
+/** On a filling copy's answers: `<chunkBytes>:<held>:<fetching>`, each a base64 bitmap (chunk i at
+ * bit i % 8 of byte i / 8): the chunks it holds, and those it is fetching now. */
 export const HAVE_HEADER = "x-warmstart-have";
 /** The status a filling copy answers for a range it does not hold yet. */
 export const NOT_HELD_STATUS = 425;
@@ -37,8 +38,9 @@ export class HaveBits {
     return this.count;
   }
 
-  header(chunkBytes: number): string {
-    return `${chunkBytes}:${Buffer.from(this.bits).toString("base64")}`;
+  header(chunkBytes: number, fetching?: HaveBits): string {
+    const b64 = (b: Uint8Array): string => Buffer.from(b).toString("base64");
+    return `${chunkBytes}:${b64(this.bits)}:${b64((fetching ?? new HaveBits(this.chunks)).bits)}`;
   }
 }
 
@@ -47,31 +49,40 @@ export class HaveBits {
  * `chunkBytes`; undefined when it is malformed or was made for another chunk size or count
  * (such a copy is of no use to this receiver until it commits).
  */
-export function parseHave(header: string, chunkBytes: number, chunks: number): Uint8Array | undefined {
-  const m = /^(\d+):([A-Za-z0-9+/]*={0,2})$/.exec(header.trim());
+export function parseHave(
+  header: string,
+  chunkBytes: number,
+  chunks: number,
+): { have: Uint8Array; fetching: Uint8Array } | undefined {
+  const m = /^(\d+):([A-Za-z0-9+/]*={0,2}):([A-Za-z0-9+/]*={0,2})$/.exec(header.trim());
   if (!m || Number(m[1]) !== chunkBytes) return undefined;
-  const bits = Buffer.from(m[2] as string, "base64");
-  if (bits.length !== Math.ceil(chunks / 8)) return undefined;
-  return new Uint8Array(bits);
+  const [have, fetching] = [m[2], m[3]].map((x) => new Uint8Array(Buffer.from(x as string, "base64")));
+  const size = Math.ceil(chunks / 8);
+  if (have?.length !== size || fetching?.length !== size) return undefined;
+  return { have, fetching };
 }
 
 /** What the scheduler knows of one source: its load, and which chunks it holds. */
 export interface Holder extends SourceLoad {
   /** "all" for a committed copy; a bitmap over the plan's chunks for a filling one. */
   have: Uint8Array | "all";
+  /** A filling copy's chunks in flight to it. */
+  fetching?: Uint8Array;
 }
 
-export const holds = (h: Holder, chunk: number): boolean =>
-  h.have === "all" || ((h.have[chunk >> 3] ?? 0) & (1 << (chunk & 7))) !== 0;
+const bit = (b: Uint8Array, i: number): boolean => ((b[i >> 3] ?? 0) & (1 << (i & 7))) !== 0;
+export const holds = (h: Holder, chunk: number): boolean => h.have === "all" || bit(h.have, chunk);
+const fetches = (h: Holder, chunk: number): boolean => h.fetching !== undefined && bit(h.fetching, chunk);
 
 /**
- * The next chunk to fetch and where from. The source is the least busy one (pickSource) among
- * those that hold a queued chunk and have fewer than `perSource` of our requests; the chunk is
- * the rarest of the queued ones it holds (fewest live holders), the earliest in the queue among
- * equals. So a committed origin is asked only for what no less busy filling copy holds, and
- * receivers that start on different parts of the tree fetch different chunks from it.
- * `queue` holds plan chunk indices. Returns positions in `queue` and `holders`, or undefined
- * when no source may be asked for anything now.
+ * The next chunk to fetch and where from. A filling copy is worth asking for any queued chunk it
+ * holds; a committed copy (the origin, for one) only for a chunk no filling copy that could take
+ * a request of ours now holds, nor any live filling copy is fetching, so the origin sends what
+ * nobody else has or is getting, about once, and the copies spread the rest. Among the sources worth asking (fewer than `perSource` of our requests), the least
+ * busy (pickSource); from it, the rarest of those chunks (fewest live holders), the earliest in
+ * `queue` among equals, so receivers that start at different places fetch different chunks from
+ * the origin. `queue` holds plan chunk indices. Returns positions in `queue` and `holders`, or
+ * undefined when no source may be asked for anything now.
  */
 export function pickWork(
   queue: readonly number[],
@@ -79,22 +90,23 @@ export function pickWork(
   perSource: number,
 ): { at: number; source: number } | undefined {
   if (queue.length === 0) return undefined;
-  const useful = holders.map(
-    (h) => h.alive && h.inflight < perSource && (h.have === "all" || queue.some((c) => holds(h, c))),
+  const open = holders.map((h) => h.alive && h.inflight < perSource);
+  // Per queued chunk: live holders, and whether a filling copy that is open holds it.
+  const rarity = queue.map((c) => holders.filter((h) => h.alive && (holds(h, c) || fetches(h, c))).length);
+  const spread = queue.map((c) =>
+    holders.some((h, i) => h.have !== "all" && ((open[i] && holds(h, c)) || (h.alive && fetches(h, c)))),
   );
+  const wanted = (h: Holder, at: number): boolean =>
+    holds(h, queue[at] as number) && (h.have !== "all" || !spread[at]);
+  const useful = holders.map((h, i) => (open[i] as boolean) && queue.some((_, at) => wanted(h, at)));
   const source = pickSource(holders.map((h, i) => ({ ...h, alive: useful[i] as boolean })));
   if (source === undefined) return undefined;
   const chosen = holders[source] as Holder;
-  let best: { at: number; rarity: number } | undefined;
-  for (let at = 0; at < queue.length; at++) {
-    const c = queue[at] as number;
-    if (!holds(chosen, c)) continue;
-    let rarity = 0;
-    for (const h of holders) if (h.alive && holds(h, c)) rarity++;
-    if (!best || rarity < best.rarity) best = { at, rarity };
-    if (rarity === 1) break;
-  }
-  return best && { at: best.at, source };
+  let best: number | undefined;
+  for (let at = 0; at < queue.length; at++)
+    if (wanted(chosen, at) && (best === undefined || (rarity[at] as number) < (rarity[best] as number)))
+      best = at;
+  return best === undefined ? undefined : { at: best, source };
 }
 
 /** Most of our requests one source gets: all of them when it is alone, fewer when there are
@@ -114,6 +126,7 @@ export function fillingTree(
   plan: TreePlan,
   chunkBytes: number,
   own: HaveBits,
+  fetching: HaveBits,
   parts: { raw: Buffer; manifest: Manifest; meta: Buffer; staging: string },
 ): FillingTree {
   const first = new Map<string, number>();
@@ -130,6 +143,6 @@ export function fillingTree(
         if (!own.has(base + k)) return false;
       return true;
     },
-    have: () => own.header(chunkBytes),
+    have: () => own.header(chunkBytes, fetching),
   };
 }

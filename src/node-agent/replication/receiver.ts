@@ -137,6 +137,7 @@ class Run {
   private failure?: Error;
   private queue: Chunk[] = [];
   private own?: HaveBits;
+  private fetching?: HaveBits;
   private unserve?: () => void;
   private unwatch?: () => void;
   private poller?: NodeJS.Timeout;
@@ -202,14 +203,11 @@ class Run {
     activeStaging.add(staging);
     await makeSkeleton(staging, plan);
     this.queue = rotatedOrder(plan.chunks.length, this.o.startAt ?? 0).map((k) => plan.chunks[k] as Chunk);
-    const own = (this.own = new HaveBits(plan.chunks.length));
+    [this.own, this.fetching] = [new HaveBits(plan.chunks.length), new HaveBits(plan.chunks.length)];
     const parts = { raw, manifest, meta, staging };
-    this.unserve = this.o.serveFilling?.(fillingTree(plan, this.chunkBytes, own, parts));
-    const every = this.o.havePollMs ?? 500;
-    this.poller = setInterval(
-      () => pollFilling(this.sources, paths.have(this.short), every, (s, err) => this.sourceFailed(s, err)),
-      every,
-    );
+    this.unserve = this.o.serveFilling?.(fillingTree(plan, this.chunkBytes, this.own, this.fetching, parts));
+    const failed = (s: Source, err: unknown): void => this.sourceFailed(s, err);
+    this.poller = pollFilling(this.sources, paths.have(this.short), this.o.havePollMs ?? 500, failed);
     this.remaining = plan.files.map(() => 0);
     this.owner = plan.files.map(() => []);
     for (const c of plan.chunks) this.remaining[c.file] = (this.remaining[c.file] ?? 0) + 1;
@@ -352,10 +350,10 @@ class Run {
     for (const f of w) f();
   }
 
-  /** Until something changes (a chunk done, a source's news), or a quarter second. */
+  /** Until something changes (a chunk done, a source's news), or a second. */
   private idle(): Promise<void> {
     return new Promise<void>((resolve) => {
-      const t = setTimeout(resolve, 250);
+      const t = setTimeout(resolve, 1000);
       this.waiters.push(() => {
         clearTimeout(t);
         resolve();
@@ -407,6 +405,7 @@ class Run {
     const first = !this.retried.has(c);
     this.retried.add(c);
     const fh = await open(f.path, "r+");
+    this.fetching?.set(c.index, true);
     try {
       await s.fetchRange(paths.file(this.short, f.rel), c.offset, c.length, fh, {
         skipZeros: first,
@@ -421,6 +420,7 @@ class Run {
       if (!this.failure) this.queue.unshift(c);
       return;
     } finally {
+      this.fetching?.set(c.index, false);
       await fh.close();
     }
     (this.owner[c.file] as (number | undefined)[])[Math.floor(c.offset / this.chunkBytes)] = i;

@@ -54,6 +54,7 @@ export class Source implements Holder {
   dropReason?: DropReason;
   /** Every chunk (a committed copy), or the bitmap a filling copy last sent. */
   have: Uint8Array | "all";
+  fetching?: Uint8Array;
   /** When an answer last came (performance.now() milliseconds). */
   heardAt = 0;
   /** The plan's chunk size and count, once known: a HAVE_HEADER is read against them. */
@@ -163,8 +164,10 @@ export class Source implements Holder {
     if (typeof header === "string") {
       const bits = this.plan && parseHave(header, this.plan.chunkBytes, this.plan.chunks);
       if (!bits) return;
-      this.have = bits;
-    } else if (res.statusCode === 200 || res.statusCode === 206) this.have = "all";
+      this.have = bits.have;
+      this.fetching = bits.fetching;
+    } else if (res.statusCode === 200 || res.statusCode === 206)
+      [this.have, this.fetching] = ["all", undefined];
     else return;
     this.onHave(this);
   }
@@ -281,19 +284,21 @@ export class Source implements Holder {
   }
 }
 
-/** Asks each live filling source not heard from for `every` ms what it holds. */
+/** Every `every` ms, asks each live filling source not heard from for that long what it holds. */
 export function pollFilling(
   sources: readonly Source[],
   path: string,
   every: number,
   failed: (s: Source, err: unknown) => void,
-): void {
-  const now = performance.now();
-  for (const s of sources) {
-    if (!s.alive || s.have === "all" || now - s.heardAt < every) continue;
-    s.heardAt = now;
-    s.poll(path).catch((err: unknown) => failed(s, err));
-  }
+): NodeJS.Timeout {
+  return setInterval(() => {
+    const now = performance.now();
+    for (const s of sources) {
+      if (!s.alive || s.have === "all" || now - s.heardAt < every) continue;
+      s.heardAt = now;
+      s.poll(path).catch((err: unknown) => failed(s, err));
+    }
+  }, every);
 }
 
 /** Whether the bytes at `pos` of `fh` differ from `run`. */
