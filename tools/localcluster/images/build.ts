@@ -363,6 +363,8 @@ async function appInputs(): Promise<string[]> {
   });
   if (existsSync(join(PACKAGE_ROOT, "deploy/crds")))
     await walk(join(PACKAGE_ROOT, "deploy/crds"), () => true);
+  // The CSI driver's protocol files, loaded at start (as the Dockerfile copies them).
+  await walk(join(PACKAGE_ROOT, "src/node-agent/csi/proto"), (p) => p.endsWith(".proto"));
   return out.sort();
 }
 
