@@ -39,7 +39,7 @@ import { createReplicationMetrics } from "../metrics.js";
 import { CacheStore } from "../store.js";
 import { ACTIVE_STREAMS_HEADER, paths } from "./plan.js";
 import { replicateTree, ReplicationError, type ReplicateOptions } from "./receiver.js";
-import { manifestDigestOf, PeerServer, type PeerServerOptions } from "./server.js";
+import { manifestDigestOf, PeerServer, type FillingTree, type PeerServerOptions } from "./server.js";
 
 const HASH = "5e".repeat(32);
 const SHORT = shortHash(HASH);
@@ -467,4 +467,72 @@ void test("a name that is not UTF-8 travels byte for byte, and a sparse file sta
     r.totalBytes,
     "the zeros of a hole still travel: only their writes are saved",
   );
+});
+
+void test("two nodes filling at once serve each other the chunks they hold, and both commit the captured tree", async (t) => {
+  const f = await fixture(t, 1);
+  const origin = f.nodes[0] as Node;
+  const peers = await Promise.all(
+    ["a", "b"].map(async (name) => {
+      const storeDir = join(f.dir, `filling-${name}`);
+      const pem = await issueCert(f.ca, { commonName: name, usage: "both", ips: ["127.0.0.1"] });
+      const tls = { ca: f.ca.cert, ...pem };
+      const server = new PeerServer({ storeDir, tls });
+      const port = await server.listen(0, "127.0.0.1");
+      t.after(() => server.close());
+      return { name, storeDir, tls, server, url: `https://127.0.0.1:${port}` };
+    }),
+  );
+  const [a, b] = peers as [(typeof peers)[0], (typeof peers)[0]];
+  // What `a` serves while it fills, as it starts (before any chunk is in).
+  let filling: FillingTree | undefined;
+  let atStart: { have: string; holds: boolean } | undefined;
+  const run = (me: typeof a, other: typeof a, startAt: number): ReturnType<typeof replicateTree> =>
+    replicateTree(
+      f.opts({
+        storeDir: me.storeDir,
+        tls: me.tls,
+        sources: [
+          { node: "origin", url: origin.url },
+          { node: other.name, url: other.url, filling: true },
+        ],
+        startAt,
+        havePollMs: 20,
+        streams: 2,
+        serveFilling: (tree) => {
+          if (me === a) {
+            filling = tree;
+            atStart = { have: tree.have(), holds: tree.holds(BLOB_BIG, 0, 9) };
+          }
+          return me.server.serveFilling(SHORT, tree);
+        },
+      }),
+    );
+  const [ra, rb] = await Promise.all([run(a, b, 0), run(b, a, 0.5)]);
+  await assertSameTree(f, ra.dest);
+  await assertSameTree(f, rb.dest);
+  const relayed = (ra.bySource.b ?? 0) + (rb.bySource.a ?? 0);
+  assert.ok(relayed > 0, `the filling nodes fed each other (${JSON.stringify([ra.bySource, rb.bySource])})`);
+  assert.ok(
+    (ra.bySource.origin ?? 0) + (rb.bySource.origin ?? 0) < 2 * ra.totalBytes,
+    "the origin sent less than two trees",
+  );
+  assert.match(atStart?.have ?? "", /^65536:A+=*:A+=*$/, "nothing held or fetched yet");
+  assert.equal(atStart?.holds, false);
+  // A range a filling copy does not hold is 425, with what it holds in the header; one it holds
+  // is served (the same tree under another short, from the committed files of `a`).
+  const other = "0123456789abcdef";
+  const tree = filling as FillingTree;
+  a.server.serveFilling(other, { ...tree, staging: ra.dest, holds: (_rel, start) => start === 0 });
+  const no = await get(a.url, paths.file(other, BLOB_BIG), tlsOf(f), { range: "bytes=70000-70009" });
+  assert.equal(no.status, 425);
+  assert.match(String(no.headers["x-warmstart-have"]), /^65536:/);
+  const yes = await get(a.url, paths.file(other, BLOB_BIG), tlsOf(f), { range: "bytes=0-9" });
+  assert.equal(yes.status, 206);
+  assert.ok(yes.body.equals((f.files.get(BLOB_BIG) as Buffer).subarray(0, 10)));
+  assert.ok((await get(a.url, paths.manifest(other), tlsOf(f))).body.equals(tree.raw));
+  // Committed, `a` serves the tree as any committed copy: no have header.
+  const after = await get(a.url, paths.file(SHORT, BLOB_BIG), tlsOf(f), { range: "bytes=0-9" });
+  assert.equal(after.status, 206);
+  assert.equal(after.headers["x-warmstart-have"], undefined);
 });
