@@ -12,6 +12,8 @@ const MADV_SEQUENTIAL = 2;
 const MADV_POPULATE_READ = 22; // Linux 5.14
 /** Files are mapped this much at a time: page tables for 64 MiB, never the whole file. */
 const MAP_WINDOW = 64 << 20;
+/** A digest maps less at a time: what a capture has mapped counts in its resident set. */
+const DIGEST_WINDOW = 8 << 20;
 const MAP_FAILED = 0xffffffffffffffffn; // (void *)-1, as an unsigned address
 let populateWorks = libc !== null && process.env.WARMSTART_NO_POPULATE !== "1";
 
@@ -73,7 +75,7 @@ export function digestMapped(
   if (!libc) return false;
   for (let done = 0; done < len;) {
     if (stopped?.()) throw new StoppedError();
-    const n = Math.min(MAP_WINDOW, len - done);
+    const n = Math.min(DIGEST_WINDOW, len - done);
     const ptr = libc.mmapPtr(null, n, PROT_READ, MAP_SHARED, fd, done);
     const addr = ptr === null ? MAP_FAILED : libc.address(ptr);
     if (addr === MAP_FAILED) {

@@ -11,6 +11,7 @@ import { workerExecArgv } from "./copy-files.js";
 import { useResidency, withLowIoPriority, type ResidencyMethod } from "./native.js";
 import { listTree, loadOrder } from "./prewarm-order.js";
 import { planReads, type ReadPlan, type ReadTask } from "./prewarm-plan.js";
+import { BIG_TASK, packTasks, SLOTS } from "./prewarm-slots.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
 
 export const DEFAULT_PREWARM_PARALLEL = 6;
@@ -44,6 +45,8 @@ export interface PrewarmOptions {
   lowPriority?: boolean;
   /** Read every range into a buffer, never through a mapping (tests of that path). */
   noPopulate?: boolean;
+  /** Files with this much or more to read are read two at a time, in order (default 64 MiB). */
+  bigBytes?: number;
 }
 
 export interface PrewarmResult {
@@ -65,8 +68,9 @@ export interface PrewarmResult {
   lowPriority: boolean;
   seconds: number;
   parallel: number;
-  /** The most readers that were inside a file at the same moment. */
+  /** The most readers that were inside a file at the same moment, and inside a big one. */
   peakReaders: number;
+  peakBigReaders: number;
   errorCount: number;
   /** The first few errors (path: message). */
   errors: string[];
@@ -89,6 +93,7 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     seconds: 0,
     parallel,
     peakReaders: 0,
+    peakBigReaders: 0,
     errorCount: 0,
     errors: [],
   };
@@ -127,12 +132,13 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   result.residency = plan.residency;
 
   // Readers only for what is missing: a tree already in memory starts none.
-  const shared = new SharedArrayBuffer(4 * Int32Array.BYTES_PER_ELEMENT);
+  const shared = new SharedArrayBuffer(SLOTS.count * Int32Array.BYTES_PER_ELEMENT);
   const work: PrewarmWork = {
     shared,
     chunkBytes,
     holdMs: opts.holdMs ?? 0,
     noPopulate: opts.noPopulate ?? false,
+    bigBytes: opts.bigBytes ?? BIG_TASK,
   };
   let readers: ReturnType<typeof startReader>[] = [];
   // A cold tree gets every reader (small files on a cold disk are read at the disk's latency);
@@ -148,7 +154,8 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     if (opts.lowPriority ?? true) result.lowPriority = withLowIoPriority(startReaders);
     else startReaders();
   }
-  for (const r of readers) r.worker.postMessage(plan.tasks);
+  const packed = readers.length > 0 ? packTasks(plan.tasks) : undefined;
+  for (const r of readers) r.worker.postMessage(packed);
   const reports = await Promise.all(readers.map((r) => r.done));
   for (const r of reports) {
     result.files += r.files;
@@ -157,7 +164,8 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     errorCount += r.errorCount;
     for (const e of r.errors) if (errors.length < MAX_ERRORS_SHOWN) errors.push(e);
   }
-  result.peakReaders = Atomics.load(new Int32Array(shared), 2);
+  result.peakReaders = Atomics.load(new Int32Array(shared), SLOTS.peak);
+  result.peakBigReaders = Atomics.load(new Int32Array(shared), SLOTS.peakBig);
   result.seconds = (performance.now() - start) / 1000;
   result.errorCount = errorCount;
   result.errors = errors.map((e) => `${e.path}: ${e.message}`);
