@@ -12,7 +12,7 @@ import {
   ANN_STORE_USED,
   LABEL_STORE,
 } from "../core/contract.js";
-import type { StorageProfile, StorageProfiles } from "../promote/profiles.js";
+import { withStoreDriver, type StorageProfile, type StorageProfiles } from "../promote/profiles.js";
 import { describeStore, type StoreLocation, type StoreStorage } from "../promote/publish.js";
 import type { NodeAgentConfig } from "./config.js";
 import type { AgentParts } from "./parts.js";
@@ -110,8 +110,12 @@ export class StoreStorageInfo {
     return this.described?.claim?.namespace;
   }
 
+  /** A node-local store is node-store when this agent serves the CSI driver, else host-path. */
   async profile(): Promise<StorageProfile> {
     const s = await this.storage();
-    return this.profiles.resolve(s.provisioner, s.volumeType);
+    return withStoreDriver(
+      await this.profiles.resolve(s.provisioner, s.volumeType),
+      Boolean(this.cfg.csiPluginDir),
+    );
   }
 }

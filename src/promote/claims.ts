@@ -13,6 +13,7 @@ import {
   SNAPSHOT_VERSION,
   cloneClaim,
   hostPathVolume,
+  nodeStoreVolume,
   preBoundClaim,
   sharedVolume,
   snapshotContentFor,
@@ -131,7 +132,9 @@ export async function ensureClaim(
       const volume =
         source.backend === "host-path"
           ? hostPathVolume(short, source, namespace)
-          : sharedVolume(short, source, namespace);
+          : source.backend === "node-store"
+            ? nodeStoreVolume(short, source, namespace)
+            : sharedVolume(short, source, namespace);
       const pvName = volume.metadata!.name!;
       let ours: k8s.V1PersistentVolume | undefined;
       await createOnce(`PersistentVolume ${pvName}`, async () => {

@@ -11,6 +11,8 @@ import type { CacheSource } from "./source.js";
 export const SNAPSHOT_GROUP = "snapshot.storage.k8s.io";
 export const SNAPSHOT_VERSION = "v1";
 export const MANAGED_BY = { "app.kubernetes.io/managed-by": "warmstart" } as const;
+/** The node agent's own CSI driver (node-store, docs/adr/0011-store-driver.md); its handle is a full hash. */
+export const NODE_STORE_DRIVER = "store.warmstart.dev";
 
 /** Labels of everything minted for one cache in (or for) one namespace. */
 export function promoteLabels(short: string, namespace: string): Record<string, string> {
@@ -93,10 +95,29 @@ export function hostPathVolume(
 }
 
 /**
+ * node-store: the tree through the node agents' CSI driver, with **no** node affinity: a pod may
+ * run on any node, whose agent replicates the tree from its peers before it mounts it. The handle
+ * is the full hash (the driver refuses anything else); no mount options, the driver mounts the
+ * tree `ro,nosuid,nodev` itself whatever the pod asks.
+ */
+export function nodeStoreVolume(
+  short: string,
+  source: CacheSource,
+  namespace: string,
+): k8s.V1PersistentVolume {
+  const hash = source.volumeHandle ?? "";
+  if (!/^[0-9a-f]{64}$/.test(hash) || !hash.startsWith(short))
+    throw new Error(`cache ${short}: node-store source needs the cache's full hash as its volume handle`);
+  return staticVolume(short, source, namespace, {
+    csi: { driver: NODE_STORE_DRIVER, volumeHandle: hash, readOnly: true },
+  });
+}
+
+/**
  * A read-only PV of the cache for one namespace, pre-bound to its `rox-<short>` claim. ReadOnlyMany
  * is a promise the kubelet does not keep for a pod that mounts the claim without `readOnly`: a
  * volume type that takes mount options is mounted `ro` on the node whatever the pod asks (SPEC
- * 1.9). The kubelet refuses mount options on `hostPath` volumes.
+ * 1.9). The kubelet refuses mount options on `hostPath` volumes; the node-store driver takes none.
  */
 function staticVolume(
   short: string,
@@ -104,7 +125,12 @@ function staticVolume(
   namespace: string,
   volume: Partial<k8s.V1PersistentVolumeSpec>,
 ): k8s.V1PersistentVolume {
-  const mountOptions = volume.hostPath ? source.mountOptions : [...new Set([...source.mountOptions, "ro"])];
+  const mountOptions =
+    volume.csi?.driver === NODE_STORE_DRIVER
+      ? []
+      : volume.hostPath
+        ? source.mountOptions
+        : [...new Set([...source.mountOptions, "ro"])];
   return {
     apiVersion: "v1",
     kind: "PersistentVolume",
@@ -153,7 +179,7 @@ export function sharedVolume(short: string, source: CacheSource, namespace: stri
   });
 }
 
-/** Claim `rox-<short>` pre-bound to its PV (host-path and shared-volume). */
+/** Claim `rox-<short>` pre-bound to its PV (host-path, node-store and shared-volume). */
 export function preBoundClaim(
   short: string,
   source: CacheSource,

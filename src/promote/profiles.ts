@@ -13,7 +13,13 @@ import { HOST_PATH_PROVISIONER, STORAGE_PROFILES_CONFIGMAP } from "../core/contr
 import { apiError, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 
-export const BACKENDS = ["host-path", "shared-volume", "snapshot-clone", "per-pod-clone"] as const;
+export const BACKENDS = [
+  "host-path",
+  "node-store",
+  "shared-volume",
+  "snapshot-clone",
+  "per-pod-clone",
+] as const;
 export type Backend = (typeof BACKENDS)[number];
 
 export const DEFAULT_PREWARM_PARALLELISM = 6;
@@ -179,6 +185,29 @@ export function unshareable(p: StorageProfile): string | undefined {
   if (p.backend === "shared-volume" && !p.mountsTree)
     return `the cache stores' driver ${storage} would mount the whole store, every cache in it, not one tree (${why}); its storage profile needs mountsTree with a handle or attributes naming {path}: pods start cold`;
   return undefined;
+}
+
+/**
+ * The backend of a node-local store (SPEC 1.5): `node-store` when this node's agent serves the
+ * CSI driver `store.warmstart.dev` (`--csi-plugin-dir`), so a restore may run on any node and the
+ * driver fills that node's store from its peers; `host-path` (local PVs pinned to the tree's node)
+ * when it does not, as on a single node. A profile that names `node-store` while no driver is
+ * served falls back to host-path too: nothing would mount its volumes.
+ */
+export function withStoreDriver(p: StorageProfile, driverServed: boolean): StorageProfile {
+  if (driverServed && p.backend === "host-path")
+    return {
+      ...p,
+      backend: "node-store",
+      why: "a node-local store served by the node agent's CSI driver store.warmstart.dev: mounted read-only on any node, replicated from peers first where the node lacks the tree",
+    };
+  if (!driverServed && p.backend === "node-store")
+    return {
+      ...p,
+      backend: "host-path",
+      why: "node-store without the node agent's CSI driver (--csi-plugin-dir): local PVs pinned to the tree's node",
+    };
+  return p;
 }
 
 export interface ParsedProfiles {

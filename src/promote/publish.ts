@@ -154,6 +154,9 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
   switch (i.profile.backend) {
     case "host-path":
       return { ...base, node: i.store.node, path: i.tree, hostPathType: i.profile.hostPathType };
+    case "node-store":
+      // Any node's agent serves the tree by its hash (ADR 0011): no node, no path, no mount options.
+      return { ...base, mountOptions: [], volumeHandle: i.hash };
     case "shared-volume": {
       const refused = unshareable(i.profile);
       if (refused) throw new Error(refused);

@@ -23,6 +23,7 @@ export const CacheSourceSchema = z.object({
   hostPathType: z.enum(["local", "hostPath"]).optional(),
   /** shared-volume: the store volume's CSI identity and the tree's directory inside it. */
   driver: z.string().optional(),
+  /** node-store: the cache's full hash, the handle of every namespace's volume. */
   volumeHandle: z.string().optional(),
   fsType: z.string().optional(),
   /** The store volume's own CSI attributes, copied as they are. */
@@ -58,10 +59,11 @@ export function sourceOf(cache: {
 export const encodeSource = (s: CacheSource): string => JSON.stringify(s);
 
 /**
- * The tree's folder inside the volume a restore mounts: host-path volumes and narrowed shared
- * volumes are the tree itself ("." — the kubelet takes an empty expanded subPath for a missing
- * value).
+ * The tree's folder inside the volume a restore mounts: host-path and node-store volumes and
+ * narrowed shared volumes are the tree itself ("." — the kubelet takes an empty expanded subPath
+ * for a missing value).
  */
 export function treeSubPath(source: CacheSource): string {
-  return (source.backend === "host-path" || source.treeAtRoot ? "" : source.subPath) || ".";
+  const atRoot = source.backend === "host-path" || source.backend === "node-store" || source.treeAtRoot;
+  return (atRoot ? "" : source.subPath) || ".";
 }
