@@ -20,6 +20,8 @@ import { compileFactors, describeStartup, missCause, startupRecord, withStartup 
 import { podEvent, type AgentParts } from "./parts.js";
 
 const ROLES = new Set(["leader", "follower", "restore"]);
+/** How long after Ready a log without engine lines is read again (not yet flushed). */
+const LOG_GRACE_MS = 60_000;
 /** UIDs remembered as done; the oldest are forgotten past this (their pods are long gone). */
 const REMEMBERED = 4096;
 
@@ -34,9 +36,15 @@ export class StartupReadings {
     const role = pod.metadata?.annotations?.[ANN_ROLE] ?? "";
     const short = pod.metadata?.labels?.[LABEL_HASH];
     if (!uid || !short || !ROLES.has(role) || this.done.has(uid)) return;
-    if (!pod.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True")) return;
+    const ready = pod.status?.conditions?.find((c) => c.type === "Ready" && c.status === "True");
+    if (!ready) return;
     const found = await this.engineLog(pod);
-    if (!found) return this.remember(uid);
+    if (!found) {
+      // The runtime may not have flushed the last lines yet: look again at the next resync.
+      const since = this.p.clock.now() - new Date(ready.lastTransitionTime ?? 0).getTime();
+      if (since > LOG_GRACE_MS) this.remember(uid);
+      return;
+    }
     const { reading, container } = found;
     const leader = this.p.record(short)?.status?.startups?.findLast((x) => x.role === "leader");
     const entry = startupRecord({
