@@ -38,6 +38,7 @@ interface Fill {
   sources: ReplicaSource[];
   chunkBytes: number;
   streams: number;
+  stallMs: number;
   startAt: number;
   /** Serve the chunks held while filling. */
   serveFilling: boolean;
@@ -57,6 +58,7 @@ async function fill(f: Fill): Promise<void> {
       tls,
       streams: f.streams,
       chunkBytes: f.chunkBytes,
+      stallMs: f.stallMs,
       startAt: f.startAt,
       durable: false,
       watchSources: (add) => {

@@ -32,6 +32,9 @@ const { values } = parseArgs({
     mbit: { type: "string", default: "100" },
     "chunk-kib": { type: "string", default: "1024" },
     streams: { type: "string", default: "8" },
+    // The origin alone at N = 16 on slow links gives each request a trickle: more than the
+    // receiver's default 30 s without a byte happens, and would drop the only source.
+    "stall-s": { type: "string", default: "120" },
     modes: { type: "string", default: "origin,swarm" },
     out: { type: "string", default: ".bench/swarm" },
     work: { type: "string", default: "/var/tmp/warmstart-bench-swarm" },
@@ -47,6 +50,7 @@ const mbit = Number(values.mbit);
 const linkBytesPerSecond = (mbit * 1e6) / 8;
 const chunkBytes = Number(values["chunk-kib"]) * 1024;
 const streams = Number(values.streams);
+const stallMs = Number(values["stall-s"]) * 1000;
 const work = resolve(values.work);
 const log = (line: string): void => void process.stderr.write(`[bench:swarm] ${line}\n`);
 if (process.getuid?.() !== 0) throw new Error("bench:swarm needs root (network namespaces and tc)");
@@ -95,7 +99,15 @@ async function main(): Promise<void> {
     loadAfter: loadavg().map((x) => Number(x.toFixed(2))),
     minutes: Number(((Date.now() - started) / 60_000).toFixed(1)),
   };
-  const config = { sizeMiB: sizeBytes / MiB, treeBytes, mbit, chunkBytes, streams, receivers: counts };
+  const config = {
+    sizeMiB: sizeBytes / MiB,
+    treeBytes,
+    mbit,
+    chunkBytes,
+    streams,
+    stallMs,
+    receivers: counts,
+  };
   mkdirSync(values.out, { recursive: true });
   writeFileSync(join(values.out, "swarm.json"), JSON.stringify({ machine, config, results }, null, 2));
   writeFileSync(join(values.out, "swarm.png"), await plotSwarm(results));
@@ -301,6 +313,7 @@ async function runOnce(
         sources: [{ node: "origin", url: origin.url }, ...others],
         chunkBytes,
         streams,
+        stallMs,
         startAt: swarm ? i / n : 0,
         serveFilling: swarm,
       });
