@@ -56,6 +56,7 @@ export interface Libc {
   copyFileRange: CopyFileRange;
   syscall: (nr: number, ...typedArgs: unknown[]) => number | bigint;
   close: (fd: number) => number;
+  openat: (dirFd: number, name: string, flags: number) => number;
   errno: () => number;
 }
 
@@ -94,6 +95,7 @@ async function loadLibc(): Promise<Libc | null> {
       ) as CopyFileRange,
       syscall: lib.func("long syscall(long, ...)") as Libc["syscall"],
       close: lib.func("int close(int)") as Libc["close"],
+      openat: lib.func("int openat(int, const char *, int)") as Libc["openat"],
       errno: () => koffi.errno(),
     };
   } catch {
@@ -427,7 +429,19 @@ const RESOLVE_NO_SYMLINKS = 0x04;
 const RESOLVE_BENEATH = 0x08;
 let openat2Works = libc !== null && process.env.WARMSTART_NO_OPENAT2 !== "1";
 
-/** Closes a descriptor openat2Beneath returned. Node's fs did not open it, so its closeSync
+/**
+ * openat(2) of `name` in the folder `dirFd` (close-on-exec): one component looked up, not a whole
+ * path, and none of Node's bookkeeping; close it with closeRawFd. Undefined without the native
+ * helpers (the caller opens by path).
+ */
+export function openAtRaw(dirFd: number, name: string, flags: number): number | undefined {
+  if (!libc) return undefined;
+  const fd = libc.openat(dirFd, name, flags | O_CLOEXEC);
+  if (fd < 0) throw errnoError("openat", name, libc.errno());
+  return fd;
+}
+
+/** Closes a descriptor openat2Beneath or openAtRaw returned. Node's fs did not open it, so its closeSync
  * would warn (in a worker thread) about a descriptor it does not track. */
 export function closeRawFd(fd: number): void {
   libc?.close(fd);

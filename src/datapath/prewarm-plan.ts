@@ -6,7 +6,15 @@
  * starts, so a tree that is already in memory costs no reader at all.
  */
 import { closeSync, constants as fsc, openSync } from "node:fs";
-import { fileSize, missingPages, pageSize, residencyMethod, type ResidencyMethod } from "./native.js";
+import {
+  closeRawFd,
+  fileSize,
+  missingPages,
+  openAtRaw,
+  pageSize,
+  residencyMethod,
+  type ResidencyMethod,
+} from "./native.js";
 
 export interface ReadTask {
   path: string;
@@ -33,18 +41,38 @@ export function planReads(
   note: (path: string, err: unknown) => void,
 ): ReadPlan {
   const plan: ReadPlan = { tasks: [], residentFiles: 0, residentBytes: 0, residency: null };
-  for (const path of paths) {
-    let fd: number | undefined;
-    try {
-      fd = openSync(path, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
-      // A name swapped for a FIFO or a device since the listing fails here (ESPIPE) or when
-      // it is read: an error counted, never a hang (O_NONBLOCK) or a device read to its end.
-      planFile(plan, path, fd, fileSize(fd), chunkBytes);
-    } catch (err) {
-      note(path, err);
-    } finally {
-      if (fd !== undefined) closeSync(fd);
+  // Each file is opened by its name in its folder, the folder kept open while the next file is
+  // in it too: a file's look-up is then four short calls (openat, lseek, cachestat, close).
+  const folder = { path: "", fd: -1 };
+  const flags = fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK;
+  const openFile = (path: string): [number, boolean] => {
+    const slash = path.lastIndexOf("/");
+    const dir = path.slice(0, slash + 1);
+    if (dir !== folder.path) {
+      if (folder.fd >= 0) closeSync(folder.fd);
+      folder.fd = -1;
+      folder.path = dir;
+      folder.fd = openSync(dir || ".", fsc.O_RDONLY | fsc.O_DIRECTORY);
     }
+    const raw = openAtRaw(folder.fd, path.slice(slash + 1), flags);
+    return raw === undefined ? [openSync(path, flags), false] : [raw, true];
+  };
+  try {
+    for (const path of paths) {
+      let fd: [number, boolean] | undefined;
+      try {
+        fd = openFile(path);
+        // A name swapped for a FIFO or a device since the listing fails here (ESPIPE) or when
+        // it is read: an error counted, never a hang (O_NONBLOCK) or a device read to its end.
+        planFile(plan, path, fd[0], fileSize(fd[0]), chunkBytes);
+      } catch (err) {
+        note(path, err);
+      } finally {
+        if (fd) (fd[1] ? closeRawFd : closeSync)(fd[0]);
+      }
+    }
+  } finally {
+    if (folder.fd >= 0) closeSync(folder.fd);
   }
   plan.residency = residencyMethod() ?? null;
   return plan;
