@@ -3,10 +3,13 @@
  * engine stand-in fetching from the local model hub), the engine's own report read from its
  * container log on the node, and the hub's counters.
  */
-import { readFile, readdir } from "node:fs/promises";
+import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
-import type * as k8s from "@kubernetes/client-node";
+import * as k8s from "@kubernetes/client-node";
+import { createCA, issueCert } from "../src/common/certs.js";
+import { isAlreadyExists } from "../src/common/kube.js";
 import {
   containerLogDir,
   engineDeployment,
@@ -15,6 +18,7 @@ import {
 } from "../tools/localcluster/engine-chart.js";
 import assert from "node:assert/strict";
 import { kube, localCluster, uniqueName, waitFor } from "./harness.js";
+import { takeOverRole } from "./roles.js";
 
 export type { EngineReport };
 
@@ -28,19 +32,89 @@ export interface RealNode {
 
 /** The local cluster's first real node, or a skip saying why there is none. */
 export async function realNodeOrSkip(t: TestContext): Promise<RealNode | undefined> {
+  return (await realNodesOrSkip(t, 1))?.[0];
+}
+
+/** The local cluster's real nodes, or a skip saying why there are fewer than `n`. */
+export async function realNodesOrSkip(t: TestContext, n: number): Promise<RealNode[] | undefined> {
   const st = await localCluster();
-  const node = st?.nodes.find((n) => n.real);
-  if (!st || !node?.podLogsDir || !st.images || !st.roles.modelHub) {
-    t.skip("no real node in this cluster (a foreign KUBECONFIG, or cluster up --real-nodes 0)");
+  const nodes = (st?.nodes ?? []).filter((x) => x.real && x.podLogsDir);
+  if (!st || nodes.length < n || !st.images || !st.roles.modelHub) {
+    t.skip(
+      `fewer than ${n} real nodes in this cluster (a foreign KUBECONFIG, or cluster up --real-nodes ${n - 1})`,
+    );
     return undefined;
   }
-  return {
+  return nodes.map((node) => ({
     name: node.name,
-    podLogsDir: node.podLogsDir,
+    podLogsDir: node.podLogsDir!,
     kubeletRoot: node.kubeletRoot,
-    hub: st.roles.modelHub,
-    images: st.images,
-  };
+    hub: st.roles.modelHub!,
+    images: st.images!,
+  }));
+}
+
+export const STORE_DRIVER = "store.warmstart.dev";
+
+/**
+ * The node-store backend on these nodes for one test: the CSIDriver object, and each node's agent
+ * run by the test with the driver on (--csi-plugin-dir under its kubelet root) and, with `peers`,
+ * a peer certificate of one CA for this test, as the chart issues them; until each kubelet has
+ * registered the driver.
+ */
+export async function serveStoreDriver(
+  t: TestContext,
+  nodes: RealNode[],
+  o: { peers?: boolean } = {},
+): Promise<void> {
+  const { kc } = await kube();
+  const storage = kc.makeApiClient(k8s.StorageV1Api);
+  try {
+    await storage.createCSIDriver({
+      body: {
+        metadata: { name: STORE_DRIVER },
+        spec: {
+          attachRequired: false,
+          podInfoOnMount: false,
+          fsGroupPolicy: "None",
+          volumeLifecycleModes: ["Persistent"],
+          requiresRepublish: false,
+        },
+      },
+    });
+    t.after(() => storage.deleteCSIDriver({ name: STORE_DRIVER }).catch(() => undefined));
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw err;
+  }
+  const ca = o.peers ? await createCA("warmstart node agents") : undefined;
+  const dir = await mkdtemp(join(tmpdir(), "peer-tls-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  if (ca) await writeFile(join(dir, "ca.crt"), ca.cert);
+  for (const node of nodes) {
+    const args = [`--csi-plugin-dir=${join(node.kubeletRoot, "plugins", STORE_DRIVER)}`];
+    if (ca) {
+      const pem = await issueCert(ca, { commonName: node.name, ips: ["127.0.0.1"], usage: "both" });
+      await writeFile(join(dir, `${node.name}.crt`), pem.cert);
+      await writeFile(join(dir, `${node.name}.key`), pem.key, { mode: 0o600 });
+      args.push(
+        `--peer-cert=${join(dir, `${node.name}.crt`)}`,
+        `--peer-key=${join(dir, `${node.name}.key`)}`,
+        `--peer-ca=${join(dir, "ca.crt")}`,
+        "--peer-port=0",
+        "--peer-address=127.0.0.1",
+      );
+    }
+    await takeOverRole(t, `node-agent-${node.name}`, { extraArgs: args });
+  }
+  for (const node of nodes)
+    await waitFor(
+      `the kubelet of ${node.name} to register the driver (CSINode)`,
+      async () =>
+        (await storage.readCSINode({ name: node.name }).catch(() => undefined))?.spec?.drivers?.some(
+          (d) => d.name === STORE_DRIVER,
+        ),
+      60_000,
+    );
 }
 
 export interface EngineChartOptions {

@@ -6,59 +6,28 @@
  * the claim by hand, as root and without `readOnly`, cannot write it.
  */
 import assert from "node:assert/strict";
-import { join } from "node:path";
 import { test } from "node:test";
-import * as k8s from "@kubernetes/client-node";
-import { isAlreadyExists } from "../../src/common/kube.js";
 import { getModelCache } from "../../src/common/modelcache.js";
 import { ANN_ROLE, LABEL_HASH, READY_MARKER, claimName } from "../../src/core/contract.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
+  STORE_DRIVER,
   createEngines,
   engineReport,
   hubStats,
   modelBytes,
   mountByHand,
   realNodeOrSkip,
+  serveStoreDriver,
 } from "../realnode.js";
-import { takeOverRole } from "../roles.js";
 
-const DRIVER = "store.warmstart.dev";
 const READY_MS = 240_000;
 
 test("node-store on a real kubelet: the restore's claim names store.warmstart.dev with no node affinity, the kubelet publishes it through the node agent, the follower fetches nothing; root cannot write a hand-made mount", async (t) => {
   const node = await realNodeOrSkip(t);
   if (!node) return;
-  const { kc, core, custom } = await kube();
-  const storage = kc.makeApiClient(k8s.StorageV1Api);
-  try {
-    await storage.createCSIDriver({
-      body: {
-        metadata: { name: DRIVER },
-        spec: {
-          attachRequired: false,
-          podInfoOnMount: false,
-          fsGroupPolicy: "None",
-          volumeLifecycleModes: ["Persistent"],
-          requiresRepublish: false,
-        },
-      },
-    });
-    t.after(() => storage.deleteCSIDriver({ name: DRIVER }).catch(() => undefined));
-  } catch (err) {
-    if (!isAlreadyExists(err)) throw err;
-  }
-  await takeOverRole(t, `node-agent-${node.name}`, {
-    extraArgs: [`--csi-plugin-dir=${join(node.kubeletRoot, "plugins", DRIVER)}`],
-  });
-  await waitFor(
-    "the kubelet to register the driver (CSINode)",
-    async () =>
-      (await storage.readCSINode({ name: node.name }).catch(() => undefined))?.spec?.drivers?.some(
-        (d) => d.name === DRIVER,
-      ),
-    60_000,
-  );
+  const { core, custom } = await kube();
+  await serveStoreDriver(t, [node]);
 
   const ns = await tempNamespace(t, "nstore");
   const model = `synthetic/${uniqueName("m")}`;
@@ -80,7 +49,7 @@ test("node-store on a real kubelet: the restore's claim names store.warmstart.de
 
   const claim = await core.readNamespacedPersistentVolumeClaim({ name: claimName(short), namespace: ns });
   const pv = await core.readPersistentVolume({ name: claim.spec!.volumeName! });
-  assert.equal(pv.spec?.csi?.driver, DRIVER);
+  assert.equal(pv.spec?.csi?.driver, STORE_DRIVER);
   assert.equal(pv.spec?.csi?.volumeHandle, cache.spec.hash, "handle = the full hash");
   assert.deepEqual(pv.spec?.accessModes, ["ReadOnlyMany"]);
   assert.equal(pv.spec?.nodeAffinity, undefined, "no node affinity: a follower may run on any node");
