@@ -1,10 +1,9 @@
 /**
  * Page-cache work through mappings (native.ts's koffi helpers): a prewarm brings a range into
- * the page cache without copying it to the process, and a capture digests the copy it just wrote
- * straight from the page cache. Both map at most 64 MiB at a time.
+ * the page cache without copying it to the process, mapping at most 64 MiB at a time.
  */
 import { constants as osConstants } from "node:os";
-import { errnoError, MAP_SHARED, nativeLibc, PROT_READ, StoppedError } from "./native.js";
+import { MAP_SHARED, nativeLibc, PROT_READ } from "./native.js";
 
 const libc = nativeLibc();
 
@@ -12,9 +11,6 @@ const MADV_SEQUENTIAL = 2;
 const MADV_POPULATE_READ = 22; // Linux 5.14
 /** Files are mapped this much at a time: page tables for 64 MiB, never the whole file. */
 const MAP_WINDOW = 64 << 20;
-/** A digest maps less at a time: what a capture has mapped counts in its resident set. */
-const DIGEST_WINDOW = 8 << 20;
-const MAP_FAILED = 0xffffffffffffffffn; // (void *)-1, as an unsigned address
 let populateWorks = libc !== null && process.env.WARMSTART_NO_POPULATE !== "1";
 
 /**
@@ -58,37 +54,4 @@ export function disablePopulate(): () => void {
   const was = populateWorks;
   populateWorks = false;
   return () => void (populateWorks = was);
-}
-
-/**
- * Feeds [0, len) of `fd` to `update` through read-only shared mappings, a window at a time, so
- * the bytes go from the page cache to the digest without a copy into a buffer. Only for a file
- * no one else can shorten while it is mapped (a copy of ours in staging): touching a mapped page
- * past the end of a file is a SIGBUS. False when mapping is not possible here (the caller reads).
- */
-export function digestMapped(
-  fd: number,
-  len: number,
-  update: (b: Uint8Array) => void,
-  stopped?: () => boolean,
-): boolean {
-  if (!libc) return false;
-  for (let done = 0; done < len;) {
-    if (stopped?.()) throw new StoppedError();
-    const n = Math.min(DIGEST_WINDOW, len - done);
-    const ptr = libc.mmapPtr(null, n, PROT_READ, MAP_SHARED, fd, done);
-    const addr = ptr === null ? MAP_FAILED : libc.address(ptr);
-    if (addr === MAP_FAILED) {
-      if (done === 0) return false;
-      throw errnoError("mmap", `fd ${fd}`, libc.errno());
-    }
-    try {
-      libc.madvise(addr, n, MADV_SEQUENTIAL);
-      update(new Uint8Array(libc.view(ptr, n)));
-    } finally {
-      libc.munmapPtr(ptr, n);
-    }
-    done += n;
-  }
-  return true;
 }

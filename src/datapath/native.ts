@@ -25,8 +25,6 @@ type Mmap = (addr: number, len: number, prot: number, flags: number, fd: number,
 type Munmap = (addr: Addr, len: number) => number;
 type Mincore = (addr: Addr, len: number, vec: Buffer) => number;
 type Madvise = (addr: Addr, len: number, advice: number) => number;
-// The same mmap returning a pointer object, which koffi.view can turn into an ArrayBuffer.
-type MmapPtr = (addr: null, len: number, prot: number, flags: number, fd: number, off: number) => unknown;
 type CopyFileRange = (
   fdIn: number,
   offIn: null,
@@ -47,10 +45,6 @@ export interface Libc {
   munmap: Munmap;
   mincore: Mincore;
   madvise: Madvise;
-  mmapPtr: MmapPtr;
-  munmapPtr: (addr: unknown, len: number) => number;
-  view: (ptr: unknown, len: number) => ArrayBuffer;
-  address: (ptr: unknown) => bigint;
   lseek: (fd: number, off: number, whence: number) => number | bigint;
   pageSize: number;
   copyFileRange: CopyFileRange;
@@ -84,10 +78,6 @@ async function loadLibc(): Promise<Libc | null> {
       munmap: lib.func("int munmap(intptr_t, size_t)") as Munmap,
       mincore: lib.func("int mincore(intptr_t, size_t, void *)") as Mincore,
       madvise: lib.func("int madvise(intptr_t, size_t, int)") as Madvise,
-      mmapPtr: lib.func("mmap", "void *", ["void *", "size_t", "int", "int", "int", "int64_t"]) as MmapPtr,
-      munmapPtr: lib.func("munmap", "int", ["void *", "size_t"]) as Libc["munmapPtr"],
-      view: (ptr, len) => koffi.view(ptr, len),
-      address: (ptr) => koffi.address(ptr),
       lseek: lib.func("int64_t lseek(int, int64_t, int)") as Libc["lseek"],
       pageSize: Number((lib.func("long sysconf(int)") as (n: number) => number | bigint)(SC_PAGESIZE)),
       copyFileRange: lib.func(
