@@ -88,12 +88,22 @@ async function main(): Promise<void> {
   const loadBefore = loadavg();
   const started = Date.now();
   const results: RunResult[] = [];
+  const failures: { receivers: number; mode: string; error: string }[] = [];
   for (const n of counts)
     for (const mode of modes) {
       log(`N=${n}, ${mode}`);
-      results.push(await runOnce(n, mode, { hash, treeBytes, originStore, digest, net, tlsFiles }));
-      const r = results[results.length - 1] as RunResult;
-      log(`  last node ${r.lastFillSeconds.toFixed(1)} s, origin sent ${r.originTrees.toFixed(2)} trees`);
+      try {
+        const r = await runOnce(n, mode, { hash, treeBytes, originStore, digest, net, tlsFiles });
+        results.push(r);
+        log(`  last node ${r.lastFillSeconds.toFixed(1)} s, origin sent ${r.originTrees.toFixed(2)} trees`);
+      } catch (err) {
+        // A run that fails is reported as such; its processes and stores go, the next runs go on.
+        failures.push({ receivers: n, mode, error: (err as Error).message });
+        log(`  failed: ${(err as Error).message}`);
+        for (const c of children) c.kill("SIGKILL");
+        children.clear();
+        rmSync(join(work, "run"), { recursive: true, force: true });
+      }
     }
   const machine = {
     cpus: cpus().length,
@@ -111,9 +121,13 @@ async function main(): Promise<void> {
     receivers: counts,
   };
   mkdirSync(values.out, { recursive: true });
-  writeFileSync(join(values.out, "swarm.json"), JSON.stringify({ machine, config, results }, null, 2));
+  writeFileSync(
+    join(values.out, "swarm.json"),
+    JSON.stringify({ machine, config, results, failures }, null, 2),
+  );
   writeFileSync(join(values.out, "swarm.png"), await plotSwarm(results));
   printSwarm(results);
+  for (const f of failures) process.stdout.write(`failed: N=${f.receivers} ${f.mode}: ${f.error}\n`);
   process.stdout.write(
     `\nmachine: ${machine.cpus} CPUs, load ${machine.loadBefore.join(" ")} before, ` +
       `${machine.loadAfter.join(" ")} after; ${machine.minutes} min; tree ${(treeBytes / MiB).toFixed(0)} MiB, ` +
