@@ -62,7 +62,8 @@ function cleanup(): void {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
   children.clear();
   teardown();
-  rmSync(join(work, "run"), { recursive: true, force: true });
+  // The tree, the stores and the keys: nothing of the run stays behind.
+  rmSync(work, { recursive: true, force: true });
 }
 for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const)
   process.on(sig, () => {
