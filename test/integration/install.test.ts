@@ -149,6 +149,7 @@ void test(
       server: { port: serverPort },
       nodeAgent: {
         kubeletRoot: node.kubeletRoot,
+        podLogsDir: node.podLogsDir,
         // The node's root mount is private here.
         mountPropagation: "None",
         store: { hostPath: store },
