@@ -389,7 +389,7 @@ function printTable(rs: RunResult[]): void {
       "first Ready s",
       "all Ready s",
       "restore s (mean)",
-      "floor s (engine alone)",
+      "floor s (engine's own restart s)",
       "restore / floor",
       "prewarm s / limit s",
       "webhook CPU s / MiB",

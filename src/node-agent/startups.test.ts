@@ -29,7 +29,7 @@ function pod(uid: string, role: string, readyAt = "2026-12-01T10:00:04Z"): k8s.V
       namespace: "ns",
       uid,
       labels: { "warmstart.dev/hash": SHORT },
-      annotations: { "warmstart.dev/role": role },
+      annotations: { "warmstart.dev/role": role, "warmstart.dev/hash": SHORT.repeat(4) },
     },
     spec: { nodeName: "gpu-1", containers: [{ name: "engine", env: [{ name: "VLLM_X", value: "1" }] }] },
     status: { conditions: [{ type: "Ready", status: "True", lastTransitionTime: new Date(readyAt) }] },
@@ -43,7 +43,7 @@ async function harness(product: string, leader?: StartupRecord) {
     kind: "ModelCache",
     metadata: { name: SHORT },
     spec: { hash: SHORT.repeat(4) },
-    status: { phase: "Ready", ...(leader ? { startups: [leader] } : {}) },
+    status: { phase: "Ready", leaderUid: "the-leader", ...(leader ? { startups: [leader] } : {}) },
   };
   const events: k8s.CoreV1Event[] = [];
   let writes = 0;
@@ -159,5 +159,26 @@ void test("no engine lines yet: read again later, unless the pod has been Ready 
   await h.writeLog(notReady, VLLM_HIT);
   await h.readings.observe(notReady, log);
   assert.equal(h.writes(), 1, "a cold pod and a pod not Ready are not read");
+  await h.done();
+});
+
+void test("forged stamps are not read: another cache's hash, or a leader the record does not name", async () => {
+  const h = await harness("NVIDIA-L40S");
+  const forged = pod("f1", "restore");
+  forged.metadata!.annotations!["warmstart.dev/hash"] = "f".repeat(64);
+  await h.writeLog(forged, VLLM_MISS);
+  await h.readings.observe(forged, log);
+  const fake = pod("f2", "leader");
+  await h.writeLog(fake, VLLM_MISS);
+  await h.readings.observe(fake, log);
+  assert.equal(h.writes(), 0, "neither is recorded");
+  const real = pod("the-leader", "leader");
+  await h.writeLog(real, VLLM_MISS);
+  await h.readings.observe(real, log);
+  assert.deepEqual(
+    h.record.status!.startups!.map((e) => `${e.role} ${e.uid} ${e.at}`),
+    ["leader the-leader 2026-12-01T10:00:04.000Z"],
+    "the named leader, at the time it turned Ready",
+  );
   await h.done();
 });

@@ -13,7 +13,7 @@ import { open, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import type * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
-import { ANN_ROLE, LABEL_HASH } from "../core/contract.js";
+import { ANN_HASH, ANN_ROLE, LABEL_HASH } from "../core/contract.js";
 import { ENGINE_LOG_MAX_CHARS, readEngineLog, type EngineLogReading } from "../core/engine-log.js";
 import { GPU_PRODUCT_LABEL } from "../core/gpu.js";
 import { compileFactors, describeStartup, missCause, startupRecord, withStartup } from "../core/startup.js";
@@ -38,6 +38,11 @@ export class StartupReadings {
     if (!uid || !short || !ROLES.has(role) || this.done.has(uid)) return;
     const ready = pod.status?.conditions?.find((c) => c.type === "Ready" && c.status === "True");
     if (!ready) return;
+    // Stamps are the webhook's, but a pod admitted while it was down wears what its author wrote:
+    // only the record's own hash counts, and only the leader the record names is its leader.
+    const record = this.p.record(short);
+    if (!record || record.spec.hash !== pod.metadata?.annotations?.[ANN_HASH]) return this.remember(uid);
+    if (role === "leader" && record.status?.leaderUid !== uid) return;
     const found = await this.engineLog(pod);
     if (!found) {
       // The runtime may not have flushed the last lines yet: look again at the next resync.
@@ -46,11 +51,11 @@ export class StartupReadings {
       return;
     }
     const { reading, container } = found;
-    const leader = this.p.record(short)?.status?.startups?.findLast((x) => x.role === "leader");
+    const leader = record.status?.startups?.findLast((x) => x.role === "leader");
     const entry = startupRecord({
       pod: {
-        namespace: pod.metadata!.namespace!,
-        name: pod.metadata!.name!,
+        namespace: pod.metadata.namespace!,
+        name: pod.metadata.name!,
         uid,
         role,
         node: this.p.cfg.node,
@@ -58,7 +63,7 @@ export class StartupReadings {
       reading,
       gpuProduct: await this.gpuProduct(),
       factors: compileFactors(container.env),
-      at: new Date(this.p.clock.now()).toISOString(),
+      at: new Date(ready.lastTransitionTime ?? this.p.clock.now()).toISOString(),
     });
     const cause = missCause(entry, leader);
     if (cause) entry.cause = cause;
@@ -108,7 +113,10 @@ export class StartupReadings {
   }
 }
 
-/** The end of the current run's log (the highest-numbered file), at most ENGINE_LOG_MAX_CHARS. */
+/**
+ * The start of the current run's log (the highest-numbered file), at most ENGINE_LOG_MAX_CHARS:
+ * the phase lines come first, and a chatty engine's later lines must not push them out.
+ */
 async function latestLog(dir: string): Promise<string> {
   const files = (await readdir(dir)).filter((f) => /^\d{1,6}\.log$/.test(f));
   const latest = files.sort((a, b) => parseInt(a, 10) - parseInt(b, 10)).at(-1);
@@ -118,7 +126,7 @@ async function latestLog(dir: string): Promise<string> {
     const { size } = await fh.stat();
     const length = Math.min(size, ENGINE_LOG_MAX_CHARS);
     const buf = Buffer.alloc(length);
-    await fh.read(buf, 0, length, size - length);
+    await fh.read(buf, 0, length, 0);
     return buf.toString("utf8");
   } finally {
     await fh.close();

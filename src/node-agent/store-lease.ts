@@ -110,12 +110,17 @@ export class StoreStorageInfo {
     return this.described?.claim?.namespace;
   }
 
-  /** A node-local store is node-store when this agent serves the CSI driver, else host-path. */
+  /**
+   * A node-local store is node-store when this agent serves the CSI driver and can fetch trees
+   * from its peers (their certificates given), else host-path: without peers a follower on a node
+   * lacking the tree would wait for good, where host-path only pins it to the tree's node.
+   */
   async profile(): Promise<StorageProfile> {
     const s = await this.storage();
+    const { csiPluginDir, peerCert, peerKey, peerCa } = this.cfg;
     return withStoreDriver(
       await this.profiles.resolve(s.provisioner, s.volumeType),
-      Boolean(this.cfg.csiPluginDir),
+      Boolean(csiPluginDir && peerCert && peerKey && peerCa),
     );
   }
 }

@@ -27,7 +27,7 @@ test("node-store on a real kubelet: the restore's claim names store.warmstart.de
   const node = await realNodeOrSkip(t);
   if (!node) return;
   const { core, custom } = await kube();
-  await serveStoreDriver(t, [node]);
+  await serveStoreDriver(t, [node], { peers: true });
 
   const ns = await tempNamespace(t, "nstore");
   const model = `synthetic/${uniqueName("m")}`;

@@ -235,7 +235,7 @@ for a in "$@"; do
   prev=$a
 done
 if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-  ${JSON.stringify(process.execPath)} -e ${shellQuote(edit)} "$bundle/config.json" ${JSON.stringify(gpuProductFile(p))} || true
+  ${shellQuote(process.execPath)} -e ${shellQuote(edit)} "$bundle/config.json" ${shellQuote(gpuProductFile(p))} || true
 fi
 exec runc "$@"
 `;

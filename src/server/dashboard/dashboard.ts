@@ -58,20 +58,30 @@ function chart(caches) {
       (c.restoredReadySeconds != null ? '<rect x="' + left + '" y="' + (y + bar / 2) + '" width="' + x(c.restoredReadySeconds) + '" height="' + (bar / 2) + '" fill="#2f8f5b"><title>restored ' + fmtS(c.restoredReadySeconds) + '</title></rect>' : "") +
       '<text x="' + (left + x(c.leaderReadySeconds) + 6) + '" y="' + (y + 11) + '">' + fmtS(c.leaderReadySeconds) + " / " + fmtS(c.restoredReadySeconds) + '</text>'; }).join("");
 }
-const PHASES = [["download", "#c4453c"], ["weightLoad", "#e08a2c"], ["modelLoad", "#d9b23b"], ["compile", "#5b6fd6"], ["cudaGraph", "#8a5bd6"], ["engineInit", "#2f8f5b"]];
+// Disjoint segments: the engines' lines overlap (vLLM's model load holds its download and weight
+// load, its engine init its compile), so each bar stacks what only one phase took, and the rest of
+// its time to ready as "other".
+const SEGMENTS = [["download", "#c4453c"], ["load", "#e08a2c"], ["compile", "#5b6fd6"], ["cudaGraph", "#8a5bd6"], ["other", "#9aa3ad"]];
+function segments(s) {
+  const v = { download: s.download || 0, compile: s.compile || 0, cudaGraph: s.cudaGraph || 0 };
+  v.load = s.weightLoad != null ? s.weightLoad : Math.max(0, (s.modelLoad || 0) - v.download);
+  const sum = v.download + v.load + v.compile + v.cudaGraph;
+  v.other = Math.max(0, (s.ready || 0) - sum);
+  return v;
+}
 function phaseChart(caches) {
   const svg = document.getElementById("phases");
-  const rows = caches.filter((c) => c.leaderStart).flatMap((c) => [[c.hash + " leader", c.leaderStart], [c.hash + " restored", c.restoredStart]]).filter((r) => r[1]);
+  const rows = caches.filter((c) => c.leaderStart).flatMap((c) => [[c.hash + " leader", c.leaderStart], [c.hash + " restored", c.restoredStart]]).filter((r) => r[1]).map(([l, s]) => [l, segments(s)]);
   const w = svg.clientWidth || 800, bar = 12, gap = 20, left = 170, top = 24;
   svg.setAttribute("height", Math.max(40, rows.length * gap + top + 10));
-  const total = (s) => PHASES.reduce((n, [k]) => n + (s[k] || 0), 0);
+  const total = (v) => SEGMENTS.reduce((n, [k]) => n + v[k], 0);
   const max = Math.max(1, ...rows.map((r) => total(r[1])));
   const x = (v) => ((w - left - 80) * v) / max;
-  const legend = PHASES.map(([k, c], i) => '<rect x="' + (left + i * 100) + '" y="2" width="10" height="10" fill="' + c + '"></rect><text x="' + (left + i * 100 + 14) + '" y="11">' + k + "</text>").join("");
-  svg.innerHTML = legend + rows.map(([label, s], i) => { const y = top + i * gap; let at = left;
-    return '<text x="0" y="' + (y + 10) + '">' + esc(label) + "</text>" + PHASES.filter(([k]) => s[k]).map(([k, c]) => {
-      const r = '<rect x="' + at + '" y="' + y + '" width="' + x(s[k]) + '" height="' + bar + '" fill="' + c + '"><title>' + k + " " + fmtS(s[k]) + "</title></rect>"; at += x(s[k]); return r; }).join("") +
-      '<text x="' + (at + 6) + '" y="' + (y + 10) + '">' + fmtS(total(s)) + "</text>"; }).join("");
+  const legend = SEGMENTS.map(([k, c], i) => '<rect x="' + (left + i * 100) + '" y="2" width="10" height="10" fill="' + c + '"></rect><text x="' + (left + i * 100 + 14) + '" y="11">' + k + "</text>").join("");
+  svg.innerHTML = legend + rows.map(([label, v], i) => { const y = top + i * gap; let at = left;
+    return '<text x="0" y="' + (y + 10) + '">' + esc(label) + "</text>" + SEGMENTS.filter(([k]) => v[k] > 0).map(([k, c]) => {
+      const r = '<rect x="' + at + '" y="' + y + '" width="' + x(v[k]) + '" height="' + bar + '" fill="' + c + '"><title>' + k + " " + fmtS(v[k]) + "</title></rect>"; at += x(v[k]); return r; }).join("") +
+      '<text x="' + (at + 6) + '" y="' + (y + 10) + '">' + fmtS(total(v)) + "</text>"; }).join("");
 }
 const login = document.getElementById("login");
 login.addEventListener("submit", (e) => {
