@@ -47,6 +47,7 @@ async function harness(product: string, leader?: StartupRecord) {
   };
   const events: k8s.CoreV1Event[] = [];
   let writes = 0;
+  let recordKnown = true;
   const parts = {
     cfg: { node: "gpu-1", podLogsDir: dir },
     log: createLogger("test", { level: "silent" }),
@@ -69,7 +70,7 @@ async function harness(product: string, leader?: StartupRecord) {
         return Promise.resolve({ cache: record, written: true });
       },
     },
-    record: () => record,
+    record: () => (recordKnown ? record : undefined),
   } as unknown as AgentParts;
   const writeLog = async (p: k8s.V1Pod, text: string): Promise<void> => {
     const d = join(dir, `ns_${p.metadata!.name}_${p.metadata!.uid}`, "engine");
@@ -78,6 +79,10 @@ async function harness(product: string, leader?: StartupRecord) {
   };
   return {
     readings: new StartupReadings(parts),
+    /** A node agent restarted: same cluster, nothing remembered. */
+    restarted: () => new StartupReadings(parts),
+    /** Whether the informer holds the record yet. */
+    knowRecord: (known: boolean) => void (recordKnown = known),
     record,
     events,
     writes: () => writes,
@@ -180,5 +185,34 @@ void test("forged stamps are not read: another cache's hash, or a leader the rec
     ["leader the-leader 2026-12-01T10:00:04.000Z"],
     "the named leader, at the time it turned Ready",
   );
+  await h.done();
+});
+
+void test("a start seen before the informer holds its record is recorded once the record arrives", async () => {
+  const h = await harness("NVIDIA-L40S");
+  const p = pod("r3", "restore");
+  await h.writeLog(p, VLLM_HIT);
+  h.knowRecord(false);
+  await h.readings.observe(p, log);
+  assert.equal(h.writes(), 0, "nothing to write to yet");
+  h.knowRecord(true);
+  await h.readings.observe(p, log);
+  assert.equal(h.writes(), 1, "recorded when the record is known");
+  assert.deepEqual(
+    h.events.map((x) => x.reason),
+    ["EngineStarted"],
+  );
+  await h.done();
+});
+
+void test("a restarted node agent neither records a start twice nor tells it again", async () => {
+  const h = await harness("NVIDIA-L40S");
+  const p = pod("r4", "restore");
+  await h.writeLog(p, VLLM_HIT);
+  await h.readings.observe(p, log);
+  await h.restarted().observe(p, log);
+  assert.equal(h.writes(), 1);
+  assert.equal(h.record.status!.startups!.length, 1);
+  assert.equal(h.events.length, 1, "one Event for one start");
   await h.done();
 });

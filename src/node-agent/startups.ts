@@ -40,8 +40,10 @@ export class StartupReadings {
     if (!ready) return;
     // Stamps are the webhook's, but a pod admitted while it was down wears what its author wrote:
     // only the record's own hash counts, and only the leader the record names is its leader.
+    // A record the informer does not hold yet may still come: only another hash is final.
     const record = this.p.record(short);
-    if (!record || record.spec.hash !== pod.metadata?.annotations?.[ANN_HASH]) return this.remember(uid);
+    if (!record) return;
+    if (record.spec.hash !== pod.metadata?.annotations?.[ANN_HASH]) return this.remember(uid);
     if (role === "leader" && record.status?.leaderUid !== uid) return;
     const found = await this.engineLog(pod);
     if (!found) {
