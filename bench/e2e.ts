@@ -18,16 +18,14 @@ import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { parseArgs, promisify } from "node:util";
 import * as k8s from "@kubernetes/client-node";
-import { Resvg } from "@resvg/resvg-js";
 import Table from "cli-table3";
-import * as vega from "vega";
-import { compile } from "vega-lite";
 import { getModelCache } from "../src/common/modelcache.js";
 import { ANN_ROLE, INIT_PREWARM, SKIP } from "../src/core/contract.js";
 import { up, type ClusterState } from "../tools/localcluster/cluster.js";
 import { containerLogDir, engineDeployment, parseEngineReport } from "../tools/localcluster/engine-chart.js";
 import { setNodeGpus } from "../tools/localcluster/nodes.js";
 import { processStartTime } from "../tools/localcluster/processes.js";
+import { plotByN } from "./plot.js";
 
 const run = promisify(execFile);
 const MiB = 2 ** 20;
@@ -437,38 +435,16 @@ function printTable(rs: RunResult[]): void {
 }
 
 async function plot(rs: RunResult[]): Promise<Buffer> {
-  const rows = rs.flatMap((r) => [
-    { N: r.replicas, election: r.election, metric: "hub MiB served", value: r.hubBytes / MiB },
-    { N: r.replicas, election: r.election, metric: "all Ready (s)", value: r.allReadySeconds },
-    { N: r.replicas, election: r.election, metric: "first Ready (s)", value: r.firstReadySeconds },
-  ]);
-  const spec = compile({
-    $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+  return plotByN({
     title: "N replicas of one model: Warmstart's election off vs on",
-    data: { values: rows },
-    facet: { column: { field: "metric", type: "nominal", title: null } },
-    spec: {
-      width: 260,
-      height: 220,
-      mark: { type: "line", point: true },
-      encoding: {
-        x: {
-          field: "N",
-          type: "quantitative",
-          title: "replicas",
-          scale: { type: "log", base: 2 },
-          axis: { values: [...new Set(rs.map((r) => r.replicas))] },
-        },
-        y: { field: "value", type: "quantitative", title: null },
-        color: { field: "election", type: "nominal" },
-      },
-    },
-    resolve: { scale: { y: "independent" } },
-    config: { background: "white" },
-  }).spec;
-  const view = new vega.View(vega.parse(spec), { renderer: "none" });
-  const svg = await view.toSVG();
-  return new Resvg(svg, { fitTo: { mode: "zoom", value: 2 } }).render().asPng();
+    xTitle: "replicas",
+    series: "election",
+    rows: rs.flatMap((r) => [
+      { N: r.replicas, election: r.election, metric: "hub MiB served", value: r.hubBytes / MiB },
+      { N: r.replicas, election: r.election, metric: "all Ready (s)", value: r.allReadySeconds },
+      { N: r.replicas, election: r.election, metric: "first Ready (s)", value: r.firstReadySeconds },
+    ]),
+  });
 }
 
 async function until<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {

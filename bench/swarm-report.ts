@@ -2,10 +2,8 @@
  * The figures of `npm run bench:swarm` (swarm.ts): one result per N and mode, the table with
  * the goals, and the plot.
  */
-import { Resvg } from "@resvg/resvg-js";
 import Table from "cli-table3";
-import * as vega from "vega";
-import { compile } from "vega-lite";
+import { plotByN } from "./plot.js";
 
 export interface RunResult {
   receivers: number;
@@ -75,35 +73,14 @@ export function printSwarm(rs: RunResult[]): void {
 }
 
 export async function plotSwarm(rs: RunResult[]): Promise<Buffer> {
-  const rows = rs.flatMap((r) => [
-    { N: r.receivers, mode: r.mode, metric: "last node filled (s)", value: r.lastFillSeconds },
-    { N: r.receivers, mode: r.mode, metric: "origin sent (trees)", value: r.originTrees },
-    { N: r.receivers, mode: r.mode, metric: "slowest receiver / link", value: Math.min(...r.linkFraction) },
-  ]);
-  const spec = compile({
-    $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+  return plotByN({
     title: "N receivers filling one tree: from the origin alone vs the swarm",
-    data: { values: rows },
-    facet: { column: { field: "metric", type: "nominal", title: null } },
-    spec: {
-      width: 260,
-      height: 220,
-      mark: { type: "line", point: true },
-      encoding: {
-        x: {
-          field: "N",
-          type: "quantitative",
-          title: "receivers",
-          scale: { type: "log", base: 2 },
-          axis: { values: [...new Set(rs.map((r) => r.receivers))] },
-        },
-        y: { field: "value", type: "quantitative", title: null },
-        color: { field: "mode", type: "nominal" },
-      },
-    },
-    resolve: { scale: { y: "independent" } },
-    config: { background: "white" },
-  }).spec;
-  const view = new vega.View(vega.parse(spec), { renderer: "none" });
-  return new Resvg(await view.toSVG(), { fitTo: { mode: "zoom", value: 2 } }).render().asPng();
+    xTitle: "receivers",
+    series: "mode",
+    rows: rs.flatMap((r) => [
+      { N: r.receivers, mode: r.mode, metric: "last node filled (s)", value: r.lastFillSeconds },
+      { N: r.receivers, mode: r.mode, metric: "origin sent (trees)", value: r.originTrees },
+      { N: r.receivers, mode: r.mode, metric: "slowest receiver / link", value: Math.min(...r.linkFraction) },
+    ]),
+  });
 }
