@@ -73,9 +73,21 @@ const EVIDENCE_CHARS = 512;
 
 export type EngineKind = "vllm" | "sglang" | "tgi" | "unknown";
 export type CompileCacheState = "hit" | "miss" | "unknown";
-/** modelLoad: vLLM's "Model loading took" (download, weight load and model set-up together). */
-export type EnginePhase =
-  "download" | "weightLoad" | "modelLoad" | "compile" | "cudaGraph" | "engineInit" | "ready";
+/**
+ * The phases of an engine's start that take time, in the order they happen (the reading and the
+ * dashboard's views go through them in it). modelLoad: vLLM's "Model loading took" (download,
+ * weight load and model set-up together).
+ */
+export const ENGINE_PHASES = [
+  "download",
+  "weightLoad",
+  "modelLoad",
+  "compile",
+  "cudaGraph",
+  "engineInit",
+] as const;
+/** A timed phase, or `ready`: seconds from the log's first timestamp to the ready line. */
+export type EnginePhase = (typeof ENGINE_PHASES)[number] | "ready";
 
 export interface EngineLogReading {
   engine: EngineKind;
@@ -372,16 +384,7 @@ export function readEngineLog(text: string): EngineLogReading {
     reading.seconds[phase] = Math.round(v.seconds * 1000) / 1000;
     reading.lines[phase] = clip(v.line);
   };
-  for (const phase of [
-    "download",
-    "weightLoad",
-    "modelLoad",
-    "compile",
-    "cudaGraph",
-    "engineInit",
-  ] as const) {
-    put(phase, total(bucket.values.get(phase)));
-  }
+  for (const phase of ENGINE_PHASES) put(phase, total(bucket.values.get(phase)));
   if (engine === "vllm") {
     put("compile", total(bucket.values.get("compileParts")));
     if (bucket.miss !== undefined)

@@ -12,6 +12,7 @@ import {
   MODELCACHE,
 } from "../../core/contract.js";
 import { type ModelCacheObject, type StartupRecord } from "../../common/modelcache.js";
+import { ENGINE_PHASES, type EnginePhase } from "../../core/engine-log.js";
 import { redactUrlCredentials } from "../../core/env.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster's objects. */
@@ -36,8 +37,8 @@ export interface CacheRow {
   /** Every node whose agent serves a checked copy of the tree to its peers (status.replicas). */
   copies: string[];
   /** The leader's start by phase, and the restores' mean (from status.startups). */
-  leaderStart: Partial<Record<StartPhase, number>> | null;
-  restoredStart: Partial<Record<StartPhase, number>> | null;
+  leaderStart: Partial<Record<EnginePhase, number>> | null;
+  restoredStart: Partial<Record<EnginePhase, number>> | null;
   /** The restores' compile caches, as their engines reported them. */
   compileCache: { hits: number; misses: number };
   lastRestoredAt: string;
@@ -78,22 +79,11 @@ export interface PodRow {
 
 export interface PodStartup {
   engine: string;
-  seconds: Partial<Record<StartPhase, number>>;
+  seconds: Partial<Record<EnginePhase, number>>;
   compileCache: "hit" | "miss" | "unknown";
   /** Why the compile cache missed, where it can be told. */
   cause: string | null;
 }
-
-/** The phases an engine's start is drawn in, in the order they happen. */
-export const START_PHASES = [
-  "download",
-  "weightLoad",
-  "modelLoad",
-  "compile",
-  "cudaGraph",
-  "engineInit",
-] as const;
-export type StartPhase = (typeof START_PHASES)[number] | "ready";
 
 export interface Snapshot {
   caches: CacheRow[];
@@ -127,7 +117,7 @@ export function readySeconds(p: k8s.V1Pod): number | undefined {
 function podStartup(e: StartupRecord | undefined): PodStartup | null {
   if (!e) return null;
   const seconds: PodStartup["seconds"] = {};
-  for (const k of [...START_PHASES, "ready"] as const)
+  for (const k of [...ENGINE_PHASES, "ready"] as const)
     if (typeof e.seconds[k] === "number") seconds[k] = e.seconds[k];
   return { engine: e.engine, seconds, compileCache: e.compileCache, cause: e.cause ?? null };
 }
@@ -147,10 +137,10 @@ export function podRow(p: k8s.V1Pod, startups: ReadonlyMap<string, StartupRecord
 }
 
 /** Mean seconds per phase over some starts (a phase no start reported is left out). */
-function meanPhases(entries: StartupRecord[]): Partial<Record<StartPhase, number>> | null {
+function meanPhases(entries: StartupRecord[]): Partial<Record<EnginePhase, number>> | null {
   if (!entries.length) return null;
-  const out: Partial<Record<StartPhase, number>> = {};
-  for (const k of [...START_PHASES, "ready"] as const) {
+  const out: Partial<Record<EnginePhase, number>> = {};
+  for (const k of [...ENGINE_PHASES, "ready"] as const) {
     const xs = entries.map((e) => e.seconds[k]).filter((x): x is number => typeof x === "number");
     if (xs.length) out[k] = Math.round((xs.reduce((a, b) => a + b, 0) / xs.length) * 100) / 100;
   }
