@@ -28,6 +28,7 @@ import { CSI_DRIVER_NAME, FolderDriver } from "../../tools/localcluster/csi/driv
 import { BLOCK_CLASS, csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../tools/localcluster/csi/stack.js";
 import { freePort } from "../../tools/localcluster/processes.js";
 import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
+import { runCsiSanity } from "../csi-sanity.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
   createEngines,
@@ -56,23 +57,12 @@ test("csi-sanity passes against the driver stand-in", async (t) => {
   });
   await driver.start();
   t.after(() => driver.stop());
-  // Asynchronously: the driver answers from this very process.
-  const r = await runToEnd(
-    join(bins, "csi-sanity"),
-    [
-      `--csi.endpoint=${join(dir, "csi.sock")}`,
-      `--csi.mountdir=${join(dir, "mnt")}`,
-      `--csi.stagingdir=${join(dir, "stage")}`,
-      "--ginkgo.no-color",
-    ],
-    300_000,
-  );
-  const summary = r.stdout.split("\n").filter((l) => /^Ran \d+|Passed \|/.test(l));
-  t.diagnostic(summary.join(" | "));
-  assert.equal(r.status, 0, `csi-sanity failed:\n${r.stdout.slice(-6000)}\n${r.stderr.slice(-2000)}`);
-  // It exits 0 having run nothing, too: the specs that apply to this driver must have run.
-  const passed = Number(/(\d+) Passed/.exec(r.stdout)?.[1] ?? 0);
-  assert.ok(passed >= 47, `csi-sanity passed ${passed} specs, expected the 47 that apply`);
+  await runCsiSanity(t, {
+    sanity: join(bins, "csi-sanity"),
+    endpoint: join(dir, "csi.sock"),
+    dir,
+    minPassed: 47,
+  });
 });
 
 /** A claim for the node's cache store on a class of the driver, bound, and its folder. */

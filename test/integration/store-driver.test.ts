@@ -8,7 +8,6 @@
  * (`tools/localcluster/build-csi.sh`, run by `cluster up`), not a running cluster.
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -26,6 +25,7 @@ import { replicateTree } from "../../src/node-agent/replication/receiver.js";
 import { manifestDigestOf, PeerServer } from "../../src/node-agent/replication/server.js";
 import { CacheStore } from "../../src/node-agent/store.js";
 import { csiDir } from "../../tools/localcluster/csi/stack.js";
+import { runCsiSanity } from "../csi-sanity.js";
 
 const HASH = "5e".repeat(32);
 /** Only a staging folder (and an unfinished tree without its ready marker) of this one. */
@@ -180,27 +180,18 @@ test("csi-sanity passes against the driver's identity and node services", async 
   );
   defer(t, () => controller.forceShutdown());
 
-  const r = await runToEnd(
+  await runCsiSanity(t, {
     sanity,
-    [
-      `--csi.endpoint=${socket}`,
-      `--csi.controllerendpoint=${controllerSocket}`,
-      `--csi.mountdir=${join(dir, "mnt")}`,
-      `--csi.stagingdir=${join(dir, "stage")}`,
-      // The controller suites test a controller service, which this driver does not have.
-      "--ginkgo.skip=Controller Server|GroupController",
-      "--ginkgo.no-color",
-    ],
-    300_000,
-  );
-  const summary = r.stdout.split("\n").filter((l) => /^Ran \d+|Passed \|/.test(l));
-  t.diagnostic(summary.join(" | "));
-  assert.equal(r.status, 0, `csi-sanity failed:\n${r.stdout.slice(-6000)}\n${r.stderr.slice(-2000)}`);
-  const passed = Number(/(\d+) Passed/.exec(r.stdout)?.[1] ?? 0);
-  // Identity (3) and node (NodeGetCapabilities, NodeGetInfo, 3 NodePublishVolume, 3
-  // NodeUnpublishVolume, the last one a publish of the tree and its removal): the rest needs a
-  // controller service, staging, stats or expansion, which this driver does not have.
-  assert.ok(passed >= 11, `csi-sanity passed ${passed} specs, expected the 11 that apply`);
+    endpoint: socket,
+    controllerEndpoint: controllerSocket,
+    dir,
+    // The controller suites test a controller service, which this driver does not have.
+    skip: "Controller Server|GroupController",
+    // Identity (3) and node (NodeGetCapabilities, NodeGetInfo, 3 NodePublishVolume, 3
+    // NodeUnpublishVolume, the last one a publish of the tree and its removal): the rest needs a
+    // controller service, staging, stats or expansion, which this driver does not have.
+    minPassed: 11,
+  });
   assert.ok(!(await mountAt(join(dir, "mnt", "target"))), "nothing left mounted");
 });
 
@@ -377,19 +368,3 @@ test("the driver registers with the kubelet's plugin watcher and reports itself"
   // Only the kubelet (root) may talk to it.
   assert.equal((await stat(socket)).mode & 0o777, 0o600);
 });
-
-function runToEnd(
-  cmd: string,
-  args: string[],
-  timeoutMs: number,
-): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], timeout: timeoutMs });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    child.on("error", reject);
-    child.on("close", (status) => resolve({ status, stdout, stderr }));
-  });
-}
