@@ -6,6 +6,7 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { createPrivateKey, X509Certificate } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
@@ -252,5 +253,106 @@ void test("stores: a shared store claim or a volume per tree, never both; a volu
   await assert.rejects(
     renderChart({ "nodeAgent.store.treeVolumeClass": "hyperdisk-ml", "nodeAgent.store.claim": "store" }),
     /claim .* or treeVolumeClass .* not both/,
+  );
+});
+
+void test("storeDriver: the chart issues the node agents' peer certificate (CA-signed, server and client auth, no CA key), mounts it read-only and passes it with the pod's address; an operator's Secret replaces it", async () => {
+  const SERVER_AUTH = "1.3.6.1.5.5.7.3.1";
+  const CLIENT_AUTH = "1.3.6.1.5.5.7.3.2";
+  const agent = (objs: k8s.KubernetesObject[]): k8s.V1PodSpec =>
+    find<k8s.V1DaemonSet>(objs, "DaemonSet", "-node-agent").spec!.template.spec!;
+  const peerSecrets = (objs: k8s.KubernetesObject[]): k8s.KubernetesObject[] =>
+    objs.filter((o) => o.kind === "Secret" && o.metadata?.name?.endsWith("-peer-tls"));
+
+  // Off by default: no Secret, no peer flag, no mount.
+  const defaults = await renderChart();
+  assert.deepEqual(peerSecrets(defaults), [], "no peer Secret by default");
+  const off = agent(defaults);
+  assert.ok(
+    !(off.containers[0]!.args ?? []).some((a) => a.startsWith("--peer-")),
+    "no peer flags by default",
+  );
+  assert.ok(!(off.volumes ?? []).some((v) => v.name === "peer-tls"));
+
+  await runHelm(["lint", "--strict", CHART, "--set", "nodeAgent.storeDriver.enabled=true"]);
+  const objs = await renderChart({ "nodeAgent.storeDriver.enabled": true }, { namespace: "ws-ns" });
+  const [secret, ...more] = peerSecrets(objs) as k8s.V1Secret[];
+  assert.ok(secret && more.length === 0, "one peer Secret");
+  assert.equal(secret.metadata?.name, "warmstart-peer-tls");
+  assert.equal(secret.metadata?.namespace, "ws-ns");
+  assert.equal(secret.type, "kubernetes.io/tls");
+  // The leaf and its key, and the CA's certificate: never the CA's key.
+  assert.deepEqual(Object.keys(secret.data ?? {}).sort(), ["ca.crt", "tls.crt", "tls.key"]);
+  const pem = (k: string): string => Buffer.from(secret.data![k]!, "base64").toString("utf8");
+  const ca = new X509Certificate(pem("ca.crt"));
+  const leaf = new X509Certificate(pem("tls.crt"));
+  assert.equal(ca.ca, true, "ca.crt is a CA");
+  assert.equal(leaf.ca, false, "the leaf is no CA (it signs nothing)");
+  assert.ok(leaf.checkIssued(ca), "the leaf is issued by the CA");
+  assert.ok(leaf.verify(ca.publicKey), "the leaf is signed by the CA's key");
+  assert.ok(leaf.checkPrivateKey(createPrivateKey(pem("tls.key"))), "tls.key is the leaf's key");
+  assert.ok(
+    !/PRIVATE KEY/.test(pem("ca.crt")) && !/PRIVATE KEY/.test(pem("tls.crt")),
+    "no key beside certificates",
+  );
+  // Each node agent serves (server auth) and fetches (client auth) with the same certificate.
+  assert.ok(leaf.keyUsage?.includes(SERVER_AUTH), `serverAuth in ${leaf.keyUsage?.join(",")}`);
+  assert.ok(leaf.keyUsage?.includes(CLIENT_AUTH), `clientAuth in ${leaf.keyUsage?.join(",")}`);
+  assert.ok(new Date(leaf.validTo).getTime() > Date.now() + 365 * 86_400_000, "valid for years");
+
+  const spec = agent(objs);
+  const c = spec.containers[0]!;
+  for (const a of [
+    "--peer-cert=/etc/warmstart/peer-tls/tls.crt",
+    "--peer-key=/etc/warmstart/peer-tls/tls.key",
+    "--peer-ca=/etc/warmstart/peer-tls/ca.crt",
+    "--peer-port=9465",
+  ])
+    assert.ok(c.args?.includes(a), a);
+  assert.ok(
+    c.args?.some((a) => a.startsWith("--csi-plugin-dir=")),
+    "the driver is served",
+  );
+  const address = c.env?.find((e) => e.name === "WARMSTART_PEER_ADDRESS");
+  assert.equal(
+    address?.valueFrom?.fieldRef?.fieldPath,
+    "status.podIP",
+    "peers reach the pod's (or with hostNetwork the node's) address",
+  );
+  assert.ok(c.ports?.some((p) => p.name === "peers" && p.containerPort === 9465));
+  const mount = c.volumeMounts?.find((m) => m.name === "peer-tls");
+  assert.equal(mount?.mountPath, "/etc/warmstart/peer-tls");
+  assert.equal(mount?.readOnly, true, "mounted read-only");
+  const volume = spec.volumes?.find((v) => v.name === "peer-tls");
+  assert.equal(volume?.secret?.secretName, "warmstart-peer-tls");
+  assert.equal(volume?.secret?.defaultMode, 0o400);
+  // A new certificate (rotation) rolls the agents, which read theirs at start.
+  const annotations = find<k8s.V1DaemonSet>(objs, "DaemonSet", "-node-agent").spec!.template.metadata!
+    .annotations;
+  assert.match(annotations?.["checksum/peer-tls"] ?? "", /^[0-9a-f]{16}$/);
+  const port = agent(
+    await renderChart({ "nodeAgent.storeDriver.enabled": true, "nodeAgent.peerPort": 19465 }),
+  );
+  assert.ok(port.containers[0]!.args?.includes("--peer-port=19465"));
+
+  // The operator's Secret: used as it is, nothing generated.
+  const own = await renderChart({
+    "nodeAgent.storeDriver.enabled": true,
+    "nodeAgent.storeDriver.peerTls.secretName": "my-peer-certs",
+  });
+  assert.deepEqual(peerSecrets(own), [], "no Secret generated");
+  assert.ok(!own.some((o) => o.kind === "Secret" && o.metadata?.name === "my-peer-certs"));
+  const ownSpec = agent(own);
+  assert.equal(ownSpec.volumes?.find((v) => v.name === "peer-tls")?.secret?.secretName, "my-peer-certs");
+  assert.ok(ownSpec.containers[0]!.args?.includes("--peer-ca=/etc/warmstart/peer-tls/ca.crt"));
+  assert.equal(
+    find<k8s.V1DaemonSet>(own, "DaemonSet", "-node-agent").spec!.template.metadata!.annotations?.[
+      "checksum/peer-tls"
+    ],
+    undefined,
+  );
+  await assert.rejects(
+    renderChart({ "nodeAgent.storeDriver.enabled": true, "nodeAgent.peerPort": 0 }),
+    /peerPort/,
   );
 });
