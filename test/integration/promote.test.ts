@@ -32,6 +32,7 @@ import {
   SNAPSHOT_GROUP,
   SNAPSHOT_VERSION,
   hostPathVolume,
+  nodeStoreVolume,
   perNamespaceName,
   preBoundClaim,
   sharedVolume,
@@ -723,6 +724,17 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
     body: preBoundClaim(short, sharedSource(short), ns, sharedPv),
     dryRun: "All",
   });
+  const storeDriverPv = nodeStoreVolume(
+    short,
+    CacheSourceSchema.parse({
+      backend: "node-store",
+      provisioner: "store.warmstart.dev",
+      sizeBytes: 5_000,
+      volumeHandle: `${short}${randomBytes(24).toString("hex")}`,
+    }),
+    ns,
+  );
+  await createVolume(storeDriverPv);
   // Anything else: refused.
   const refused: Array<[string, () => Promise<unknown>, RegExp]> = [
     [
@@ -738,6 +750,34 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
       "a folder beside the store",
       () => createVolume(escape("/var/lib/warmstart/store-other/x")),
       /tree of the node's store/,
+    ],
+    [
+      "another cache's tree",
+      () => createVolume(escape(`/var/lib/warmstart/store/${randomBytes(8).toString("hex")}`)),
+      /tree of the node's store/,
+    ],
+    ["the whole store", () => createVolume(escape("/var/lib/warmstart/store/.")), /tree of the node's store/],
+    [
+      "the cache's tree mounted read-write (a root pod could write it)",
+      () => createVolume({ ...hostPv, spec: { ...hostPv.spec, mountOptions: [] } }),
+      /mounted ro/,
+    ],
+    [
+      "a CSI volume mounted read-write",
+      () => createVolume({ ...sharedPv, spec: { ...sharedPv.spec, mountOptions: undefined } }),
+      /read-only CSI volume mounted ro/,
+    ],
+    [
+      "the store driver's volume of another cache",
+      () =>
+        createVolume({
+          ...storeDriverPv,
+          spec: {
+            ...storeDriverPv.spec,
+            csi: { ...storeDriverPv.spec!.csi!, volumeHandle: randomBytes(32).toString("hex") },
+          },
+        }),
+      /the store driver's handle is the cache's hash/,
     ],
     [
       "a writable CSI volume",
@@ -810,6 +850,10 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
   const pods: Array<[string, k8s.V1Pod]> = [
     ["another image", treeWriterPod({ ...writing, image: "evil:1" })],
     ["a tree outside the store", treeWriterPod({ ...writing, tree: "/" })],
+    [
+      "another cache's tree",
+      treeWriterPod({ ...writing, tree: `/var/lib/warmstart/store/${randomBytes(8).toString("hex")}` }),
+    ],
     [
       "another command",
       { ...writer, spec: { ...writer.spec!, containers: [{ ...container, command: ["sh", "-c", "id"] }] } },
