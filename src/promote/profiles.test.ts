@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { HOST_PATH_PROVISIONER } from "../core/contract.js";
+import { hostPathVolume } from "./objects.js";
 import { BUILT_IN_PROFILES, DEFAULT_HANDLE_TEMPLATE, parseProfiles, resolveProfile } from "./profiles.js";
+import { CacheSourceSchema } from "./source.js";
 
 const none = new Map();
 
@@ -16,6 +18,29 @@ void test("the local store resolves to host-path with prewarm on and 6 readers",
   assert.equal(p.handleTemplate, DEFAULT_HANDLE_TEMPLATE);
   assert.equal(p.origin, "built-in");
   assert.equal(p.note, undefined);
+});
+
+void test("local-path-provisioner stores get local volumes mounted read-only (a root pod cannot write them), not hostPath", () => {
+  const p = resolveProfile(none, "rancher.io/local-path");
+  assert.equal(p.backend, "host-path");
+  assert.equal(p.hostPathType, "local");
+  const short = "0123456789abcdef";
+  const pv = hostPathVolume(
+    short,
+    CacheSourceSchema.parse({
+      backend: p.backend,
+      provisioner: "rancher.io/local-path",
+      sizeBytes: 1,
+      node: "gpu-0",
+      path: `/opt/local-path-provisioner/store/${short}`,
+      hostPathType: p.hostPathType,
+      mountOptions: p.mountOptions,
+    }),
+    "ns",
+  );
+  assert.equal(pv.spec?.hostPath, undefined);
+  assert.equal(pv.spec?.local?.path, `/opt/local-path-provisioner/store/${short}`);
+  assert.ok(pv.spec?.mountOptions?.includes("ro"), "mounted ro on the node");
 });
 
 void test("an unknown provisioner cannot be shared and says how to fix that", () => {
