@@ -683,7 +683,7 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
         {
           apiGroups: [""],
           resources: ["persistentvolumes", "persistentvolumeclaims", "pods"],
-          verbs: ["create"],
+          verbs: ["create", "delete"],
         },
       ],
     },
@@ -821,6 +821,50 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
     ],
   ];
   for (const [what, attempt, why] of refused) await assert.rejects(attempt(), why, what);
+
+  // Deleting: Warmstart's own objects only (RBAC grants delete on every volume and claim).
+  const { core } = await kube();
+  const victim = await core.createPersistentVolume({
+    body: {
+      metadata: { name: `victim-${ns}` },
+      spec: {
+        capacity: { storage: "1Gi" },
+        accessModes: ["ReadWriteOnce"],
+        hostPath: { path: "/var/lib/data" },
+        persistentVolumeReclaimPolicy: "Retain",
+      },
+    },
+  });
+  t.after(() => core.deletePersistentVolume({ name: victim.metadata!.name! }).then(() => undefined));
+  const victimClaim = await core.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: {
+      metadata: { name: "data" },
+      spec: { accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "1Gi" } } },
+    },
+  });
+  await assert.rejects(
+    as.deletePersistentVolume({ name: victim.metadata!.name!, dryRun: "All" }),
+    /carry the managed-by, hash and namespace labels/,
+    "another team's volume",
+  );
+  await assert.rejects(
+    as.deleteNamespacedPersistentVolumeClaim({
+      namespace: ns,
+      name: victimClaim.metadata!.name!,
+      dryRun: "All",
+    }),
+    /carry the managed-by, hash and namespace labels/,
+    "another team's claim",
+  );
+  const ours = await core.createPersistentVolume({ body: hostPv });
+  t.after(() =>
+    core
+      .deletePersistentVolume({ name: ours.metadata!.name! })
+      .then(() => undefined)
+      .catch(() => undefined),
+  );
+  await as.deletePersistentVolume({ name: ours.metadata!.name!, dryRun: "All" });
 
   // snapshot-clone: the tree's own volume and its writer, in the system namespace, with the
   // chart's image; nothing else runs with the node agent's token.
