@@ -18,12 +18,15 @@ import {
 } from "../tools/localcluster/engine-chart.js";
 import assert from "node:assert/strict";
 import { kube, localCluster, uniqueName, waitFor } from "./harness.js";
-import { takeOverRole } from "./roles.js";
+import { takeOverRole, type RoleHandle } from "./roles.js";
+import { clearNodeLinks, realNodeAddress, shapeNodeLinks } from "../tools/localcluster/links.js";
 
 export type { EngineReport };
 
 export interface RealNode {
   name: string;
+  /** The node's own loopback address: its agent serves peers there (tools/localcluster/links.ts). */
+  address: string;
   podLogsDir: string;
   kubeletRoot: string;
   hub: string;
@@ -45,8 +48,9 @@ export async function realNodesOrSkip(t: TestContext, n: number): Promise<RealNo
     );
     return undefined;
   }
-  return nodes.map((node) => ({
+  return nodes.map((node, k) => ({
     name: node.name,
+    address: node.address ?? realNodeAddress(k),
     podLogsDir: node.podLogsDir!,
     kubeletRoot: node.kubeletRoot,
     hub: st.roles.modelHub!,
@@ -59,14 +63,14 @@ export const STORE_DRIVER = "store.warmstart.dev";
 /**
  * The node-store backend on these nodes for one test: the CSIDriver object, and each node's agent
  * run by the test with the driver on (--csi-plugin-dir under its kubelet root) and, with `peers`,
- * a peer certificate of one CA for this test, as the chart issues them; until each kubelet has
- * registered the driver.
+ * a peer certificate of one CA for this test, as the chart issues them, served at the node's own
+ * address; until each kubelet has registered the driver. The agents' handles, by node name.
  */
 export async function serveStoreDriver(
   t: TestContext,
   nodes: RealNode[],
   o: { peers?: boolean } = {},
-): Promise<void> {
+): Promise<Map<string, RoleHandle>> {
   const { kc } = await kube();
   const storage = kc.makeApiClient(k8s.StorageV1Api);
   try {
@@ -90,10 +94,11 @@ export async function serveStoreDriver(
   const dir = await mkdtemp(join(tmpdir(), "peer-tls-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
   if (ca) await writeFile(join(dir, "ca.crt"), ca.cert);
+  const agents = new Map<string, RoleHandle>();
   for (const node of nodes) {
     const args = [`--csi-plugin-dir=${join(node.kubeletRoot, "plugins", STORE_DRIVER)}`];
     if (ca) {
-      const pem = await issueCert(ca, { commonName: node.name, ips: ["127.0.0.1"], usage: "both" });
+      const pem = await issueCert(ca, { commonName: node.name, ips: [node.address], usage: "both" });
       await writeFile(join(dir, `${node.name}.crt`), pem.cert);
       await writeFile(join(dir, `${node.name}.key`), pem.key, { mode: 0o600 });
       args.push(
@@ -101,10 +106,12 @@ export async function serveStoreDriver(
         `--peer-key=${join(dir, `${node.name}.key`)}`,
         `--peer-ca=${join(dir, "ca.crt")}`,
         "--peer-port=0",
-        "--peer-address=127.0.0.1",
+        // Every address, so peers reach it at the node's own (whose uplink may be shaped).
+        "--host=0.0.0.0",
+        `--peer-address=${node.address}`,
       );
     }
-    await takeOverRole(t, `node-agent-${node.name}`, { extraArgs: args });
+    agents.set(node.name, await takeOverRole(t, `node-agent-${node.name}`, { extraArgs: args }));
   }
   for (const node of nodes)
     await waitFor(
@@ -115,6 +122,25 @@ export async function serveStoreDriver(
         ),
       60_000,
     );
+  return agents;
+}
+
+/**
+ * Each node's uplink to its peers shaped to `mbit` for this test (as `cluster up --node-link-mbit`
+ * does for a whole cluster), so a tree takes seconds to cross, not milliseconds.
+ */
+export async function shapeLinks(t: TestContext, nodes: RealNode[], mbit: number): Promise<void> {
+  const st = await localCluster();
+  await shapeNodeLinks(
+    nodes.map((n) => n.address),
+    mbit,
+  );
+  t.after(async () => {
+    if (st?.nodeLinkMbit) {
+      const all = (st.nodes ?? []).flatMap((n) => (n.real && n.address ? [n.address] : []));
+      await shapeNodeLinks(all, st.nodeLinkMbit);
+    } else await clearNodeLinks();
+  });
 }
 
 export interface EngineChartOptions {

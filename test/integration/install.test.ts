@@ -43,7 +43,7 @@ const READY_MS = 240_000;
 interface LocalState {
   kubeconfig: string;
   apiServer: string;
-  nodes: { name: string; real?: boolean; kubeletRoot: string; podLogsDir?: string }[];
+  nodes: { name: string; real?: boolean; kubeletRoot: string; podLogsDir?: string; address?: string }[];
   roles: { modelHub?: string };
   images: { warmstart: string; engine: string; engineAsUser: string };
 }
@@ -86,6 +86,7 @@ void test(
     const nodeState = st.nodes.find((n) => n.real)!;
     const node: RealNode = {
       name: nodeState.name,
+      address: nodeState.address!,
       podLogsDir: nodeState.podLogsDir!,
       kubeletRoot: nodeState.kubeletRoot,
       hub: st.roles.modelHub!,

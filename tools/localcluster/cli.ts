@@ -57,6 +57,12 @@ export function registerClusterCommands(program: Command): void {
         .choices(SHARING_SCOPES)
         .default("cluster"),
     )
+    .addOption(
+      new Option(
+        "--node-link-mbit <n>",
+        "shape what each real node sends to its peers to this rate, Mbit/s (default: loopback's speed)",
+      ).argParser(positiveInt),
+    )
     .option("--no-csi", "without the CSI stack (driver stand-in and sidecars) on the first real node")
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
     .action(
@@ -64,6 +70,7 @@ export function registerClusterCommands(program: Command): void {
         nodes: number;
         gpus: number;
         realNodes: number;
+        nodeLinkMbit?: number;
         hubModelMib: number;
         hubMibS: number;
         csi: boolean;
@@ -74,6 +81,7 @@ export function registerClusterCommands(program: Command): void {
           nodes: opts.nodes,
           gpusPerNode: opts.gpus,
           realNodes: opts.realNodes,
+          nodeLinkMbit: opts.nodeLinkMbit,
           hubModelMiB: opts.hubModelMib,
           hubMiBs: opts.hubMibS,
           csi: opts.csi,

@@ -18,6 +18,7 @@ import {
 } from "./processes.js";
 import { ensureSimulatedNode } from "./nodes.js";
 import { ensureHostPackages } from "./host-packages.js";
+import { clearNodeLinks, realNodeAddress, shapeNodeLinks } from "./links.js";
 import { startCsi, type CsiState } from "./csi/stack.js";
 import { buildImages, writeImageArchive } from "./images/build.js";
 import {
@@ -38,6 +39,8 @@ export interface ClusterOptions {
   gpusPerNode: number;
   /** Kubelet nodes that run real containers (SPEC 5), beside the simulated ones. */
   realNodes: number;
+  /** Each real node's uplink to its peers, Mbit/s (links.ts); unshaped when absent. */
+  nodeLinkMbit?: number;
   /** Size of every synthetic model the local hub serves, and the bandwidth all its clients share. */
   hubModelMiB: number;
   hubMiBs: number;
@@ -57,6 +60,8 @@ export interface NodeState {
   real?: boolean;
   /** Real nodes: where the kubelet writes container logs (`<ns>_<pod>_<uid>/<container>/N.log`). */
   podLogsDir?: string;
+  /** Real nodes: the node's own loopback address, where its agent serves peers (links.ts). */
+  address?: string;
 }
 
 export interface ClusterState {
@@ -73,6 +78,8 @@ export interface ClusterState {
   csi?: CsiState;
   /** Who shares a cache: the webhook's `--sharing-scope`. */
   sharingScope: SharingScope;
+  /** The real nodes' uplinks, Mbit/s, when shaped. */
+  nodeLinkMbit?: number;
   processes: ProcessRecord[];
   stateDir: string;
 }
@@ -314,6 +321,15 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
 
       if (opts.realNodes > 0) {
         await startRealNodes(opts, state, pki, bins.kubelet!, core, launchCommand);
+        if (opts.nodeLinkMbit) {
+          const addresses = state.nodes.flatMap((n) => (n.address ? [n.address] : []));
+          await shapeNodeLinks(addresses, opts.nodeLinkMbit);
+          state.nodeLinkMbit = opts.nodeLinkMbit;
+          await writeState(state);
+          opts.progress(
+            `real nodes send to their peers at ${opts.nodeLinkMbit} Mbit/s each (${addresses.join(", ")})`,
+          );
+        }
         const first = state.nodes.find((n) => n.real)!;
         if (opts.csi) {
           state.csi = await startCsi({
@@ -419,6 +435,7 @@ async function teardown(state: ClusterState): Promise<string[]> {
   stopped.unshift(...(await stopAll(state.processes.filter((p) => !isKubelet(p)))));
   await killTasks(tasks);
   await unmountUnder(state.stateDir);
+  if (state.nodeLinkMbit) await clearNodeLinks();
   return stopped;
 }
 
@@ -478,6 +495,7 @@ async function startRealNodes(
       kubeletRoot: p.kubeletRoot,
       real: true,
       podLogsDir: p.podLogsDir,
+      address: realNodeAddress(i),
     });
     await writeState(state);
   }
