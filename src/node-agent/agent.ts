@@ -79,7 +79,7 @@ export class NodeAgent {
       pod: (namespace: string, name: string) => this.pods.get(name, namespace),
     });
     const storage = new StoreStorageInfo(cfg, kc, new StorageProfiles(core, cfg.systemNamespace, log));
-    const peers = (this.peers = PeerServing.from(cfg, log, metrics.registry));
+    const peers = (this.peers = PeerServing.from(cfg, log, metrics.replication));
     const promoter = new Promoter(p, storage);
     this.csi = storeDriverFor(p, { fetched: (short) => this.cacheController.add(short) });
     const busy = (short: string): boolean =>

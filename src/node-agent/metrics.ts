@@ -16,6 +16,8 @@ export interface NodeAgentMetrics {
   /** Each pod's start by phase, from its engine's log (leader and restores side by side). */
   engineStartSeconds: Histogram<"phase" | "role" | "engine">;
   compileCaches: Counter<"result" | "role">;
+  /** Trees served to and fetched from peers (node-store). */
+  replication: ReplicationMetrics;
 }
 
 export function createNodeAgentMetrics(): NodeAgentMetrics {
@@ -100,6 +102,7 @@ export function createNodeAgentMetrics(): NodeAgentMetrics {
       labelNames: ["result", "role"],
       registers: r,
     }),
+    replication: createReplicationMetrics(registry),
   };
 }
 
@@ -119,6 +122,9 @@ export interface ReplicationMetrics {
   servedBytes: Counter;
   /** File streams this node is serving to its peers now. */
   servingStreams: Gauge;
+  /** Bytes of each tree being filled from peers now, and of the whole tree (0 once it ends). */
+  fillingBytes: Gauge<"hash">;
+  fillingTotalBytes: Gauge<"hash">;
 }
 
 /** Replication's metrics, registered on the agent's registry (or a test's own). */
@@ -163,6 +169,18 @@ export function createReplicationMetrics(registry: Registry): ReplicationMetrics
     servingStreams: new Gauge({
       name: "warmstart_node_agent_replication_serving_streams",
       help: "File streams being served to peer node agents now",
+      registers: r,
+    }),
+    fillingBytes: new Gauge({
+      name: "warmstart_node_agent_replication_filling_bytes",
+      help: "Bytes of each tree filled from peers so far, while it fills",
+      labelNames: ["hash"],
+      registers: r,
+    }),
+    fillingTotalBytes: new Gauge({
+      name: "warmstart_node_agent_replication_filling_total_bytes",
+      help: "Size of each tree being filled from peers, while it fills",
+      labelNames: ["hash"],
       registers: r,
     }),
   };

@@ -4,12 +4,11 @@
  * one the record's digest names (what the elected leader's agent committed), removed with it.
  */
 import { readFileSync } from "node:fs";
-import type { Registry } from "prom-client";
 import type { CacheRecords } from "../common/cache-record.js";
 import type { Logger } from "../common/log.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import type { NodeAgentConfig } from "./config.js";
-import { createReplicationMetrics } from "./metrics.js";
+import type { ReplicationMetrics } from "./metrics.js";
 import { manifestDigestOf, PeerServer } from "./replication/server.js";
 
 export class PeerServing {
@@ -22,7 +21,7 @@ export class PeerServing {
   ) {}
 
   /** Serving, when the node agent has its peer certificate, key and CA; else undefined. */
-  static from(cfg: NodeAgentConfig, log: Logger, registry: Registry): PeerServing | undefined {
+  static from(cfg: NodeAgentConfig, log: Logger, metrics: ReplicationMetrics): PeerServing | undefined {
     if (!cfg.peerCert || !cfg.peerKey || !cfg.peerCa) return undefined;
     const tls = {
       cert: readFileSync(cfg.peerCert),
@@ -30,7 +29,6 @@ export class PeerServing {
       ca: readFileSync(cfg.peerCa),
     };
     const peerLog = log.child({ component: "peers" });
-    const metrics = createReplicationMetrics(registry);
     return new PeerServing(cfg, new PeerServer({ storeDir: cfg.store, tls, log: peerLog, metrics }), peerLog);
   }
 

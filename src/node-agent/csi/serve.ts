@@ -89,6 +89,7 @@ async function fetchTree(
   // As before a capture: the record is not deleted while this store holds its tree unaccounted.
   await p.records.addFinalizer(short, p.finalizer);
   const log = p.log.child({ component: "replication", hash: short });
+  const m = p.metrics.replication;
   const r = await replicateTree({
     hash,
     expectedManifestDigest: digest,
@@ -98,10 +99,20 @@ async function fetchTree(
     durable: p.cfg.durable,
     signal,
     log,
-  }).catch(async (err: unknown) => {
-    await dropFinalizerIfEmpty(p, hash);
-    throw err;
-  });
+    metrics: m,
+    onProgress: ({ doneBytes, totalBytes }) => {
+      m.fillingBytes.set({ hash: short }, doneBytes);
+      m.fillingTotalBytes.set({ hash: short }, totalBytes);
+    },
+  })
+    .catch(async (err: unknown) => {
+      await dropFinalizerIfEmpty(p, hash);
+      throw err;
+    })
+    .finally(() => {
+      m.fillingBytes.remove({ hash: short });
+      m.fillingTotalBytes.remove({ hash: short });
+    });
   log.info(
     {
       present: r.present,
