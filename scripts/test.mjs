@@ -77,8 +77,8 @@ if (only !== "--unit" && integration.length) {
       encoding: "utf8",
     });
     const wasRunning = before.status === 0 && JSON.parse(before.stdout).running;
-    // Two real nodes: replication between nodes is tested on two kubelets (about 280 MiB more).
-    const up = spawnSync(process.execPath, [bin, "cluster", "up", "--real-nodes", "2"], {
+    // Three real nodes: replication between nodes is tested on three kubelets (about 280 MiB each).
+    const up = spawnSync(process.execPath, [bin, "cluster", "up", "--real-nodes", "3"], {
       stdio: ["ignore", "inherit", "inherit"],
     });
     if (up.status !== 0) {
