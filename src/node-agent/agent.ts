@@ -81,10 +81,10 @@ export class NodeAgent {
     const storage = new StoreStorageInfo(cfg, kc, new StorageProfiles(core, cfg.systemNamespace, log));
     const peers = (this.peers = PeerServing.from(cfg, log, metrics.replication));
     const promoter = new Promoter(p, storage);
-    this.csi = storeDriverFor(p, { fetched: (short) => this.cacheController.add(short) });
     const busy = (short: string): boolean =>
       this.jobs.busyWith(short) || this.cacheController.queue.isActive(short);
     this.budget = new StoreBudget(p, { busy, removeTree: (short, why) => this.removeTree(short, why) });
+    this.csi = storeDriverFor(p, { budget: this.budget, fetched: (s) => this.cacheController.add(s) });
     this.jobs = new CaptureJobs(p, {
       budget: this.budget,
       storage,

@@ -10,17 +10,21 @@ import { status } from "@grpc/grpc-js";
 import type { ModelCacheObject } from "../../common/modelcache.js";
 import { shortHash } from "../../core/contract.js";
 import type { NodeAgentConfig } from "../config.js";
+import { StoreFullError, type StoreBudget } from "../budget.js";
 import { dropFinalizerIfEmpty, type AgentParts } from "../parts.js";
 import { replicateTree, type ReplicaSource } from "../replication/receiver.js";
 import type { TlsMaterial } from "../replication/server.js";
 import { StoreDriver } from "./driver.js";
 import { CsiError } from "./request.js";
 
+/** What a fill needs beside the agent's parts: the store budget, and who to tell when it is done. */
+export interface FillDeps {
+  budget: Pick<StoreBudget, "makeRoom" | "release">;
+  fetched: (short: string) => void;
+}
+
 /** The driver the agent serves, or undefined when `--csi-plugin-dir` is not given. */
-export function storeDriverFor(
-  p: AgentParts,
-  o: { fetched: (short: string) => void },
-): StoreDriver | undefined {
+export function storeDriverFor(p: AgentParts, o: FillDeps): StoreDriver | undefined {
   const { cfg } = p;
   if (!cfg.csiPluginDir) return undefined;
   return new StoreDriver({
@@ -28,7 +32,7 @@ export function storeDriverFor(
     registrationDir: cfg.csiRegistrationDir ?? join(cfg.kubeletRoot, "plugins_registry"),
     nodeId: cfg.node,
     store: p.store,
-    ensureTree: (hash, signal) => fetchTree(p, hash, signal, o.fetched),
+    ensureTree: (hash, signal) => fetchTree(p, hash, signal, o),
     log: p.log.child({ component: "csi" }),
   });
 }
@@ -76,19 +80,54 @@ async function peerTls(cfg: NodeAgentConfig, short: string): Promise<TlsMaterial
   return { cert: cert!, key: key!, ca: ca! };
 }
 
-/** Replicates the committed tree of `hash` into the store from the nodes the record names. */
-async function fetchTree(
+/**
+ * Replicates the committed tree of `hash` into the store from the nodes the record names, after
+ * making room for it under the store budget as a capture does (unused caches go first; a store
+ * that cannot hold it refuses the publish with RESOURCE_EXHAUSTED, and the kubelet retries).
+ */
+export async function fetchTree(
   p: AgentParts,
   hash: string,
   signal: AbortSignal,
-  fetched: (short: string) => void,
+  o: FillDeps,
 ): Promise<string> {
   const short = shortHash(hash);
-  const { digest, sources } = replicationSources(p.record(short), hash, p.cfg.node);
+  const cache = p.record(short);
+  const { digest, sources } = replicationSources(cache, hash, p.cfg.node);
   const tls = await peerTls(p.cfg, short);
+  const log = p.log.child({ component: "replication", hash: short });
+  await o.budget.makeRoom(short, cache?.status?.sizeBytes ?? 0, log).catch((err: unknown) => {
+    if (err instanceof StoreFullError)
+      throw new CsiError(
+        status.RESOURCE_EXHAUSTED,
+        `no room for cache ${short} in this node's store: ${err.message}`,
+      );
+    throw err;
+  });
+  try {
+    return await fill(p, { hash, short, digest, sources, tls, signal, log }, o.fetched);
+  } finally {
+    // Committed, it counts as stored (and the pod waiting for it keeps it); failed, it needs nothing.
+    o.budget.release(short);
+  }
+}
+
+async function fill(
+  p: AgentParts,
+  f: {
+    hash: string;
+    short: string;
+    digest: string;
+    sources: ReplicaSource[];
+    tls: TlsMaterial;
+    signal: AbortSignal;
+    log: AgentParts["log"];
+  },
+  fetched: (short: string) => void,
+): Promise<string> {
+  const { hash, short, digest, sources, tls, signal, log } = f;
   // As before a capture: the record is not deleted while this store holds its tree unaccounted.
   await p.records.addFinalizer(short, p.finalizer);
-  const log = p.log.child({ component: "replication", hash: short });
   const m = p.metrics.replication;
   const r = await replicateTree({
     hash,
