@@ -115,10 +115,16 @@ export const modelCacheStatusSchema = z.looseObject({
       z.string(),
       z.object({
         url: z.string().describe("the node agent's peer server, https://host:port"),
-        at: dateTime().describe("when this copy was found to match manifestDigest"),
+        at: dateTime().describe("when this copy was found to match manifestDigest, or last reported filling"),
+        filling: z
+          .object({ doneBytes: int64(), totalBytes: int64() })
+          .describe("present while the copy is being filled from peers: it serves the chunks it holds")
+          .optional(),
       }),
     )
-    .describe("every node holding a committed copy of the tree, by node name: where peers fetch it")
+    .describe(
+      "every node holding a committed copy of the tree (or filling one), by node name: where peers fetch it",
+    )
     .optional(),
   namespaces: z.array(z.string()).optional(),
   electionId: z

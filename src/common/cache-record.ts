@@ -229,7 +229,8 @@ export class CacheRecords {
   async setReplica(
     hashOrShort: string,
     node: string,
-    replica: { url: string; at: string } | null,
+    // `filling: null` ends a filling entry (a merge patch keeps keys it does not name).
+    replica: { url: string; at: string; filling?: { doneBytes: number; totalBytes: number } | null } | null,
   ): Promise<void> {
     const name = shortHash(hashOrShort);
     try {

@@ -84,7 +84,7 @@ export class NodeAgent {
     const busy = (short: string): boolean =>
       this.jobs.busyWith(short) || this.cacheController.queue.isActive(short);
     this.budget = new StoreBudget(p, { busy, removeTree: (short, why) => this.removeTree(short, why) });
-    this.csi = storeDriverFor(p, { budget: this.budget, fetched: (s) => this.cacheController.add(s) });
+    this.csi = storeDriverFor(p, { budget: this.budget, peers, fetched: (s) => this.cacheController.add(s) });
     this.jobs = new CaptureJobs(p, {
       budget: this.budget,
       storage,

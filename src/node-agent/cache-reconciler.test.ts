@@ -5,7 +5,7 @@ import type { ModelCacheObject } from "../common/modelcache.js";
 import { ANN_CACHE_SOURCE } from "../core/contract.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { FakeClock, memoryLogger } from "../../test/support/testing.js";
-import { cacheReconciler, type CacheReconcilerDeps } from "./cache-reconciler.js";
+import { cacheReconciler, STALE_FILLING_MS, type CacheReconcilerDeps } from "./cache-reconciler.js";
 import type { PromoteContext } from "./promoter.js";
 
 const HASH = "fedcba9876543210".repeat(4);
@@ -48,6 +48,7 @@ function setup(): {
   removed: string[];
   promoted: PromoteContext[];
   claimsKept: string[];
+  forgotten: string[];
   pass: () => Promise<unknown>;
 } {
   const clock = new FakeClock(Date.parse("2026-12-01T12:00:00Z"));
@@ -61,6 +62,7 @@ function setup(): {
   const removed: string[] = [];
   const promoted: PromoteContext[] = [];
   const claimsKept: string[] = [];
+  const forgotten: string[] = [];
   const leaderPod = { metadata: { name: "leader", namespace: "ns", uid: "u1" } } as V1Pod;
   const deps: CacheReconcilerDeps = {
     node: "gpu-0",
@@ -84,6 +86,11 @@ function setup(): {
       claimsKept.push(short);
       return Promise.resolve(true);
     },
+    forget: (short) => {
+      forgotten.push(short);
+      return Promise.resolve();
+    },
+    now: () => clock.now(),
   };
   const reconcile = cacheReconciler(deps);
   const { log } = memoryLogger();
@@ -93,6 +100,7 @@ function setup(): {
     removed,
     promoted,
     claimsKept,
+    forgotten,
     pass: () => reconcile(SHORT, { log, signal: new AbortController().signal, reconcileId: "r" }),
   };
 }
@@ -187,4 +195,26 @@ test("a Ready cache promoted here keeps its claims in namespaces that gained pod
   await s.pass();
   assert.deepEqual(s.claimsKept, [SHORT]);
   assert.equal(s.promoted.length, 0);
+});
+
+test("this node's filling entry is taken off the record once it is stale and no tree is here (a fill its agent died in)", async () => {
+  const s = setup();
+  s.state.tree = false;
+  const fillingAt = (ms: number): ModelCacheObject =>
+    record({
+      phase: "Ready",
+      replicas: {
+        "gpu-0": {
+          url: "https://10.0.0.1:9465",
+          at: new Date(s.clock.now() - ms).toISOString(),
+          filling: { doneBytes: 1, totalBytes: 2 },
+        },
+      },
+    });
+  s.state.cache = fillingAt(10_000);
+  await s.pass();
+  assert.deepEqual(s.forgotten, [], "a fill refreshed 10 s ago is alive");
+  s.state.cache = fillingAt(STALE_FILLING_MS + 1000);
+  await s.pass();
+  assert.deepEqual(s.forgotten, [SHORT]);
 });

@@ -34,7 +34,13 @@ export interface CacheReconcilerDeps {
   keepClaims(short: string, scope: string, source: CacheSource): Promise<boolean>;
   /** Records this node's committed copy on the cache, for peers to fetch (when it serves them). */
   advertise?(cache: ModelCacheObject): Promise<void>;
+  /** Takes this node's entry off the cache's replicas. */
+  forget?(short: string): Promise<void>;
+  now(): number;
 }
+
+/** A filling entry not refreshed for this long is a fill that died with its agent, or gave up. */
+export const STALE_FILLING_MS = 120_000;
 
 export function cacheReconciler(
   d: CacheReconcilerDeps,
@@ -47,7 +53,12 @@ export function cacheReconciler(
       return;
     }
     const tree = await d.stored(short);
-    if (!tree) return;
+    if (!tree) {
+      // A live fill refreshes its entry every few seconds (csi/fill.ts): an old one is left over.
+      const mine = cache?.status?.replicas?.[d.node];
+      if (mine?.filling && d.now() - Date.parse(mine.at) > STALE_FILLING_MS) await d.forget?.(short);
+      return;
+    }
     if (!cache) {
       cache = await d.readRecord(short);
       if (!cache || cache.metadata.deletionTimestamp) {
@@ -113,8 +124,12 @@ export function cacheReconcilerDeps(
     capturing: o.capturing,
     removeTree: o.removeTree,
     lastResync: o.lastResync,
+    now: () => p.clock.now(),
     ...(o.peers
-      ? { advertise: (cache) => o.peers!.advertise(p.records, cache, p.store.treeDir(cache.metadata.name!)) }
+      ? {
+          advertise: (cache) => o.peers!.advertise(p.records, cache, p.store.treeDir(cache.metadata.name!)),
+          forget: (short) => o.peers!.forget(p.records, short),
+        }
       : {}),
   };
 }

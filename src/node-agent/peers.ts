@@ -9,7 +9,7 @@ import type { Logger } from "../common/log.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import type { NodeAgentConfig } from "./config.js";
 import type { ReplicationMetrics } from "./metrics.js";
-import { manifestDigestOf, PeerServer } from "./replication/server.js";
+import { manifestDigestOf, PeerServer, type FillingTree } from "./replication/server.js";
 
 export class PeerServing {
   private url = "";
@@ -50,13 +50,36 @@ export class PeerServing {
   async advertise(records: CacheRecords, cache: ModelCacheObject, treeDir: string): Promise<void> {
     const digest = cache.status?.manifestDigest;
     const node = this.cfg.node;
-    if (!this.url || !digest || cache.status?.replicas?.[node]?.url === this.url) return;
+    const recorded = cache.status?.replicas?.[node];
+    if (!this.url || !digest || (recorded?.url === this.url && !recorded.filling)) return;
     if (manifestDigestOf(treeDir) !== digest) {
       this.log.debug({ hash: cache.metadata.name }, "not advertised: this copy is not the record's tree");
       return;
     }
-    await records.setReplica(cache.metadata.name!, node, { url: this.url, at: new Date().toISOString() });
+    await records.setReplica(cache.metadata.name!, node, {
+      url: this.url,
+      at: new Date().toISOString(),
+      filling: null,
+    });
     this.log.info({ hash: cache.metadata.name, url: this.url }, "advertised: peers may fetch this copy");
+  }
+
+  /**
+   * A tree this node fills from its peers, served to the others as its chunks land (ADR 0010),
+   * and said so on the record with its progress; the returned function stops serving it.
+   */
+  serveFilling(short: string, tree: FillingTree): () => void {
+    return this.server.serveFilling(short, tree);
+  }
+
+  /** This node's filling copy of a tree and how far it is, on the record (where peers find it). */
+  recordFilling(
+    records: CacheRecords,
+    short: string,
+    filling: { doneBytes: number; totalBytes: number },
+  ): Promise<void> {
+    if (!this.url) return Promise.resolve();
+    return records.setReplica(short, this.cfg.node, { url: this.url, at: new Date().toISOString(), filling });
   }
 
   /** The tree is gone from this node: so is its entry. */

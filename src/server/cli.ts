@@ -33,12 +33,15 @@ function print(rows: string[][], head: string[]): void {
 
 type View = "caches" | "elections" | "pods";
 
-/** The other nodes that serve a copy of the tree to their peers, after the promoting node. */
+/** The other nodes that serve a copy of the tree to their peers, and those filling one now. */
 function copiesElsewhere(c: Snapshot["caches"][number]): string {
   const others = c.copies.filter((n) => n !== c.node);
-  return others.length
-    ? ` (+${others.length} cop${others.length === 1 ? "y" : "ies"}: ${others.join(", ")})`
+  const filling = c.filling.map((f) => `${f.node} filling ${f.percent}%`);
+  const copies = others.length
+    ? `+${others.length} cop${others.length === 1 ? "y" : "ies"}: ${others.join(", ")}`
     : "";
+  const parts = [copies, ...filling].filter(Boolean);
+  return parts.length ? ` (${parts.join("; ")})` : "";
 }
 
 function render(view: View, s: Snapshot): void {

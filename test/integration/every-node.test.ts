@@ -335,6 +335,13 @@ test("three real nodes: a source node agent killed while a third node fills moun
     },
     120_000,
   );
+  // Its progress is on the record, where peers find the copy and `warmstart caches` shows it.
+  const { custom } = await kube();
+  const progress = await waitFor(`${third.name}'s filling copy on the record`, async () => {
+    const c = await getModelCache(custom, short);
+    return c?.status?.replicas?.[third.name]?.filling;
+  });
+  assert.ok(progress.doneBytes > 0 && progress.doneBytes < progress.totalBytes, JSON.stringify(progress));
   await agents.get(killed.name)!.kill("SIGKILL");
   const during = await core.readNamespacedPod({ namespace: ns, name: extra });
   assert.notEqual(during.status?.phase, "Running", "nothing is mounted while the tree fills");
@@ -355,6 +362,11 @@ test("three real nodes: a source node agent killed while a third node fills moun
     fill.dropped.some((d) => d.node === killed.name),
     `the killed source was dropped: ${JSON.stringify(fill.dropped)}`,
   );
+  // Committed, its entry is a copy like the others.
+  await waitFor(`${third.name}'s committed copy on the record`, async () => {
+    const r = (await getModelCache(custom, short))?.status?.replicas?.[third.name];
+    return r && !r.filling;
+  });
   const left = (await readdir(storeOf(third))).filter((e) => e.startsWith(`${short}.tmp-`));
   assert.deepEqual(left, [], "no staging left behind");
   assert.deepEqual(

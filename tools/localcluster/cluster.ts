@@ -653,11 +653,15 @@ async function applyCrds(kc: k8s.KubeConfig): Promise<void> {
       await readFile(join(dir, f), "utf8"),
     ) as (k8s.KubernetesObject | null)[]) {
       if (!obj?.kind) continue;
-      try {
-        await client.create(obj);
-      } catch (err) {
-        if (!isAlreadyExists(err)) throw err;
-      }
+      // Applied, not only created: a cluster brought up again gets the checkout's schema.
+      await client.patch(
+        obj,
+        undefined,
+        undefined,
+        "warmstart-local-cluster",
+        true,
+        k8s.PatchStrategy.ServerSideApply,
+      );
     }
   }
   const ext = kc.makeApiClient(k8s.ApiextensionsV1Api);

@@ -11,7 +11,7 @@ import {
   publishRequest,
   unpublishRequest,
 } from "./request.js";
-import { replicationSources } from "./serve.js";
+import { replicationSources } from "./fill.js";
 
 const HASH = "ab".repeat(32);
 const TARGET = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/pv/mount";
@@ -192,4 +192,19 @@ test("replication sources come from a Ready record of the same hash, other nodes
     status.UNAVAILABLE,
   );
   assert.equal(code(record({ replicas: { "node-a": { url: "http://10.0.0.1:9465" } } })), status.UNAVAILABLE);
+});
+
+test("a copy another node is still filling is a source of what it holds", () => {
+  const replicas = {
+    "node-a": { url: "https://10.0.0.1:9465", at: "2026-01-01T00:00:00Z" },
+    "node-b": {
+      url: "https://10.0.0.2:9465",
+      at: "2026-01-01T00:00:00Z",
+      filling: { doneBytes: 5, totalBytes: 10 },
+    },
+  };
+  assert.deepEqual(replicationSources(record({ replicas }), HASH, "node-c").sources, [
+    { node: "node-a", url: "https://10.0.0.1:9465" },
+    { node: "node-b", url: "https://10.0.0.2:9465", filling: true },
+  ]);
 });

@@ -110,7 +110,10 @@ async function refresh() {
       ["phase", (c) => '<span class="phase-' + esc(c.phase) + '">' + esc(c.phase) + "</span>" + (c.reason ? ' <span class="muted">' + esc(c.reason) + "</span>" : "")],
       ["size", (c) => fmtBytes(c.sizeBytes)], ["restores", (c) => c.restores], ["leader ready", (c) => fmtS(c.leaderReadySeconds)],
       ["restored ready", (c) => fmtS(c.restoredReadySeconds)], ["saved", (c) => fmtS(c.savedSeconds)],
-      ["not downloaded", (c) => fmtBytes(c.savedBytes)], ["node", (c) => esc(c.node || "-")], ["failed captures", (c) => c.failedCaptures]], s.caches);
+      ["not downloaded", (c) => fmtBytes(c.savedBytes)], ["node", (c) => esc(c.node || "-")],
+      ["copies on other nodes", (c) => c.copies.filter((n) => n !== c.node).map(esc).join(", ") + c.filling.map((f) =>
+        ' <span class="muted">' + esc(f.node) + '</span> <progress max="100" value="' + f.percent + '"></progress> ' + f.percent + "%").join("")],
+      ["failed captures", (c) => c.failedCaptures]], s.caches);
     table(document.getElementById("stores"), [["node", (n) => esc(n.node)], ["used", (n) => fmtBytes(n.usedBytes)],
       ["budget", (n) => n.budgetBytes ? fmtBytes(n.budgetBytes) : "none"], ["caches", (n) => n.caches.length]], s.stores || []);
     table(document.getElementById("elections"), [["hash", (e) => esc(e.hash)], ["leader namespace", (e) => esc(e.leaderNamespace)],

@@ -66,7 +66,7 @@ void test("a cache's benefit comes from its record, so it outlives the pods", ()
   assert.deepEqual(s.totals, { savedSeconds: 2300, savedBytes: 4_000, restores: 4, caches: 1 });
 });
 
-void test("the nodes serving a copy of a tree to their peers come from the record's replicas", () => {
+void test("the nodes serving a copy of a tree to their peers, and those filling one, come from the record's replicas", () => {
   const at = "2026-01-01T00:00:00Z";
   const s = buildSnapshot(
     [
@@ -76,13 +76,15 @@ void test("the nodes serving a copy of a tree to their peers come from the recor
         replicas: {
           "gpu-2": { url: "https://10.0.0.3:9465", at },
           "gpu-0": { url: "https://10.0.0.1:9465", at },
+          "gpu-1": { url: "https://10.0.0.2:9465", at, filling: { doneBytes: 450, totalBytes: 1000 } },
         },
       }),
     ],
     [],
     [],
   );
-  assert.deepEqual(s.caches[0]!.copies, ["gpu-0", "gpu-2"]);
+  assert.deepEqual(s.caches[0]!.copies, ["gpu-0", "gpu-2"], "committed copies only");
+  assert.deepEqual(s.caches[0]!.filling, [{ node: "gpu-1", percent: 45 }], "and the copies filling now");
 });
 
 void test("a follower's time to Ready runs from its release (scheduled), a restore's from its admission", () => {

@@ -36,6 +36,8 @@ export interface CacheRow {
   node: string;
   /** Every node whose agent serves a checked copy of the tree to its peers (status.replicas). */
   copies: string[];
+  /** Nodes filling a copy from their peers now, and how far each is (0 to 100). */
+  filling: { node: string; percent: number }[];
   /** The leader's start by phase, and the restores' mean (from status.startups). */
   leaderStart: Partial<Record<EnginePhase, number>> | null;
   restoredStart: Partial<Record<EnginePhase, number>> | null;
@@ -190,7 +192,17 @@ export function buildSnapshot(
       savedBytes: num(s.savedBytes) ?? 0,
       failedCaptures: num(s.failedCaptures) ?? 0,
       node: s.node ?? "",
-      copies: Object.keys(s.replicas ?? {}).sort(),
+      copies: Object.entries(s.replicas ?? {})
+        .filter(([, r]) => !r.filling)
+        .map(([n]) => n)
+        .sort(),
+      filling: Object.entries(s.replicas ?? {})
+        .flatMap(([node, r]) =>
+          r.filling
+            ? [{ node, percent: Math.floor((100 * r.filling.doneBytes) / Math.max(1, r.filling.totalBytes)) }]
+            : [],
+        )
+        .sort((a, b) => a.node.localeCompare(b.node)),
       leaderStart: meanPhases((s.startups ?? []).filter((e) => e.role === "leader").slice(-1)),
       restoredStart: meanPhases((s.startups ?? []).filter((e) => e.role !== "leader")),
       compileCache: {

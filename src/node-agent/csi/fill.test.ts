@@ -10,7 +10,7 @@ import { StoreFullError } from "../budget.js";
 import { createNodeAgentMetrics } from "../metrics.js";
 import type { AgentParts } from "../parts.js";
 import { CsiError } from "./request.js";
-import { fetchTree } from "./serve.js";
+import { fetchTree } from "./fill.js";
 
 const HASH = "89abcdef01234567".repeat(4);
 const SHORT = HASH.slice(0, 16);
