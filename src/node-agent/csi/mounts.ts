@@ -7,7 +7,11 @@ import { execFile } from "node:child_process";
 import { readFile, realpath, stat } from "node:fs/promises";
 import { promisify } from "node:util";
 
-const run = promisify(execFile);
+const exec = promisify(execFile);
+/** A mount or unmount that hangs (a wedged file system) fails the call, which the kubelet retries. */
+const MOUNT_TIMEOUT_MS = 60_000;
+const run = (cmd: string, args: string[]): Promise<unknown> =>
+  exec(cmd, args, { timeout: MOUNT_TIMEOUT_MS, killSignal: "SIGKILL" });
 
 /** The flags every publish ends with: MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV. */
 export const READ_ONLY_BIND = "remount,bind,ro,nosuid,nodev";

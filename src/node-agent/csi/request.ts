@@ -85,10 +85,13 @@ export function publishRequest(r: Req): PublishRequest {
 }
 
 /** The fields of a NodeUnpublishVolume. */
-export function unpublishRequest(r: Req): { hash: string; target: string } {
+/**
+ * An unpublish needs its target only: whatever the volume id (even one this driver would never
+ * have published), what is mounted at the target goes, so a pod is never stuck terminating.
+ */
+export function unpublishRequest(r: Req): { volumeId: string; target: string } {
   if (typeof r.volume_id !== "string" || r.volume_id === "") throw invalid("volume_id is required");
-  const target = parseTargetPath(r.target_path);
-  return { hash: parseVolumeHandle(r.volume_id), target };
+  return { volumeId: r.volume_id, target: parseTargetPath(r.target_path) };
 }
 
 /** What is mounted at a publish's target now (the topmost mount, when there are several). */
