@@ -200,3 +200,19 @@ export function parseModelCache(obj: unknown): ModelCacheObject {
     { cause: r.error },
   );
 }
+
+/** A filling entry not written for this long is a fill that died with its agent, or gave up. */
+export const STALE_FILLING_MS = 120_000;
+
+/**
+ * The copies of a tree the record lists that are worth anything now: committed ones, and filling
+ * ones written within STALE_FILLING_MS (a live fill rewrites its entry every few seconds).
+ */
+export function liveReplicas(
+  cache: ModelCacheObject | undefined,
+  now: number,
+): [node: string, replica: NonNullable<ModelCacheStatus["replicas"]>[string]][] {
+  return Object.entries(cache?.status?.replicas ?? {}).filter(
+    ([, r]) => !r.filling || now - Date.parse(r.at) <= STALE_FILLING_MS,
+  );
+}

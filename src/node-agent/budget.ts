@@ -1,7 +1,8 @@
 /**
- * The store budget: a capture makes room for what it needs before it copies. Caches no pod
- * mounts go, least recently restored first; a cache in use is never removed. Captures make room
- * one at a time, each holding what it needs until its tree is committed.
+ * The store budget: a capture, or a fill from peers (csi/fill.ts), makes room for what it needs
+ * before it copies. Caches no pod mounts go, least recently restored first; a cache in use is
+ * never removed. They make room one at a time, each holding what it needs until its tree is
+ * committed.
  */
 import type * as k8s from "@kubernetes/client-node";
 import { transition } from "../api/transitions.js";
@@ -22,7 +23,7 @@ export interface BudgetDeps {
 }
 
 export class StoreBudget {
-  /** Bytes held for captures in progress (short hash → bytes), counted against the budget. */
+  /** Bytes held for captures and fills in progress (short hash → bytes), counted against the budget. */
   readonly reserved = new Map<string, number>();
   private making: Promise<void> = Promise.resolve();
 
@@ -31,14 +32,14 @@ export class StoreBudget {
     private readonly deps: BudgetDeps,
   ) {}
 
-  /** Makes room for `needed` more bytes under the budget; one capture at a time. */
+  /** Makes room for `needed` more bytes under the budget; one capture or fill at a time. */
   makeRoom(short: string, needed: number, log: Logger): Promise<void> {
     const run = this.making.then(() => this.doMakeRoom(short, needed, log));
     this.making = run.catch(() => undefined);
     return run;
   }
 
-  /** The capture of `short` committed or ended: its tree (if any) counts as stored from now on. */
+  /** The capture or fill of `short` committed or ended: its tree (if any) counts as stored from now on. */
   release(short: string): void {
     this.reserved.delete(short);
   }

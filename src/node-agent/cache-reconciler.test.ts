@@ -5,7 +5,8 @@ import type { ModelCacheObject } from "../common/modelcache.js";
 import { ANN_CACHE_SOURCE } from "../core/contract.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { FakeClock, memoryLogger } from "../../test/support/testing.js";
-import { cacheReconciler, STALE_FILLING_MS, type CacheReconcilerDeps } from "./cache-reconciler.js";
+import { STALE_FILLING_MS } from "../api/modelcache.js";
+import { cacheReconciler, type CacheReconcilerDeps } from "./cache-reconciler.js";
 import type { PromoteContext } from "./promoter.js";
 
 const HASH = "fedcba9876543210".repeat(4);
@@ -212,9 +213,17 @@ test("this node's filling entry is taken off the record once it is stale and no 
       },
     });
   s.state.cache = fillingAt(10_000);
-  await s.pass();
-  assert.deepEqual(s.forgotten, [], "a fill refreshed 10 s ago is alive");
+  assert.deepEqual(
+    await s.pass(),
+    { requeueAfterMs: STALE_FILLING_MS - 10_000 + 1000 },
+    "a fill written 10 s ago is alive: looked at again when it would be stale",
+  );
+  assert.deepEqual(s.forgotten, []);
   s.state.cache = fillingAt(STALE_FILLING_MS + 1000);
+  s.state.fresh = fillingAt(5_000);
+  await s.pass();
+  assert.deepEqual(s.forgotten, [], "a fresh read shows a new fill: kept");
+  s.state.fresh = s.state.cache;
   await s.pass();
   assert.deepEqual(s.forgotten, [SHORT]);
 });

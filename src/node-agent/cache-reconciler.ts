@@ -9,6 +9,7 @@
 import type * as k8s from "@kubernetes/client-node";
 import type { ReconcileContext, ReconcileResult } from "../common/controller/controller.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
+import { STALE_FILLING_MS } from "../api/modelcache.js";
 import { scopeOfInputs } from "../core/hash.js";
 import { sourceOf, type CacheSource } from "../promote/source.js";
 import type { AgentParts } from "./parts.js";
@@ -39,9 +40,6 @@ export interface CacheReconcilerDeps {
   now(): number;
 }
 
-/** A filling entry not refreshed for this long is a fill that died with its agent, or gave up. */
-export const STALE_FILLING_MS = 120_000;
-
 export function cacheReconciler(
   d: CacheReconcilerDeps,
 ): (key: string, ctx: ReconcileContext) => Promise<ReconcileResult> {
@@ -53,12 +51,7 @@ export function cacheReconciler(
       return;
     }
     const tree = await d.stored(short);
-    if (!tree) {
-      // A live fill refreshes its entry every few seconds (csi/fill.ts): an old one is left over.
-      const mine = cache?.status?.replicas?.[d.node];
-      if (mine?.filling && d.now() - Date.parse(mine.at) > STALE_FILLING_MS) await d.forget?.(short);
-      return;
-    }
+    if (!tree) return forgetStaleFilling(d, short, cache);
     if (!cache) {
       cache = await d.readRecord(short);
       if (!cache || cache.metadata.deletionTimestamp) {
@@ -132,4 +125,24 @@ export function cacheReconcilerDeps(
         }
       : {}),
   };
+}
+
+/**
+ * This node's filling entry without a tree here: a live fill rewrites it every 20 s at most
+ * (csi/fill.ts), so one older than STALE_FILLING_MS was left by a fill that died with its agent.
+ * It goes (checked on a fresh read first); a younger one is looked at again when it would be stale.
+ */
+async function forgetStaleFilling(
+  d: CacheReconcilerDeps,
+  short: string,
+  cache: ModelCacheObject | undefined,
+): Promise<ReconcileResult> {
+  const age = (c: ModelCacheObject | undefined): number | undefined => {
+    const mine = c?.status?.replicas?.[d.node];
+    return mine?.filling ? d.now() - Date.parse(mine.at) : undefined;
+  };
+  const seen = age(cache);
+  if (seen === undefined || !d.forget) return;
+  if (seen <= STALE_FILLING_MS) return { requeueAfterMs: STALE_FILLING_MS - seen + 1000 };
+  if ((age(await d.readRecord(short)) ?? 0) > STALE_FILLING_MS) await d.forget(short);
 }

@@ -122,7 +122,7 @@ export interface ReplicationMetrics {
   servedBytes: Counter;
   /** File streams this node is serving to its peers now. */
   servingStreams: Gauge;
-  /** Bytes of each tree being filled from peers now, and of the whole tree (0 once it ends). */
+  /** Bytes of each tree being filled from peers now, and of the whole tree (the series go when it ends). */
   fillingBytes: Gauge<"hash">;
   fillingTotalBytes: Gauge<"hash">;
 }

@@ -64,10 +64,7 @@ export class PeerServing {
     this.log.info({ hash: cache.metadata.name, url: this.url }, "advertised: peers may fetch this copy");
   }
 
-  /**
-   * A tree this node fills from its peers, served to the others as its chunks land (ADR 0010),
-   * and said so on the record with its progress; the returned function stops serving it.
-   */
+  /** A tree this node fills from its peers, served to the others as its chunks land (ADR 0010). */
   serveFilling(short: string, tree: FillingTree): () => void {
     return this.server.serveFilling(short, tree);
   }

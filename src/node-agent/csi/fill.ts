@@ -7,6 +7,7 @@
 import { createHash } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { status } from "@grpc/grpc-js";
+import { liveReplicas } from "../../api/modelcache.js";
 import type { ModelCacheObject } from "../../common/modelcache.js";
 import { shortHash } from "../../core/contract.js";
 import { StoreFullError, type StoreBudget } from "../budget.js";
@@ -20,6 +21,8 @@ import { CsiError } from "./request.js";
 /** How often the record is looked at for new sources, and at most how often progress is written. */
 const WATCH_MS = 1000;
 const PROGRESS_MS = 2000;
+/** Well inside STALE_FILLING_MS: a live fill's entry never looks stale. */
+const HEARTBEAT_MS = 20_000;
 
 /** What a fill needs beside the agent's parts: the store budget, and who to tell when it is done. */
 export interface FillDeps {
@@ -61,8 +64,9 @@ export function replicationSources(
 
 /** The copies other nodes recorded, committed or still filling (they serve what they hold). */
 function recordedCopies(cache: ModelCacheObject | undefined, node: string): ReplicaSource[] {
-  return Object.entries(cache?.status?.replicas ?? {})
-    .filter(([n, r]) => n !== node && typeof r?.url === "string" && r.url.startsWith("https://"))
+  // The record is written by node agents only, but a URL that does not parse must not throw later.
+  return liveReplicas(cache, Date.now())
+    .filter(([n, r]) => n !== node && r.url.startsWith("https://") && URL.canParse(r.url))
     .map(([n, r]) => ({ node: n, url: r.url, ...(r.filling ? { filling: true } : {}) }));
 }
 
@@ -140,7 +144,14 @@ async function fill(
     // Nodes filling at once start on different parts of the tree, and feed each other.
     startAt: parseInt(createHash("sha256").update(p.cfg.node).digest("hex").slice(0, 8), 16) / 2 ** 32,
     watchSources: (add) => {
-      const timer = setInterval(() => recordedCopies(p.record(short), p.cfg.node).forEach(add), WATCH_MS);
+      const look = (): void => {
+        try {
+          recordedCopies(p.record(short), p.cfg.node).forEach(add);
+        } catch (err) {
+          log.warn({ err }, "could not take a recorded copy as a source");
+        }
+      };
+      const timer = setInterval(look, WATCH_MS);
       return () => clearInterval(timer);
     },
     ...(o.peers ? { serveFilling: (tree) => o.peers!.serveFilling(short, tree) } : {}),
@@ -176,33 +187,46 @@ async function fill(
 
 /**
  * A filling copy on the record (`status.replicas[<node>].filling`): where peers find it while it
- * fills and what `warmstart caches` shows. Written at most every PROGRESS_MS, one write at a time;
- * a failed fill takes its entry away, a committed one is left to the cache reconciler, which
- * records the checked copy in its place.
+ * fills and what `warmstart caches` shows. Written at most every PROGRESS_MS when chunks land, and
+ * at least every HEARTBEAT_MS while the fill runs (a slow chunk must not make it look stale), one
+ * write at a time; a failed fill takes its entry away, a committed one is left to the cache
+ * reconciler, which records the checked copy in its place.
  */
 class ProgressOnRecord {
   private writing: Promise<void> = Promise.resolve();
   private lastAt = 0;
+  private last: { doneBytes: number; totalBytes: number } | undefined;
   private ended = false;
+  private readonly heartbeat: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly p: AgentParts,
     private readonly short: string,
     private readonly peers: FillDeps["peers"],
-  ) {}
+  ) {
+    if (peers) {
+      this.heartbeat = setInterval(() => this.last && this.write(this.last), HEARTBEAT_MS);
+      this.heartbeat.unref();
+    }
+  }
 
   report(filling: { doneBytes: number; totalBytes: number }): void {
-    const now = Date.now();
-    if (!this.peers || this.ended || now - this.lastAt < PROGRESS_MS) return;
-    this.lastAt = now;
-    this.chain(() => this.peers!.recordFilling(this.p.records, this.short, filling));
+    this.last = filling;
+    if (Date.now() - this.lastAt >= PROGRESS_MS) this.write(filling);
   }
 
   async end(committed: boolean): Promise<void> {
     this.ended = true;
+    clearInterval(this.heartbeat);
     if (this.peers && this.lastAt && !committed)
       this.chain(() => this.p.records.setReplica(this.short, this.p.cfg.node, null));
     await this.writing;
+  }
+
+  private write(filling: { doneBytes: number; totalBytes: number }): void {
+    if (!this.peers || this.ended) return;
+    this.lastAt = Date.now();
+    this.chain(() => this.peers!.recordFilling(this.p.records, this.short, filling));
   }
 
   private chain(write: () => Promise<void>): void {

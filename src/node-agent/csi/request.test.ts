@@ -108,14 +108,8 @@ test("a publish asked read-write, or as a single writer, is accepted: it is made
 });
 
 test("an unpublish needs a volume id and a target path, whatever the id (its target is unmounted all the same)", () => {
-  assert.deepEqual(unpublishRequest({ volume_id: HASH, target_path: TARGET }), {
-    volumeId: HASH,
-    target: TARGET,
-  });
-  assert.deepEqual(unpublishRequest({ volume_id: "x", target_path: TARGET }), {
-    volumeId: "x",
-    target: TARGET,
-  });
+  assert.deepEqual(unpublishRequest({ volume_id: HASH, target_path: TARGET }), { target: TARGET });
+  assert.deepEqual(unpublishRequest({ volume_id: "x", target_path: TARGET }), { target: TARGET });
   assert.throws(() => unpublishRequest({ target_path: TARGET }), /volume_id is required/);
   assert.throws(() => unpublishRequest({ volume_id: HASH }), /target_path is required/);
 });
@@ -197,14 +191,21 @@ test("replication sources come from a Ready record of the same hash, other nodes
   assert.equal(code(record({ replicas: { "node-a": { url: "http://10.0.0.1:9465" } } })), status.UNAVAILABLE);
 });
 
-test("a copy another node is still filling is a source of what it holds", () => {
+test("a copy another node is still filling is a source of what it holds; a stale fill or a URL that does not parse is none", () => {
   const replicas = {
     "node-a": { url: "https://10.0.0.1:9465", at: "2026-01-01T00:00:00Z" },
     "node-b": {
       url: "https://10.0.0.2:9465",
-      at: "2026-01-01T00:00:00Z",
+      at: new Date().toISOString(),
       filling: { doneBytes: 5, totalBytes: 10 },
     },
+    // Left by an agent that died mid-fill, and a URL that does not parse: neither is a source.
+    "node-d": {
+      url: "https://10.0.0.4:9465",
+      at: "2026-01-01T00:00:00Z",
+      filling: { doneBytes: 1, totalBytes: 10 },
+    },
+    "node-e": { url: "https://[x", at: "2026-01-01T00:00:00Z" },
   };
   assert.deepEqual(replicationSources(record({ replicas }), HASH, "node-c").sources, [
     { node: "node-a", url: "https://10.0.0.1:9465" },

@@ -76,7 +76,13 @@ void test("the nodes serving a copy of a tree to their peers, and those filling 
         replicas: {
           "gpu-2": { url: "https://10.0.0.3:9465", at },
           "gpu-0": { url: "https://10.0.0.1:9465", at },
-          "gpu-1": { url: "https://10.0.0.2:9465", at, filling: { doneBytes: 450, totalBytes: 1000 } },
+          "gpu-1": {
+            url: "https://10.0.0.2:9465",
+            at: new Date().toISOString(),
+            filling: { doneBytes: 450, totalBytes: 1000 },
+          },
+          // Left by an agent that died mid-fill: not a fill any more.
+          "gpu-3": { url: "https://10.0.0.4:9465", at, filling: { doneBytes: 1, totalBytes: 1000 } },
         },
       }),
     ],

@@ -11,6 +11,7 @@ import {
   LABEL_STORE,
   MODELCACHE,
 } from "../../core/contract.js";
+import { liveReplicas } from "../../api/modelcache.js";
 import { type ModelCacheObject, type StartupRecord } from "../../common/modelcache.js";
 import { ENGINE_PHASES, type EnginePhase } from "../../core/engine-log.js";
 import { redactUrlCredentials } from "../../core/env.js";
@@ -196,7 +197,8 @@ export function buildSnapshot(
         .filter(([, r]) => !r.filling)
         .map(([n]) => n)
         .sort(),
-      filling: Object.entries(s.replicas ?? {})
+      // A stale filling entry (its agent died mid-fill) is no fill any more.
+      filling: liveReplicas(c, Date.now())
         .flatMap(([node, r]) =>
           r.filling
             ? [{ node, percent: Math.floor((100 * r.filling.doneBytes) / Math.max(1, r.filling.totalBytes)) }]
