@@ -8,10 +8,27 @@ import { readFile, realpath, stat } from "node:fs/promises";
 import { promisify } from "node:util";
 
 const exec = promisify(execFile);
-/** A mount or unmount that hangs (a wedged file system) fails the call, which the kubelet retries. */
+/**
+ * A mount or unmount that hangs (a wedged file system) fails the call after this long, and the
+ * kubelet retries. The child is killed, but one stuck in the kernel may never exit: the call does
+ * not wait for it.
+ */
 const MOUNT_TIMEOUT_MS = 60_000;
-const run = (cmd: string, args: string[]): Promise<unknown> =>
-  exec(cmd, args, { timeout: MOUNT_TIMEOUT_MS, killSignal: "SIGKILL" });
+async function run(cmd: string, args: string[]): Promise<void> {
+  const child = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  const timedOut = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      child.abort();
+      reject(new Error(`${cmd} ${args.join(" ")}: no answer in ${MOUNT_TIMEOUT_MS / 1000} s`));
+    }, MOUNT_TIMEOUT_MS);
+  });
+  try {
+    await Promise.race([exec(cmd, args, { signal: child.signal, killSignal: "SIGKILL" }), timedOut]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
 
 /** The flags every publish ends with: MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV. */
 export const READ_ONLY_BIND = "remount,bind,ro,nosuid,nodev";

@@ -84,14 +84,14 @@ export function publishRequest(r: Req): PublishRequest {
   };
 }
 
-/** The fields of a NodeUnpublishVolume. */
 /**
- * An unpublish needs its target only: whatever the volume id (even one this driver would never
- * have published), what is mounted at the target goes, so a pod is never stuck terminating.
+ * The fields of a NodeUnpublishVolume. Only its target counts: whatever the volume id (even one
+ * this driver would never have published), what is mounted there goes, so a pod is never stuck
+ * terminating.
  */
-export function unpublishRequest(r: Req): { volumeId: string; target: string } {
+export function unpublishRequest(r: Req): { target: string } {
   if (typeof r.volume_id !== "string" || r.volume_id === "") throw invalid("volume_id is required");
-  return { volumeId: r.volume_id, target: parseTargetPath(r.target_path) };
+  return { target: parseTargetPath(r.target_path) };
 }
 
 /** What is mounted at a publish's target now (the topmost mount, when there are several). */
