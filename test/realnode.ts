@@ -71,8 +71,50 @@ export async function serveStoreDriver(
   nodes: RealNode[],
   o: { peers?: boolean } = {},
 ): Promise<Map<string, RoleHandle>> {
-  const { kc } = await kube();
+  const { kc, core, apps } = await kube();
   const storage = kc.makeApiClient(k8s.StorageV1Api);
+  // Hooks run in the order they were added: this one first, so the pods this test made on the
+  // driver's volumes are gone (unpublished by these agents) before the agents and the driver go.
+  t.after(async () => {
+    const volumes = new Set(
+      (await core.listPersistentVolume()).items
+        .filter((v) => v.spec?.csi?.driver === STORE_DRIVER && v.spec.claimRef)
+        .map((v) => `${v.spec!.claimRef!.namespace}/${v.spec!.claimRef!.name}`),
+    );
+    const mounting = (await core.listPodForAllNamespaces()).items.filter((p) =>
+      (p.spec?.volumes ?? []).some(
+        (v) =>
+          v.persistentVolumeClaim &&
+          volumes.has(`${p.metadata!.namespace}/${v.persistentVolumeClaim.claimName}`),
+      ),
+    );
+    // Their workloads first, or they would be made again at once.
+    for (const ns of new Set(mounting.map((p) => p.metadata!.namespace!)))
+      await apps.deleteCollectionNamespacedDeployment({ namespace: ns }).catch(() => undefined);
+    for (const p of mounting)
+      await core
+        .deleteNamespacedPod({
+          namespace: p.metadata!.namespace!,
+          name: p.metadata!.name!,
+          gracePeriodSeconds: 0,
+        })
+        .catch(() => undefined);
+    await waitFor(
+      "the pods on the driver's volumes gone",
+      async () => {
+        const left = await Promise.all(
+          mounting.map((p) =>
+            core
+              .readNamespacedPod({ namespace: p.metadata!.namespace!, name: p.metadata!.name! })
+              .then((x) => x.metadata?.uid === p.metadata?.uid)
+              .catch(() => false),
+          ),
+        );
+        return left.every((x) => !x);
+      },
+      120_000,
+    ).catch(() => undefined);
+  });
   try {
     await storage.createCSIDriver({
       body: {

@@ -770,7 +770,7 @@ test("admission costs no more than linear time and memory in the pod's size, wha
   t.diagnostic(`worst: ${worst.ms.toFixed(1)} ms for ${worst.n} bytes (answer ${worst.out} bytes)`);
 });
 
-test("admission's cost grows linearly with the pod: doubling chains 64 times longer cost at most about 64 times more CPU, and its peak memory stays linear", async (t) => {
+test("admission's CPU grows linearly with the pod: a doubling chain 64 times longer costs at most about 64 times more", async (t) => {
   const handle = admissionHandler(webhookDeps(() => FRESH));
   /** A chain of `m` self-doubling env entries and as many args reading the last: 2^m bytes unbounded. */
   const podOf = (m: number): Record<string, unknown> => {
@@ -781,11 +781,10 @@ test("admission's cost grows linearly with the pod: doubling chains 64 times lon
     const args = ["--model", "org/m", ...Array.from({ length: m }, () => `--x=$(A${m - 1})`)];
     return { metadata: { name: "p" }, spec: { containers: [{ ...gpuContainer, args, env }] } };
   };
-  const cost = async (m: number): Promise<{ n: number; ms: number; peakGrowth: number }> => {
+  const cost = async (m: number): Promise<{ n: number; ms: number }> => {
     const object = podOf(m);
     const n = JSON.stringify(object).length;
     let ms = Infinity;
-    const peakBefore = process.resourceUsage().maxRSS * 1024;
     // The best of three: the least a loaded machine's scheduling and a GC pause added.
     for (let i = 0; i < 3; i++) {
       const cpu = process.cpuUsage();
@@ -793,22 +792,16 @@ test("admission's cost grows linearly with the pod: doubling chains 64 times lon
       const used = process.cpuUsage(cpu);
       ms = Math.min(ms, (used.user + used.system) / 1000);
     }
-    return { n, ms, peakGrowth: process.resourceUsage().maxRSS * 1024 - peakBefore };
+    return { n, ms };
   };
   await cost(64); // warm the code paths
   const small = await cost(64);
   const large = await cost(64 * 64);
-  t.diagnostic(
-    `${small.n} bytes: ${small.ms.toFixed(1)} ms; ${large.n} bytes: ${large.ms.toFixed(1)} ms, peak memory +${(large.peakGrowth / 2 ** 20).toFixed(1)} MiB`,
-  );
+  t.diagnostic(`${small.n} bytes: ${small.ms.toFixed(1)} ms; ${large.n} bytes: ${large.ms.toFixed(1)} ms`);
   const sizeRatio = large.n / small.n;
   // Twice the size ratio plus a constant: room for a GC pause, never for a power of two in m.
   assert.ok(
     large.ms <= 2 * sizeRatio * small.ms + 100,
     `${large.ms} ms vs ${small.ms} ms at ${sizeRatio.toFixed(0)}x the size`,
-  );
-  assert.ok(
-    large.peakGrowth <= 64 * 2 ** 20 + 64 * large.n,
-    `peak memory grew ${large.peakGrowth} bytes for a ${large.n}-byte pod`,
   );
 });

@@ -13,6 +13,7 @@ import { test, type TestContext } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
 import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
 import { ANN_ROLE, LABEL_HASH, MANIFEST_FILE, READY_MARKER } from "../../src/core/contract.js";
+import { DEFAULT_CHUNK_BYTES } from "../../src/node-agent/replication/plan.js";
 import { engineDeployment } from "../../tools/localcluster/engine-chart.js";
 import { readState } from "../../tools/localcluster/cluster.js";
 import { REAL_NODE_LABEL } from "../../tools/localcluster/realnode.js";
@@ -33,44 +34,24 @@ const READY_MS = 300_000;
 test("two real nodes: replicas spread over both download once; the follower's node fills the tree from the leader's node through its store driver, fetches nothing from the hub and joins status.replicas", async (t) => {
   const nodes = await realNodesOrSkip(t, 2);
   if (!nodes) return;
-  const { apps, custom } = await kube();
-  await serveStoreDriver(t, nodes, { peers: true });
+  const { custom } = await kube();
+  const two = nodes.slice(0, 2);
+  await serveStoreDriver(t, two, { peers: true });
 
   const ns = await tempNamespace(t, "spread");
   const model = `synthetic/${uniqueName("m")}`;
-  const body = engineDeployment({
-    replicas: 2,
-    model,
-    node: nodes[0]!.name,
-    hub: nodes[0]!.hub,
-    image: nodes[0]!.images.engine,
-    compileSeconds: 1,
-  });
-  // Spread over the real nodes, one replica each, as a chart's anti-affinity or topology spread does.
-  const spec = body.spec!.template.spec!;
-  spec.nodeSelector = { [REAL_NODE_LABEL]: "true" };
-  spec.affinity = {
-    podAntiAffinity: {
-      requiredDuringSchedulingIgnoredDuringExecution: [
-        { topologyKey: "kubernetes.io/hostname", labelSelector: { matchLabels: { app: "engine" } } },
-      ],
-    },
-  };
-  await apps.createNamespacedDeployment({ namespace: ns, body });
-  t.after(() =>
-    apps
-      .deleteNamespacedDeployment({ namespace: ns, name: body.metadata!.name!, gracePeriodSeconds: 0 })
-      .then(() => undefined)
-      .catch(() => undefined),
+  // Spread over two real nodes, one replica each, as a chart's topology spread does.
+  await deploy(
+    t,
+    ns,
+    engines(
+      two,
+      model,
+      2,
+      two.map((n) => n.name),
+    ),
   );
-  const pods = await waitFor(
-    "2 Ready engine pods on two nodes",
-    async () => {
-      const ps = (await listPods(ns, "app=engine")).filter((p) => !p.metadata?.deletionTimestamp);
-      return ps.length === 2 && ps.every(isPodReady) ? ps : undefined;
-    },
-    READY_MS,
-  );
+  const pods = await readyEngines(ns, 2);
   const leader = pods.find((p) => p.metadata?.annotations?.[ANN_ROLE] === "leader")!;
   const follower = pods.find((p) => p !== leader)!;
   assert.ok(leader, "a leader");
@@ -170,10 +151,10 @@ async function readyEngines(ns: string, n: number): Promise<k8s.V1Pod[]> {
 async function withCopies(short: string, nodes: string[]): Promise<ModelCacheObject> {
   const { custom } = await kube();
   return waitFor(
-    `copies on ${nodes.join(", ")} in the record`,
+    `committed copies on ${nodes.join(", ")} in the record`,
     async () => {
       const c = await getModelCache(custom, short);
-      return nodes.every((n) => c?.status?.replicas?.[n]) ? c : undefined;
+      return nodes.every((n) => c?.status?.replicas?.[n] && !c.status.replicas[n].filling) ? c : undefined;
     },
     READY_MS,
   );
@@ -263,7 +244,16 @@ test("three real nodes: a chart of 6 replicas spread over them downloads once; t
   await serveStoreDriver(t, nodes.slice(0, 3), { peers: true });
   const ns = await tempNamespace(t, "spread6");
   const model = `synthetic/${uniqueName("m")}`;
-  await deploy(t, ns, engines(nodes, model, 6));
+  await deploy(
+    t,
+    ns,
+    engines(
+      nodes,
+      model,
+      6,
+      nodes.slice(0, 3).map((n) => n.name),
+    ),
+  );
   const pods = await readyEngines(ns, 6);
 
   const perNode = new Map<string, number>();
@@ -342,8 +332,8 @@ test("three real nodes: a source node agent killed while a third node fills moun
     return c?.status?.replicas?.[third.name]?.filling;
   });
   assert.ok(progress.doneBytes > 0 && progress.doneBytes < progress.totalBytes, JSON.stringify(progress));
-  await agents.get(killed.name)!.kill("SIGKILL");
   const during = await core.readNamespacedPod({ namespace: ns, name: extra });
+  await agents.get(killed.name)!.kill("SIGKILL");
   assert.notEqual(during.status?.phase, "Running", "nothing is mounted while the tree fills");
   t.diagnostic(`killed ${killed.name}'s agent with ${staged.bytes} of ${size} bytes staged on ${third.name}`);
 
@@ -390,17 +380,20 @@ test("three real nodes: a peer serving a corrupted byte is caught by the digest,
   const [honest, liar] = holders as [RealNode, RealNode];
   const third = nodes[2]!;
   const truth = await treeDigests(join(storeOf(honest), short));
-  // The liar's copy: one byte flipped in every data file (its manifest still says the truth).
+  // The liar's copy: bytes flipped in every data file (its manifest still says the truth).
   const liarTree = join(storeOf(liar), short);
   for (const rel of Object.keys(truth)) {
     if (rel === MANIFEST_FILE) continue;
     const path = join(liarTree, rel);
     if ((await stat(path)).size === 0) continue;
+    // In every chunk a peer may be asked for, so whatever the liar serves is wrong.
     const fh = await open(path, "r+");
     const b = Buffer.alloc(1);
-    await fh.read(b, 0, 1, 0);
-    b[0] = b[0]! ^ 0xff;
-    await fh.write(b, 0, 1, 0);
+    for (let at = 0; at < (await fh.stat()).size; at += DEFAULT_CHUNK_BYTES) {
+      await fh.read(b, 0, 1, at);
+      b[0] = b[0]! ^ 0xff;
+      await fh.write(b, 0, 1, at);
+    }
     await fh.close();
   }
   const { core } = await kube();

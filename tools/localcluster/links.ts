@@ -14,12 +14,12 @@ import { promisify } from "node:util";
 
 const run = promisify(execFile);
 const DEV = "lo";
-/** Class ids under the root: 1:1 unshaped, 1:<k+2> node k's uplink. */
-const MAX_NODES = 250;
+/** Class ids under the root: 1:1 unshaped, 1:<k+2> node k's uplink (k < 253, as addresses). */
+const MAX_NODES = 253;
 
 /** The loopback address real node `k` (0-based) serves its peers at. */
 export function realNodeAddress(k: number): string {
-  if (k < 0 || k >= 254) throw new Error(`no loopback address for real node ${k}`);
+  if (k < 0 || k >= MAX_NODES) throw new Error(`no loopback address for real node ${k}`);
   return `127.0.1.${k + 1}`;
 }
 
@@ -44,6 +44,8 @@ export async function shapeNodeLinks(addresses: readonly string[], mbit: number)
       ...["class", "add", "dev", DEV, "parent", "1:", "classid", id, "htb"],
       ...["rate", `${mbit}mbit`, "ceil", `${mbit}mbit`, "burst", burst, "cburst", burst],
     );
+    // A short queue: loopback's packets are up to 64 KiB, so the default 1000 would hold seconds.
+    await tc("qdisc", "add", "dev", DEV, "parent", id, "handle", `${k + 10}:`, "pfifo", "limit", "64");
     await tc(
       ...["filter", "add", "dev", DEV, "parent", "1:", "protocol", "ip", "prio", "1", "u32"],
       ...["match", "ip", "src", `${address}/32`, "flowid", id],
