@@ -4,9 +4,9 @@
  * the specs that apply to the driver passed.
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
+import { runToEnd } from "./harness.js";
 
 /**
  * Runs csi-sanity (up to 5 minutes) and asserts it passed at least `minPassed` specs (it exits 0
@@ -48,20 +48,4 @@ export async function runCsiSanity(
     passed >= o.minPassed,
     `csi-sanity passed ${passed} specs, expected the ${o.minPassed} that apply`,
   );
-}
-
-function runToEnd(
-  cmd: string,
-  args: string[],
-  timeoutMs: number,
-): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], timeout: timeoutMs });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    child.on("error", reject);
-    child.on("close", (status) => resolve({ status, stdout, stderr }));
-  });
 }

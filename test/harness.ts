@@ -2,6 +2,7 @@
  * Integration-test harness: a real API server (the local cluster, or $KUBECONFIG), clients,
  * throwaway namespaces cleaned up after each test, and waits on conditions instead of sleeps.
  */
+import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { TestContext } from "node:test";
@@ -157,5 +158,27 @@ export async function createWorkers(
         },
       },
     },
+  });
+}
+
+/** Runs a command to its end (or `timeoutMs`), collecting what it wrote; `env` adds variables. */
+export function runToEnd(
+  cmd: string,
+  args: string[],
+  timeoutMs: number,
+  env: Record<string, string> = {},
+): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, {
+      stdio: ["ignore", "pipe", "pipe"],
+      timeout: timeoutMs,
+      env: { ...process.env, ...env },
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    child.on("error", reject);
+    child.on("close", (status) => resolve({ status, stdout, stderr }));
   });
 }

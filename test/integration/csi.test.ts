@@ -29,7 +29,7 @@ import { BLOCK_CLASS, csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../tools/l
 import { freePort } from "../../tools/localcluster/processes.js";
 import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { runCsiSanity } from "../csi-sanity.js";
-import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import { isPodReady, kube, listPods, runToEnd, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
   createEngines,
   engineReport,
@@ -509,27 +509,6 @@ async function csiReady(t: TestContext): Promise<boolean> {
     return false;
   }
   return true;
-}
-
-function runToEnd(
-  cmd: string,
-  args: string[],
-  timeoutMs: number,
-  env: Record<string, string> = {},
-): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, {
-      stdio: ["ignore", "pipe", "pipe"],
-      timeout: timeoutMs,
-      env: { ...process.env, ...env },
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    child.on("error", reject);
-    child.on("close", (status) => resolve({ status, stdout, stderr }));
-  });
 }
 
 test("a class the driver cannot share read-only (block): Unsupported, and the pods of that hash start cold", async (t) => {
