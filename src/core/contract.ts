@@ -22,7 +22,8 @@ export const ENV_PREWARM = "WARMSTART_PREWARM";
 export const CACHE_VOLUME = "warmstart-cache";
 export const INIT_SEED = "warmstart-seed-cache";
 export const INIT_PREWARM = "warmstart-prewarm";
-export const INIT_WAIT_READY = "warmstart-wait-ready";
+/** Restores made before the seed container waited for the ready marker had this one first. */
+export const LEGACY_INIT_WAIT_READY = "warmstart-wait-ready";
 
 export const STORAGE_PROFILES_CONFIGMAP = "warmstart-storage-profiles";
 

@@ -1,7 +1,7 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { lstatSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,11 +19,9 @@ import {
   CACHE_VOLUME,
   INIT_PREWARM,
   INIT_SEED,
-  INIT_WAIT_READY,
   LABEL_CAPTURE,
   LABEL_GATED,
   LABEL_HASH,
-  READY_MARKER,
   RO_VOLUME,
   SCHEDULING_GATE,
   SHADOW_VOLUME,
@@ -251,7 +249,7 @@ void describe("decorateRestore", () => {
       ".",
       "the volume root is '.': the kubelet refuses an empty expansion",
     );
-    assert.deepEqual(initNames(d), [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM, "user-init"]);
+    assert.deepEqual(initNames(d), [INIT_SEED, INIT_PREWARM, "user-init"]);
     assert.deepEqual(main(d).command, ["vllm", "serve", "Qwen/Qwen3-0.6B"]);
     assert.deepEqual(main(d).args, ["--port", "8000"]);
     assert.equal(d.metadata?.annotations?.[ANN_ROLE], "restore");
@@ -269,7 +267,18 @@ void describe("decorateRestore", () => {
     assert.equal(seed.image, IMAGE);
     assert.deepEqual(
       [...(seed.command ?? []), ...(seed.args ?? [])],
-      ["warmstart", "seed", "--from", DEFAULT_RO_PATH, "--to", DEFAULT_CACHE_ROOT, "--hash", HASH],
+      [
+        "warmstart",
+        "seed",
+        "--from",
+        DEFAULT_RO_PATH,
+        "--to",
+        DEFAULT_CACHE_ROOT,
+        "--hash",
+        HASH,
+        "--wait",
+        "600",
+      ],
     );
     assert.deepEqual(seed.volumeMounts, [
       { name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true, subPathExpr: TREE_EXPR },
@@ -284,7 +293,7 @@ void describe("decorateRestore", () => {
     assert.deepEqual(pre.volumeMounts, [
       { name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true, subPathExpr: TREE_EXPR },
     ]);
-    assert.equal(init(d, INIT_WAIT_READY).image, IMAGE);
+    assert.equal(init(d, INIT_SEED).image, IMAGE);
   });
 
   void test("init containers run as the workload's UID, whichever security context names it", () => {
@@ -396,14 +405,14 @@ void describe("decorateRestore", () => {
       assert.deepEqual(c.command, ["/app/bin/warmstart"], c.name);
       assert.equal(c.image, IMAGE, c.name);
     }
-    assert.deepEqual(init(d, INIT_WAIT_READY).args, ["wait-ready", DEFAULT_RO_PATH, "--timeout", "600"]);
+    assert.deepEqual(init(d, INIT_SEED).args?.slice(-2), ["--wait", "600"]);
   });
 
   void test("idempotent, and re-deciding the prewarm replaces the old init containers", () => {
     const once = decorateRestore(pod(), restoreOpts);
     assert.deepEqual(decorateRestore(once, restoreOpts), once);
     const off = decorateRestore(once, { ...restoreOpts, prewarm: false });
-    assert.deepEqual(initNames(off), [INIT_WAIT_READY, INIT_SEED, "user-init"]);
+    assert.deepEqual(initNames(off), [INIT_SEED, "user-init"]);
     assert.equal(off.spec?.volumes?.filter((v) => v.name === RO_VOLUME).length, 1);
     assert.equal(main(off).volumeMounts?.filter((m) => m.name === SHADOW_VOLUME).length, 1);
     assert.equal(main(off).env?.filter((e) => e.name === "HF_HOME").length, 1);
@@ -422,8 +431,7 @@ void describe("decorateFollower", () => {
       d.spec?.volumes?.find((v) => v.name === RO_VOLUME)?.persistentVolumeClaim?.claimName,
       `rox-${SHORT}`,
     );
-    assert.equal(initNames(d)[0], INIT_WAIT_READY);
-    assert.deepEqual(initNames(d), [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM, "user-init"]);
+    assert.deepEqual(initNames(d), [INIT_SEED, INIT_PREWARM, "user-init"]);
   });
 
   void test("keeps gates the pod already has and adds ours once", () => {
@@ -433,33 +441,46 @@ void describe("decorateFollower", () => {
   });
 
   void test("the first init container refuses to start the workload until the ready marker exists", () => {
-    // Runs the init container's own argv against the built command, as the kubelet would.
+    // Runs the init container's own argv against the built command, as the kubelet would: it waits
+    // for the marker (failing when it does not come, so the kubelet retries), then seeds.
     const bin = fileURLToPath(new URL("../../../bin/warmstart", import.meta.url));
-    assert.equal(spawnSync(process.execPath, [bin, "wait-ready", "--help"]).status, 0, "wait-ready runs");
-    const dir = mkdtempSync(join(tmpdir(), "warmstart-ro-"));
+    const base = mkdtempSync(join(tmpdir(), "warmstart-ro-"));
+    const dir = join(base, "tree");
+    const root = join(base, "shadow");
     try {
       const d = follower(pod(), {
         roPath: dir,
+        cacheRoot: root,
         waitTimeoutSeconds: 1,
         warmstartCommand: [process.execPath, bin],
       });
-      const wait = inits(d)[0] as V1Container;
-      assert.equal(wait.name, INIT_WAIT_READY);
-      assert.deepEqual(wait.volumeMounts, [
+      const first = inits(d)[0] as V1Container;
+      assert.equal(first.name, INIT_SEED);
+      assert.deepEqual(first.volumeMounts, [
         { name: RO_VOLUME, mountPath: dir, readOnly: true, subPathExpr: TREE_EXPR },
+        { name: SHADOW_VOLUME, mountPath: root },
       ]);
-      const run = (): ReturnType<typeof spawnSync> =>
-        spawnSync(wait.command?.[0] ?? "", [...(wait.command ?? []).slice(1), ...(wait.args ?? [])], {
-          encoding: "utf8",
-          timeout: 20_000,
-        });
-      const missing = run();
+      const run = (argv: string[]): ReturnType<typeof spawnSync> =>
+        spawnSync(argv[0] ?? "", argv.slice(1), { encoding: "utf8", timeout: 20_000 });
+      const argv = [...(first.command ?? []), ...(first.args ?? [])];
+      const missing = run(argv);
       assert.notEqual(missing.status, 0, "no marker: fails so the kubelet retries");
-      writeFileSync(join(dir, READY_MARKER), "");
-      const ready = run();
+      assert.match(String(missing.stderr), /timed out after 1s waiting for .*ready/);
+      // A committed tree of the cache this pod was admitted against (the marker is written last).
+      const src = join(base, "src");
+      mkdirSync(join(src, "model"), { recursive: true });
+      writeFileSync(join(src, "model", "weights.bin"), "w");
+      const captured = run([process.execPath, bin, "capture", src, dir, "--hash", HASH, "--no-sync"]);
+      assert.equal(captured.status, 0, String(captured.stderr));
+      const ready = run(argv);
       assert.equal(ready.status, 0, `marker present: starts (${String(ready.stderr)})`);
+      assert.match(String(ready.stdout), /is ready\n.*seeded/s);
+      assert.ok(
+        lstatSync(join(root, "model", "weights.bin")).isSymbolicLink(),
+        "the model is linked in place",
+      );
     } finally {
-      rmSync(dir, { recursive: true, force: true });
+      rmSync(base, { recursive: true, force: true });
     }
   });
 });

@@ -22,7 +22,7 @@ import {
   ENV_PREWARM,
   INIT_PREWARM,
   INIT_SEED,
-  INIT_WAIT_READY,
+  LEGACY_INIT_WAIT_READY,
   LABEL_CAPTURE,
   LABEL_GATED,
   LABEL_HASH,
@@ -38,7 +38,7 @@ import {
 export const DEFAULT_CACHE_ROOT = "/warmstart/cache-root";
 /** Where a restore mounts the read-only cache tree. */
 export const DEFAULT_RO_PATH = "/warmstart/ro";
-/** How long the wait-ready init container waits for the marker before failing (the kubelet then retries). */
+/** How long the seed init container waits for the marker before failing (the kubelet then retries). */
 const DEFAULT_WAIT_TIMEOUT_SECONDS = 600;
 export const DEFAULT_PREWARM_PARALLELISM = 6;
 
@@ -213,16 +213,12 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
 
   const inits: V1Container[] = [
     {
-      ...base(INIT_WAIT_READY, [roMount]),
-      command: [...cmd],
-      args: ["wait-ready", ro, "--timeout", String(timeout)],
-    },
-    {
       ...base(INIT_SEED, [roMount, { name: SHADOW_VOLUME, mountPath: root }]),
       command: [...cmd],
+      // The first init container: it waits for the tree's ready marker, then checks the tree's
+      // manifest names the cache this pod was admitted against (one container start, not two).
       // The shadow is made writable by any UID when the workload's UID is not known here (it
       // comes from its image): only this pod's containers ever see it.
-      // It checks the tree's manifest names the cache this pod was admitted against.
       args: [
         "seed",
         "--from",
@@ -231,6 +227,8 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
         root,
         "--hash",
         opts.sourceHash ?? opts.hash,
+        "--wait",
+        String(timeout),
         ...(identity.runAsUser === undefined ? ["--any-uid"] : []),
       ],
     },
@@ -253,7 +251,8 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     inits.push(init);
   }
   const spec = p.spec as NonNullable<V1Pod["spec"]>;
-  const ours = new Set([INIT_WAIT_READY, INIT_SEED, INIT_PREWARM]);
+  // The former separate wait container is ours too: a spec copied from a pod decorated before.
+  const ours = new Set([LEGACY_INIT_WAIT_READY, INIT_SEED, INIT_PREWARM]);
   spec.initContainers = [...inits, ...(spec.initContainers ?? []).filter((x) => !ours.has(x.name))];
   const secrets = (opts.imagePullSecrets ?? []).filter(
     (name) => !(spec.imagePullSecrets ?? []).some((s) => s.name === name),

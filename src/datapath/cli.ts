@@ -102,8 +102,17 @@ export function registerDatapathCommands(program: Command): void {
     .requiredOption("--to <dir>", "the writable shadow (the pod's cache root)")
     .option("--hash <sha256>", "refuse the tree unless its manifest says it was captured for this hash")
     .option("--any-uid", "make the shadow writable by any UID (the workload's UID is not known in advance)")
-    .action(async (o: { from: string; to: string; hash?: string; anyUid?: boolean }) => {
+    .option(
+      "--wait <seconds>",
+      "first wait this long for the tree's ready marker (0: without limit); without it, a tree not ready fails at once",
+    )
+    .action(async (o: { from: string; to: string; hash?: string; anyUid?: boolean; wait?: string }) => {
       checkHash(o.hash);
+      if (o.wait !== undefined) {
+        // A restore's first init container both waits and seeds: one container start less.
+        const secs = intFlag("--wait", o.wait, 3600, 0, 7 * 24 * 3600);
+        await waitUntilReady(o.from, secs);
+      }
       const r = await seed({
         from: o.from,
         to: o.to,
@@ -150,10 +159,13 @@ export function registerDatapathCommands(program: Command): void {
     .argument("<dir>", "the captured tree")
     .option("--timeout <seconds>", "give up after this long (0: wait forever)", "3600")
     .action(async (dir: string, o: { timeout: string }) => {
-      const secs = intFlag("--timeout", o.timeout, 3600, 0, 7 * 24 * 3600);
-      await waitForReady(dir, secs * 1000, {
-        onWaiting: (s) => process.stderr.write(`still waiting for ${dir} to be ready (${s}s)\n`),
-      });
-      process.stdout.write(`${dir} is ready\n`);
+      await waitUntilReady(dir, intFlag("--timeout", o.timeout, 3600, 0, 7 * 24 * 3600));
     });
+}
+
+async function waitUntilReady(dir: string, secs: number): Promise<void> {
+  await waitForReady(dir, secs * 1000, {
+    onWaiting: (s) => process.stderr.write(`still waiting for ${dir} to be ready (${s}s)\n`),
+  });
+  process.stdout.write(`${dir} is ready\n`);
 }

@@ -30,7 +30,6 @@ import {
   ANN_ROLE,
   INIT_PREWARM,
   INIT_SEED,
-  INIT_WAIT_READY,
   LABEL_HASH,
   MODELCACHE,
   SCHEDULING_GATE,
@@ -216,7 +215,7 @@ void test(
         READY_MS,
       );
     const assertRestored = async (pod: k8s.V1Pod): Promise<void> => {
-      assert.deepEqual(initExits(pod), { [INIT_WAIT_READY]: 0, [INIT_SEED]: 0, [INIT_PREWARM]: 0 });
+      assert.deepEqual(initExits(pod), { [INIT_SEED]: 0, [INIT_PREWARM]: 0 });
       const r = await engineReport(node, pod);
       assert.equal(r.fetchedBytes, 0, `${pod.metadata?.name} fetched nothing`);
       assert.equal(r.compileCache, "hit", `${pod.metadata?.name} found its compile cache`);

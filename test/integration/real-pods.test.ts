@@ -1,7 +1,7 @@
 /**
  * The restore path in real containers on the local cluster's real node (SPEC 1.5, 1.6, 4): a
  * chart of engine replicas downloads its model once from the local model hub; the followers'
- * init containers (wait-ready, seed, prewarm) run in the Warmstart image and their engines find
+ * init containers (seed, which first waits for the ready marker, and prewarm) run in the Warmstart image and their engines find
  * the model and the compile caches in place, fetching nothing.
  */
 import assert from "node:assert/strict";
@@ -12,7 +12,6 @@ import {
   ANN_ROLE,
   INIT_PREWARM,
   INIT_SEED,
-  INIT_WAIT_READY,
   LABEL_HASH,
   READY_MARKER,
   claimName,
@@ -49,11 +48,7 @@ const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN
 /** A restored pod ran every init container to success and its engine fetched nothing and found its caches. */
 async function assertRestored(node: RealNode, pod: k8s.V1Pod): Promise<void> {
   const name = pod.metadata?.name;
-  assert.deepEqual(
-    initExits(pod),
-    { [INIT_WAIT_READY]: 0, [INIT_SEED]: 0, [INIT_PREWARM]: 0 },
-    `${name}: init containers`,
-  );
+  assert.deepEqual(initExits(pod), { [INIT_SEED]: 0, [INIT_PREWARM]: 0 }, `${name}: init containers`);
   const r = await engineReport(node, pod);
   assert.equal(r.fetchedBytes, 0, `${name} fetched nothing from the hub`);
   assert.equal(r.compileCache, "hit", `${name} found its compile cache intact (${r.compileDetail ?? ""})`);

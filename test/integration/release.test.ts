@@ -23,7 +23,6 @@ import {
   ANN_TREE,
   INIT_PREWARM,
   INIT_SEED,
-  INIT_WAIT_READY,
   LABEL_GATED,
   LABEL_HASH,
   MODELCACHE,
@@ -786,7 +785,7 @@ test("a gated follower prewarms its cache after seeding (store profile: 6 reader
   const inits = follower.spec?.initContainers ?? [];
   assert.deepEqual(
     inits.map((c) => c.name),
-    [INIT_WAIT_READY, INIT_SEED, INIT_PREWARM],
+    [INIT_SEED, INIT_PREWARM],
   );
   assert.deepEqual(inits[2]!.args?.slice(-2), ["--parallel", "6"]);
   assert.ok(
@@ -808,7 +807,7 @@ test("a gated follower prewarms its cache after seeding (store profile: 6 reader
   assert.equal(role(off), "follower", off.metadata?.annotations?.[ANN_HASH]);
   assert.deepEqual(
     (off.spec?.initContainers ?? []).map((c) => c.name),
-    [INIT_WAIT_READY, INIT_SEED],
+    [INIT_SEED],
   );
 });
 
