@@ -3,13 +3,11 @@
  * engine stand-in fetching from the local model hub), the engine's own report read from its
  * container log on the node, and the hub's counters.
  */
-import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import * as k8s from "@kubernetes/client-node";
-import { createCA, issueCert } from "../src/common/certs.js";
-import { isAlreadyExists } from "../src/common/kube.js";
 import {
   containerLogDir,
   engineDeployment,
@@ -20,8 +18,16 @@ import assert from "node:assert/strict";
 import { kube, localCluster, uniqueName, waitFor } from "./harness.js";
 import { takeOverRole, type RoleHandle } from "./roles.js";
 import { clearNodeLinks, realNodeAddress, shapeNodeLinks } from "../tools/localcluster/links.js";
+import {
+  STORE_DRIVER,
+  createStoreDriverObject,
+  storeDriverArgs,
+  storeDriverRegistered,
+  writePeerTls,
+} from "../tools/localcluster/store-driver.js";
 
 export type { EngineReport };
+export { STORE_DRIVER };
 
 export interface RealNode {
   name: string;
@@ -58,13 +64,12 @@ export async function realNodesOrSkip(t: TestContext, n: number): Promise<RealNo
   }));
 }
 
-export const STORE_DRIVER = "store.warmstart.dev";
-
 /**
  * The node-store backend on these nodes for one test: the CSIDriver object, and each node's agent
  * run by the test with the driver on (--csi-plugin-dir under its kubelet root) and, with `peers`,
- * a peer certificate of one CA for this test, as the chart issues them, served at the node's own
- * address; until each kubelet has registered the driver. The agents' handles, by node name.
+ * a peer certificate of one CA for this test, served at the node's own address, as `cluster up
+ * --store-driver` runs them (tools/localcluster/store-driver.ts); until each kubelet has registered
+ * the driver. The agents' handles, by node name.
  */
 export async function serveStoreDriver(
   t: TestContext,
@@ -115,53 +120,21 @@ export async function serveStoreDriver(
       120_000,
     ).catch(() => undefined);
   });
-  try {
-    await storage.createCSIDriver({
-      body: {
-        metadata: { name: STORE_DRIVER },
-        spec: {
-          attachRequired: false,
-          podInfoOnMount: false,
-          fsGroupPolicy: "None",
-          volumeLifecycleModes: ["Persistent"],
-          requiresRepublish: false,
-        },
-      },
-    });
+  // One the cluster already has (`cluster up --store-driver`) stays when the test ends.
+  if (await createStoreDriverObject(storage))
     t.after(() => storage.deleteCSIDriver({ name: STORE_DRIVER }).catch(() => undefined));
-  } catch (err) {
-    if (!isAlreadyExists(err)) throw err;
-  }
-  const ca = o.peers ? await createCA("warmstart node agents") : undefined;
   const dir = await mkdtemp(join(tmpdir(), "peer-tls-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
-  if (ca) await writeFile(join(dir, "ca.crt"), ca.cert);
+  if (o.peers) await writePeerTls(dir, nodes);
   const agents = new Map<string, RoleHandle>();
   for (const node of nodes) {
-    const args = [`--csi-plugin-dir=${join(node.kubeletRoot, "plugins", STORE_DRIVER)}`];
-    if (ca) {
-      const pem = await issueCert(ca, { commonName: node.name, ips: [node.address], usage: "both" });
-      await writeFile(join(dir, `${node.name}.crt`), pem.cert);
-      await writeFile(join(dir, `${node.name}.key`), pem.key, { mode: 0o600 });
-      args.push(
-        `--peer-cert=${join(dir, `${node.name}.crt`)}`,
-        `--peer-key=${join(dir, `${node.name}.key`)}`,
-        `--peer-ca=${join(dir, "ca.crt")}`,
-        "--peer-port=0",
-        // Every address, so peers reach it at the node's own (whose uplink may be shaped).
-        "--host=0.0.0.0",
-        `--peer-address=${node.address}`,
-      );
-    }
+    const args = storeDriverArgs(node, o.peers ? dir : undefined);
     agents.set(node.name, await takeOverRole(t, `node-agent-${node.name}`, { extraArgs: args }));
   }
   for (const node of nodes)
     await waitFor(
       `the kubelet of ${node.name} to register the driver (CSINode)`,
-      async () =>
-        (await storage.readCSINode({ name: node.name }).catch(() => undefined))?.spec?.drivers?.some(
-          (d) => d.name === STORE_DRIVER,
-        ),
+      () => storeDriverRegistered(storage, node.name),
       60_000,
     );
   return agents;

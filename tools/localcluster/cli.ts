@@ -20,6 +20,7 @@ function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unk
     roles: st.roles,
     ...(st.images ? { images: st.images } : {}),
     ...(st.csi ? { csi: st.csi } : {}),
+    ...(st.storeDriver ? { storeDriver: st.storeDriver } : {}),
     processes: st.processes.map((p) => ({ name: p.name, pid: p.pid, log: p.log })),
   };
 }
@@ -64,6 +65,11 @@ export function registerClusterCommands(program: Command): void {
       ).argParser(positiveInt),
     )
     .option("--no-csi", "without the CSI stack (driver stand-in and sidecars) on the first real node")
+    .option(
+      "--store-driver",
+      "each real node's agent serves the CSI driver store.warmstart.dev with a peer certificate (replication between nodes)",
+      false,
+    )
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
     .action(
       async (opts: {
@@ -74,6 +80,7 @@ export function registerClusterCommands(program: Command): void {
         hubModelMib: number;
         hubMibS: number;
         csi: boolean;
+        storeDriver: boolean;
         bare: boolean;
         sharingScope: SharingScope;
       }) => {
@@ -85,6 +92,7 @@ export function registerClusterCommands(program: Command): void {
           hubModelMiB: opts.hubModelMib,
           hubMiBs: opts.hubMibS,
           csi: opts.csi,
+          storeDriver: opts.storeDriver,
           bare: opts.bare,
           sharingScope: opts.sharingScope,
           progress,
@@ -96,6 +104,7 @@ export function registerClusterCommands(program: Command): void {
             Object.entries(state.roles)
               .map(([k, v]) => `${`${k}:`.padEnd(12)}${String(v)}\n`)
               .join("") +
+            (state.storeDriver ? `store driver: ${storeDriverLine(state)}\n` : "") +
             `\nexport KUBECONFIG=${state.kubeconfig}\n`,
         );
       },
@@ -130,7 +139,13 @@ export function registerClusterCommands(program: Command): void {
           `node ${n.name}: ${n.gpus} GPU, ${n.real ? "real (containerd)" : "simulated"}, kubelet root ${n.kubeletRoot}\n`,
         );
       for (const [k, v] of Object.entries(st.roles)) process.stdout.write(`${k}: ${String(v)}\n`);
+      if (st.storeDriver) process.stdout.write(`store driver: ${storeDriverLine(st)}\n`);
     });
+}
+
+function storeDriverLine(st: ClusterState): string {
+  const d = st.storeDriver!;
+  return `${d.driver} on ${d.nodes.join(", ")} (peer certificates in ${d.peerTls})`;
 }
 
 function positiveInt(v: string): number {

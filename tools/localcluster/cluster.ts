@@ -32,6 +32,7 @@ import {
 import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../../src/common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
+import { checkStoreDriverOptions, enableStoreDriver, type StoreDriverState } from "./store-driver.js";
 import type { SharingScope } from "../../src/core/contract.js";
 
 export interface ClusterOptions {
@@ -46,6 +47,8 @@ export interface ClusterOptions {
   hubMiBs: number;
   /** The CSI stack on the first real node (driver stand-in, sidecars, classes). */
   csi: boolean;
+  /** Warmstart's own CSI driver and peer certificates on every real node's agent (store-driver.ts). */
+  storeDriver?: boolean;
   bare: boolean;
   /** The webhook's sharing scope (the product's default is `namespace`; the demo and tests share). */
   sharingScope?: SharingScope;
@@ -76,6 +79,8 @@ export interface ClusterState {
   images?: { warmstart: string; engine: string; engineAsUser: string; pause: string };
   /** The CSI stack, when it runs. */
   csi?: CsiState;
+  /** Warmstart's own CSI driver, when the real nodes' agents serve it (`--store-driver`). */
+  storeDriver?: StoreDriverState;
   /** Who shares a cache: the webhook's `--sharing-scope`. */
   sharingScope: SharingScope;
   /** The real nodes' uplinks, Mbit/s, when shaped. */
@@ -139,13 +144,22 @@ async function withLock<T>(dir: string, fn: () => Promise<T>): Promise<T> {
 }
 
 export async function up(opts: ClusterOptions): Promise<ClusterState> {
+  checkStoreDriverOptions(opts);
   const dir = stateDir();
   return withLock(dir, async () => {
     const existing = await status(dir);
     if (existing.running) {
+      const driverLater = opts.storeDriver && !existing.storeDriver;
+      // Its agents run without the driver: only a fresh cluster gets it (never quietly without).
+      if (driverLater && existing.roles.webhook)
+        throw new Error(
+          `a local cluster is already running (${existing.apiServer}) without the store driver: ` +
+            "`cluster down`, then `cluster up --store-driver`",
+        );
       opts.progress(`a local cluster is already running (${existing.apiServer}); reusing it`);
       // One started with --bare gets the roles when they are asked for now.
       if (!opts.bare && !existing.roles.webhook) {
+        if (driverLater) existing.storeDriver = await enableStoreDriver(dir, existing.nodes, opts.progress);
         existing.roles = {
           ...existing.roles,
           ...(await startRoles({
@@ -341,6 +355,10 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
             launch: launchCommand,
             progress: opts.progress,
           });
+          await writeState(state);
+        }
+        if (opts.storeDriver) {
+          state.storeDriver = await enableStoreDriver(dir, state.nodes, opts.progress);
           await writeState(state);
         }
       }

@@ -6,6 +6,12 @@ import { freePort, isAlive, type ProcessRecord } from "./processes.js";
 import { mkdir, readFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
+import {
+  STORE_DRIVER,
+  createStoreDriverObject,
+  storeDriverArgs,
+  storeDriverRegistered,
+} from "./store-driver.js";
 
 /** The URLs of the Warmstart roles the local cluster runs (absent until a role exists). */
 export interface RoleUrls {
@@ -124,9 +130,7 @@ async function startWebhook(ctx: RoleContext): Promise<string> {
     return true;
   });
   // Webhook configuration takes a moment to reach the admission chain: dry-run until it mutates.
-  const kc = new k8s.KubeConfig();
-  kc.loadFromFile(ctx.state.kubeconfig);
-  const core = kc.makeApiClient(k8s.CoreV1Api);
+  const core = kubeConfig(ctx).makeApiClient(k8s.CoreV1Api);
   await waitUntil("admission through the webhook", rec, async () => {
     const pod = await core.createNamespacedPod({
       namespace: "default",
@@ -188,14 +192,27 @@ function httpsGet(url: string): Promise<void> {
 }
 
 /**
- * One node agent per simulated node, each with that node's kubelet root and a cache store folder
- * beside it (host-path backend). The warm-up is short: simulated pods turn Ready at once.
+ * One node agent per node, each with that node's kubelet root and a cache store folder beside it
+ * (host-path backend). The warm-up is short: simulated pods turn Ready at once. With the store
+ * driver on (`cluster up --store-driver`), each real node's agent also serves the driver and its
+ * peers, as the chart's do, and the cluster waits until every such kubelet has registered it.
  */
 async function startNodeAgents(ctx: RoleContext): Promise<void> {
+  const driver = ctx.state.storeDriver;
+  const storage = driver ? kubeConfig(ctx).makeApiClient(k8s.StorageV1Api) : undefined;
+  if (storage) {
+    ctx.progress(`creating the CSIDriver ${STORE_DRIVER}`);
+    await createStoreDriverObject(storage);
+  }
+  const serving: [string, ProcessRecord][] = [];
   for (const node of ctx.state.nodes) {
     const port = await freePort();
     const store = join(dirname(node.kubeletRoot), "store");
-    ctx.progress(`starting the node agent of ${node.name} (store ${store}, metrics on port ${port})`);
+    const served = driver?.nodes.includes(node.name) && node.address ? node.address : undefined;
+    ctx.progress(
+      `starting the node agent of ${node.name} (store ${store}, metrics on port ${port}` +
+        `${served ? `, serving ${STORE_DRIVER}, peers at ${served}` : ""})`,
+    );
     const rec = await ctx.launch(`node-agent-${node.name}`, [
       "node-agent",
       `--node=${node.name}`,
@@ -206,7 +223,12 @@ async function startNodeAgents(ctx: RoleContext): Promise<void> {
       "--warmup=1s",
       "--resync=15s",
       "--no-durable",
-      "--host=127.0.0.1",
+      ...(served
+        ? storeDriverArgs(
+            { name: node.name, kubeletRoot: node.kubeletRoot, address: served },
+            driver!.peerTls,
+          )
+        : ["--host=127.0.0.1"]),
       `--port=${port}`,
     ]);
     await waitUntil(
@@ -214,5 +236,23 @@ async function startNodeAgents(ctx: RoleContext): Promise<void> {
       rec,
       async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok,
     );
+    if (served) serving.push([node.name, rec]);
   }
+  if (!storage || !serving.length) return;
+  ctx.progress(
+    `waiting for the kubelets of ${serving.map(([n]) => n).join(", ")} to register ${STORE_DRIVER}`,
+  );
+  for (const [name, rec] of serving)
+    await waitUntil(
+      `the kubelet of ${name} to register ${STORE_DRIVER} (CSINode)`,
+      rec,
+      () => storeDriverRegistered(storage, name),
+      60_000,
+    );
+}
+
+function kubeConfig(ctx: RoleContext): k8s.KubeConfig {
+  const kc = new k8s.KubeConfig();
+  kc.loadFromFile(ctx.state.kubeconfig);
+  return kc;
 }
