@@ -5,15 +5,7 @@
  * marker last, root mode and times after the marker. Every mode loses its write bits on the way
  * (the store keeps committed trees read-only, as CacheStore.seal does) and its set-ID bits.
  */
-import {
-  chmodSync,
-  createReadStream,
-  lchownSync,
-  linkSync,
-  mkdirSync,
-  symlinkSync,
-  type Stats,
-} from "node:fs";
+import { chmodSync, lchownSync, linkSync, mkdirSync, symlinkSync, type Stats } from "node:fs";
 import { chmod, lstat, open, readdir, rename, rm } from "node:fs/promises";
 import { dirname } from "node:path";
 import { MANIFEST_FILE } from "../../core/contract.js";
@@ -147,10 +139,23 @@ export async function removeStaging(path: string): Promise<void> {
   await rm(path, { recursive: true, force: true });
 }
 
-/** The digest of a file, read in 1 MiB pieces. */
+const DIGEST_READ_BYTES = 1024 * 1024;
+
+/** The digest of a file, read in 1 MiB pieces into one buffer (a read stream allocates one per
+ * read, and that churn made the receiver's collector mark its whole heap over and over). */
 export async function digestFile(path: Buffer, alg: DigestAlgorithm): Promise<string> {
   const d = createDigest(alg);
-  for await (const b of createReadStream(path, { highWaterMark: 1024 * 1024 }) as AsyncIterable<Buffer>)
-    d.update(b);
+  const fh = await open(path, "r");
+  try {
+    const buf = Buffer.allocUnsafe(DIGEST_READ_BYTES);
+    for (let pos = 0; ;) {
+      const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
+      if (bytesRead === 0) break;
+      d.update(buf.subarray(0, bytesRead));
+      pos += bytesRead;
+    }
+  } finally {
+    await fh.close();
+  }
   return d.hex();
 }

@@ -19,12 +19,11 @@
  */
 import { createHash } from "node:crypto";
 import { closeSync, constants as fsc, fstatSync, readFileSync } from "node:fs";
-import { open } from "node:fs/promises";
+import { open, type FileHandle } from "node:fs/promises";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import https from "node:https";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import { pipeline } from "node:stream/promises";
 import type { TLSSocket } from "node:tls";
 import type { Logger } from "../../common/log.js";
 import { MANIFEST_FILE, READY_MARKER, shortHash } from "../../core/contract.js";
@@ -367,13 +366,13 @@ export class PeerServer {
         res.end();
         return;
       }
-      const stream = file.createReadStream({ start, end, highWaterMark: 1024 * 1024, autoClose: false });
-      stream.on("data", (b: Buffer | string) => this.o.metrics?.servedBytes.inc(b.length));
       this.active++;
       this.o.metrics?.servingStreams.inc();
       try {
-        await pipeline(stream, res);
+        await sendRange(file, res, start, end, (n) => this.o.metrics?.servedBytes.inc(n));
       } catch (err) {
+        // Cut short: the peer must see a body that ended early, not wait for the rest.
+        res.destroy();
         this.o.log?.debug({ err, short }, "a peer stream ended early");
       } finally {
         this.active--;
@@ -382,6 +381,61 @@ export class PeerServer {
     } finally {
       await file.close();
     }
+  }
+}
+
+const SEND_BYTES = 1024 * 1024;
+
+/**
+ * Sends bytes `start` to `end` of `file` as the body of `res`, with positional reads into two
+ * buffers used in turn, each read again into once its write has gone out: a fresh buffer per
+ * read (a read stream's way) made most of a sending server's garbage collection. Two buffers
+ * keep one read ahead of the socket; the socket's pace is the only one. Rejects when the peer
+ * goes away or a write fails.
+ */
+async function sendRange(
+  file: FileHandle,
+  res: ServerResponse,
+  start: number,
+  end: number,
+  sent: (n: number) => void,
+): Promise<void> {
+  const size = Math.min(SEND_BYTES, end - start + 1);
+  const free: Buffer[] = [Buffer.allocUnsafe(size), Buffer.allocUnsafe(size)];
+  let failure: Error | undefined;
+  let wake: (() => void) | undefined;
+  const settle = (): void => {
+    const w = wake;
+    wake = undefined;
+    w?.();
+  };
+  const closed = (): void => {
+    failure ??= new Error("the peer went away");
+    settle();
+  };
+  res.on("close", closed);
+  try {
+    for (let pos = start; pos <= end;) {
+      while (free.length === 0 && !failure) await new Promise<void>((resolve) => (wake = resolve));
+      if (failure) throw failure;
+      const buf = free.pop() as Buffer;
+      const { bytesRead } = await file.read(buf, 0, Math.min(buf.length, end + 1 - pos), pos);
+      if (bytesRead === 0) throw new Error("the file ended before its size");
+      pos += bytesRead;
+      sent(bytesRead);
+      res.write(buf.subarray(0, bytesRead), (err) => {
+        // A buffer goes back only once its bytes are out: a failed write's is never reused.
+        if (err) failure ??= err;
+        else free.push(buf);
+        settle();
+      });
+    }
+    await new Promise<void>((resolve, reject) => {
+      wake = () => (failure ? reject(failure) : undefined);
+      res.end(() => resolve());
+    });
+  } finally {
+    res.off("close", closed);
   }
 }
 

@@ -44,7 +44,14 @@ const local = async <T>(what: string, op: Promise<T>): Promise<T> => {
 
 const RUN_BYTES = 1024 * 1024;
 const ZERO = Buffer.alloc(64 * 1024);
-const isZero = (b: Buffer): boolean => b.length <= ZERO.length && b.equals(ZERO.subarray(0, b.length));
+/** Whether `b` is all zeros, looked at in pieces of ZERO's size. */
+const isZero = (b: Buffer): boolean => {
+  for (let at = 0; at < b.length; at += ZERO.length) {
+    const part = b.subarray(at, at + ZERO.length);
+    if (!part.equals(ZERO.subarray(0, part.length))) return false;
+  }
+  return true;
+};
 
 export class Source implements Holder {
   alive = true;
@@ -234,7 +241,6 @@ export class Source implements Holder {
     try {
       const end = offset + length - 1;
       const res = await this.get(path, { range: `bytes=${offset}-${end}` }, o.signal);
-      let differed = false;
       try {
         // A filling copy answers 404 in the moment it commits (have.ts): not held, not a fault.
         if (
@@ -248,32 +254,7 @@ export class Source implements Holder {
         const cr = /^bytes (\d+)-(\d+)\/\d+$/.exec(String(res.headers["content-range"]));
         if (!cr || Number(cr[1]) !== offset || Number(cr[2]) !== end)
           throw new SourceError("protocol", `source ${this.node}: wrong content-range for ${path}`);
-        let pos = offset;
-        // Pieces arrive as TLS records (16 KiB): gathered into runs of about 1 MiB, one
-        // positional write each, while the socket waits.
-        let run: Buffer[] = [];
-        let runBytes = 0;
-        const flush = async (): Promise<void> => {
-          if (runBytes === 0) return;
-          if (o.compare && (await differs(fh, run, pos))) differed = true;
-          if (!(o.skipZeros && run.every(isZero))) await local("writing", fh.writev(run, pos));
-          pos += runBytes;
-          run = [];
-          runBytes = 0;
-        };
-        for await (const b of res as AsyncIterable<Buffer>) {
-          if (pos + runBytes + b.length > offset + length)
-            throw new SourceError("protocol", `source ${this.node}: more bytes than asked for ${path}`);
-          run.push(b);
-          runBytes += b.length;
-          this.bytes += b.length;
-          this.onBytes(this, b.length);
-          if (runBytes >= RUN_BYTES) await flush();
-        }
-        await flush();
-        if (pos !== offset + length)
-          throw new SourceError("error", `source ${this.node}: ${path} ended early`);
-        return differed;
+        return await this.receive(res, path, offset, length, fh, o);
       } catch (err) {
         res.destroy();
         throw this.stalled.get(res) ?? asSourceError(err, this.node);
@@ -281,6 +262,78 @@ export class Source implements Holder {
     } finally {
       this.inflight--;
     }
+  }
+
+  /**
+   * The body of a range answer, written at `offset` of `fh`. Pieces arrive as TLS records (16 KiB
+   * at most) and are copied into a buffer of RUN_BYTES, written with one positional write when
+   * full; the answer is paused while a write is out (the socket waits for the disk). Copying
+   * lets each record go at once: holding them until a write made most of the garbage collection.
+   */
+  private receive(
+    res: IncomingMessage,
+    path: string,
+    offset: number,
+    length: number,
+    fh: FileHandle,
+    o: { skipZeros: boolean; compare: boolean },
+  ): Promise<boolean> {
+    return new Promise<boolean>((resolve, reject) => {
+      const size = Math.min(RUN_BYTES, length);
+      const free: Buffer[] = [];
+      let buf: Buffer = Buffer.allocUnsafe(size);
+      let [fill, pos, got, differed, done] = [0, offset, 0, false, false];
+      let writing: Promise<void> = Promise.resolve();
+      const fail = (err: unknown): void => {
+        if (done) return;
+        done = true;
+        res.destroy();
+        reject(this.stalled.get(res) ?? asSourceError(err, this.node));
+      };
+      const flush = (): void => {
+        const [full, n, at] = [buf, fill, pos];
+        [buf, fill, pos] = [free.pop() ?? Buffer.allocUnsafe(size), 0, pos + n];
+        res.pause();
+        writing = writing
+          .then(async () => {
+            const run = full.subarray(0, n);
+            if (o.compare && (await differs(fh, run, at))) differed = true;
+            if (!(o.skipZeros && isZero(run))) await writeAll(fh, run, at);
+            free.push(full);
+            if (!done) res.resume();
+          })
+          .catch(fail);
+      };
+      res.on("data", (b: Buffer) => {
+        if (done) return;
+        if (got + b.length > length)
+          return fail(new SourceError("protocol", `source ${this.node}: more bytes than asked for ${path}`));
+        got += b.length;
+        this.bytes += b.length;
+        this.onBytes(this, b.length);
+        for (let at = 0; at < b.length;) {
+          const n = b.copy(buf, fill, at);
+          [fill, at] = [fill + n, at + n];
+          if (fill === buf.length) flush();
+        }
+      });
+      res.on("error", fail);
+      res.on("end", () => {
+        if (done) return;
+        if (!res.complete || got !== length)
+          return fail(new SourceError("error", `source ${this.node}: ${path} ended early`));
+        if (fill > 0) flush();
+        void writing.then(() => {
+          if (done) return;
+          done = true;
+          resolve(differed);
+        });
+      });
+      // Closed without its end: cut by a stall, a drop, an abort or the peer.
+      res.on("close", () => {
+        if (!res.readableEnded) fail(new SourceError("error", `source ${this.node}: ${path} ended early`));
+      });
+    });
   }
 }
 
@@ -302,15 +355,19 @@ export function pollFilling(
 }
 
 /** Whether the bytes at `pos` of `fh` differ from `run`. */
-async function differs(fh: FileHandle, run: readonly Buffer[], pos: number): Promise<boolean> {
-  let at = pos;
-  for (const b of run) {
-    const have = Buffer.allocUnsafe(b.length);
-    const { bytesRead } = await local("reading back", fh.read(have, 0, b.length, at));
-    if (bytesRead !== b.length || !have.equals(b)) return true;
-    at += b.length;
+async function differs(fh: FileHandle, run: Buffer, pos: number): Promise<boolean> {
+  const have = Buffer.allocUnsafe(run.length);
+  const { bytesRead } = await local("reading back", fh.read(have, 0, run.length, pos));
+  return bytesRead !== run.length || !have.equals(run);
+}
+
+/** Writes all of `b` at `pos` of `fh` (a positional write may write less). */
+async function writeAll(fh: FileHandle, b: Buffer, pos: number): Promise<void> {
+  for (let at = 0; at < b.length;) {
+    const { bytesWritten } = await local("writing", fh.write(b, at, b.length - at, pos + at));
+    if (bytesWritten === 0) throw new LocalIoError("writing: no byte written");
+    at += bytesWritten;
   }
-  return false;
 }
 
 function asSourceError(err: unknown, node: string): Error {
