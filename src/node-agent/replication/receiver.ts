@@ -214,6 +214,8 @@ class Run {
     // Empty files have no chunk: they are checked now.
     for (let i = 0; i < plan.files.length; i++) if (this.remaining[i] === 0) await this.verify(i);
     this.check();
+    // The stall clock starts with the chunks: a slow manifest, metadata or skeleton is no stall.
+    this.lastProgress = performance.now();
     await Promise.all(Array.from({ length: this.streams }, () => this.worker()));
     this.check();
     await finishTree(staging, plan);
@@ -317,9 +319,7 @@ class Run {
         throw new ReplicationError(
           `the record's manifest cannot be used: ${(err as Error).message}`,
           this.dropped,
-          {
-            cause: err,
-          },
+          { cause: err },
         );
       }
     }

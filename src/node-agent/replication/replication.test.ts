@@ -37,7 +37,9 @@ import {
 } from "../../../test/support/datapath.js";
 import { createReplicationMetrics } from "../metrics.js";
 import { CacheStore } from "../store.js";
-import { ACTIVE_STREAMS_HEADER, paths } from "./plan.js";
+import { parseManifest } from "../../datapath/manifest.js";
+import { HaveBits } from "./have.js";
+import { ACTIVE_STREAMS_HEADER, paths, planTree, TreeMetaSchema } from "./plan.js";
 import { replicateTree, ReplicationError, type ReplicateOptions } from "./receiver.js";
 import { manifestDigestOf, PeerServer, type FillingTree, type PeerServerOptions } from "./server.js";
 
@@ -535,4 +537,49 @@ void test("two nodes filling at once serve each other the chunks they hold, and 
   const after = await get(a.url, paths.file(SHORT, BLOB_BIG), tlsOf(f), { range: "bytes=0-9" });
   assert.equal(after.status, 206);
   assert.equal(after.headers["x-warmstart-have"], undefined);
+});
+
+void test("a slow manifest and metadata are not a stall: the stall clock starts with the chunks", async (t) => {
+  const f = await fixture(t, 1);
+  const origin = f.nodes[0] as Node;
+  const raw = readFileSync(join(origin.tree, MANIFEST_FILE));
+  const manifest = parseManifest(raw.toString("utf8"), "test");
+  const meta = (await get(origin.url, paths.meta(SHORT), tlsOf(f))).body;
+  const chunks = planTree(manifest, TreeMetaSchema.parse(JSON.parse(meta.toString("utf8"))), CHUNK).chunks;
+  const all = new HaveBits(chunks.length);
+  for (let i = 0; i < chunks.length; i++) all.set(i, true);
+  // A filling copy that answers its manifest and metadata slowly (each within the request
+  // timeout, together past stallMs), then holds nothing for a moment, then every chunk.
+  let calls = 0;
+  let held = false;
+  const pem = await issueCert(f.ca, { commonName: "slow", usage: "both", ips: ["127.0.0.1"] });
+  const server = new PeerServer({
+    storeDir: join(f.dir, "slow"),
+    tls: { ca: f.ca.cert, ...pem },
+    authorize: async () => {
+      if (++calls > 2) return true;
+      await new Promise((resolve) => setTimeout(resolve, 700));
+      if (calls === 2) setTimeout(() => (held = true), 300);
+      return true;
+    },
+  });
+  const port = await server.listen(0, "127.0.0.1");
+  t.after(() => server.close());
+  server.serveFilling(SHORT, {
+    raw,
+    manifest,
+    meta,
+    staging: origin.tree,
+    holds: () => held,
+    have: () => (held ? all : new HaveBits(chunks.length)).header(CHUNK),
+  });
+  const r = await replicateTree(
+    f.opts({
+      stallMs: 1000,
+      havePollMs: 50,
+      sources: [{ node: "slow", url: `https://127.0.0.1:${port}`, filling: true }],
+    }),
+  );
+  assert.deepEqual(r.dropped, []);
+  await assertSameTree(f, r.dest);
 });
