@@ -196,12 +196,16 @@ async function certificates(names: string[], net: NetNode[]): Promise<string[]> 
   );
 }
 
+/** The `ev` a line from a node that is not JSON is passed on as. */
+const GARBLED = "garbled";
+
 interface NodeProc {
   name: string;
   proc: ChildProcess;
   url: string;
   on: (ev: string, f: (m: Record<string, unknown>) => void) => void;
   once: (ev: string, f: (m: Record<string, unknown>) => void) => void;
+  off: (ev: string, f: (m: Record<string, unknown>) => void) => void;
   send: (m: object) => void;
 }
 
@@ -229,7 +233,13 @@ function startNode(name: string, net: NetNode, store: string, tls: string): Prom
   children.add(proc);
   const handlers = new Map<string, ((m: Record<string, unknown>) => void)[]>();
   createInterface({ input: proc.stdout }).on("line", (line) => {
-    const m = JSON.parse(line) as Record<string, unknown>;
+    let m: Record<string, unknown>;
+    try {
+      m = JSON.parse(line) as Record<string, unknown>;
+    } catch {
+      // Not an answer: whoever waits on one is told (GARBLED), rather than the bench crashing.
+      m = { ev: GARBLED, line };
+    }
     for (const f of handlers.get(String(m.ev)) ?? []) f(m);
   });
   const node: NodeProc = {
@@ -247,6 +257,11 @@ function startNode(name: string, net: NetNode, store: string, tls: string): Prom
       };
       handlers.set(ev, [...(handlers.get(ev) ?? []), g]);
     },
+    off: (ev, f) =>
+      void handlers.set(
+        ev,
+        (handlers.get(ev) ?? []).filter((h) => h !== f),
+      ),
     send: (m) => void proc.stdin.write(`${JSON.stringify(m)}\n`),
   };
   return new Promise((res, rej) => {
@@ -263,9 +278,36 @@ interface Usage {
   peakRssMiB: number;
 }
 
+const STATS_TIMEOUT_MS = 10_000;
+
+/** A node's CPU seconds and peak RSS so far; fails after STATS_TIMEOUT_MS, or when the answer
+ * does not parse (a figure missing or not a number, or a line that is not JSON). */
 function stats(n: NodeProc): Promise<Usage> {
-  return new Promise((res) => {
-    n.once("stats", (m) => res(m as unknown as Usage));
+  return new Promise((res, rej) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      n.off("stats", onStats);
+      n.off(GARBLED, onGarbled);
+    };
+    const onStats = (m: Record<string, unknown>): void => {
+      done();
+      const { cpuSeconds, peakRssMiB } = m;
+      if (typeof cpuSeconds === "number" && Number.isFinite(cpuSeconds) && typeof peakRssMiB === "number")
+        res({ cpuSeconds, peakRssMiB });
+      else rej(new Error(`${n.name} answered stats that do not parse: ${JSON.stringify(m)}`));
+    };
+    const onGarbled = (m: Record<string, unknown>): void => {
+      done();
+      rej(
+        new Error(`${n.name} answered stats with a line that is not JSON: ${String(m.line).slice(0, 200)}`),
+      );
+    };
+    const timer = setTimeout(() => {
+      done();
+      rej(new Error(`${n.name} sent no stats within ${STATS_TIMEOUT_MS / 1000} s`));
+    }, STATS_TIMEOUT_MS);
+    n.on("stats", onStats);
+    n.on(GARBLED, onGarbled);
     n.send({ op: "stats" });
   });
 }
