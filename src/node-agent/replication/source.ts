@@ -10,6 +10,7 @@ import https from "node:https";
 import type { TlsMaterial } from "./server.js";
 import { HAVE_HEADER, NOT_HELD_STATUS, parseHave, type Holder } from "./have.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
+import { RangeConn } from "./range-conn.js";
 
 /** Why a source was given up on (the metric's label). */
 export type DropReason = "error" | "timeout" | "status" | "protocol" | "corrupt" | "manifest";
@@ -68,12 +69,15 @@ export class Source implements Holder {
   plan?: { chunkBytes: number; chunks: number };
   private readonly agent: https.Agent;
   private readonly requests = new Set<ClientRequest>();
+  /** Connections for ranged GETs (range-conn.ts), and those idle between requests. */
+  private readonly conns = new Set<RangeConn>();
+  private idle: RangeConn[] = [];
   private readonly stalled = new WeakMap<IncomingMessage, SourceError>();
 
   constructor(
     readonly node: string,
     readonly url: URL,
-    tls: TlsMaterial,
+    private readonly tls: TlsMaterial,
     streams: number,
     private readonly stallMs: number,
     private readonly onBytes: (source: Source, n: number) => void,
@@ -99,14 +103,16 @@ export class Source implements Holder {
     if (!this.alive) return false;
     this.alive = false;
     this.dropReason = reason;
-    for (const r of this.requests)
-      r.destroy(new SourceError(reason, `source ${this.node} dropped (${reason})`));
+    const err = new SourceError(reason, `source ${this.node} dropped (${reason})`);
+    for (const r of this.requests) r.destroy(err);
+    for (const c of this.conns) c.destroy(err);
     this.agent.destroy();
     return true;
   }
 
   close(): void {
     for (const r of this.requests) r.destroy();
+    for (const c of this.conns) c.destroy(new Error(`source ${this.node} closed`));
     this.agent.destroy();
   }
 
@@ -152,29 +158,28 @@ export class Source implements Holder {
       });
       req.on("response", (res) => {
         response = res;
-        const active = Number(res.headers[ACTIVE_STREAMS_HEADER]);
-        // Its count includes our own streams to it.
-        if (Number.isFinite(active)) this.others = Math.max(0, active - this.inflight + 1);
-        this.heard(res);
+        this.heard(res.statusCode ?? 0, res.headers);
         resolve(res);
       });
       req.end();
     });
   }
 
-  /** What an answer says of a filling copy's chunks: its HAVE_HEADER, or all once it answers
-   * without one (it has committed). */
-  private heard(res: IncomingMessage): void {
+  /** What an answer says of the source's load, and of a filling copy's chunks: its HAVE_HEADER,
+   * or all once it answers without one (it has committed). */
+  private heard(status: number, headers: Record<string, string | string[] | undefined>): void {
+    const active = Number(headers[ACTIVE_STREAMS_HEADER]);
+    // Its count includes our own streams to it.
+    if (Number.isFinite(active)) this.others = Math.max(0, active - this.inflight + 1);
     this.heardAt = performance.now();
     if (!this.filling || this.have === "all") return;
-    const header = res.headers[HAVE_HEADER];
+    const header = headers[HAVE_HEADER];
     if (typeof header === "string") {
       const bits = this.plan && parseHave(header, this.plan.chunkBytes, this.plan.chunks);
       if (!bits) return;
       this.have = bits.have;
       this.fetching = bits.fetching;
-    } else if (res.statusCode === 200 || res.statusCode === 206)
-      [this.have, this.fetching] = ["all", undefined];
+    } else if (status === 200 || status === 206) [this.have, this.fetching] = ["all", undefined];
     else return;
     this.onHave(this);
   }
@@ -224,11 +229,14 @@ export class Source implements Holder {
   }
 
   /**
-   * Fetches `length` bytes at `offset` of the file at `path` into `fh` at the same offset, with
-   * positional writes as they arrive (the socket waits for the disk: no buffering). `skipZeros`
-   * leaves runs of zeros unwritten (the file was created sparse at its size), so holes stay
-   * holes. With `compare`, each run is first read back from `fh`; resolves with whether any
-   * byte on disk differed from what this source sent.
+   * Fetches `length` bytes at `offset` of the file at `path` into `fh` at the same offset, over
+   * one of this source's range connections (range-conn.ts). The bytes are copied into a buffer
+   * of RUN_BYTES written with one positional write when full, the connection paused while a
+   * write is out (the socket waits for the disk). `skipZeros` leaves runs of zeros unwritten
+   * (the file was created sparse at its size), so holes stay holes. With `compare`, each run is
+   * first read back from `fh`; resolves with whether any byte on disk differed from what this
+   * source sent. A kept-alive connection the server closed just as it was reused is retried
+   * once on a fresh one, as in get.
    */
   async fetchRange(
     path: string,
@@ -239,100 +247,129 @@ export class Source implements Holder {
   ): Promise<boolean> {
     this.inflight++;
     try {
-      const end = offset + length - 1;
-      const res = await this.get(path, { range: `bytes=${offset}-${end}` }, o.signal);
       try {
-        // A filling copy answers 404 in the moment it commits (have.ts): not held, not a fault.
-        if (
-          (res.statusCode === NOT_HELD_STATUS || res.statusCode === 404) &&
-          this.filling &&
-          this.have !== "all"
-        )
-          throw new NotHeldError(`source ${this.node} does not hold that range of ${path} yet`);
-        if (res.statusCode !== 206)
-          throw new SourceError("status", `source ${this.node}: range of ${path} answered ${res.statusCode}`);
-        const cr = /^bytes (\d+)-(\d+)\/\d+$/.exec(String(res.headers["content-range"]));
-        if (!cr || Number(cr[1]) !== offset || Number(cr[2]) !== end)
-          throw new SourceError("protocol", `source ${this.node}: wrong content-range for ${path}`);
-        return await this.receive(res, path, offset, length, fh, o);
+        return await this.range(path, offset, length, fh, o);
       } catch (err) {
-        res.destroy();
-        throw this.stalled.get(res) ?? asSourceError(err, this.node);
+        if (!(err instanceof StaleSocketError)) throw err;
+        return await this.range(path, offset, length, fh, o);
       }
     } finally {
       this.inflight--;
     }
   }
 
-  /**
-   * The body of a range answer, written at `offset` of `fh`. Pieces arrive as TLS records (16 KiB
-   * at most) and are copied into a buffer of RUN_BYTES, written with one positional write when
-   * full; the answer is paused while a write is out (the socket waits for the disk). Copying
-   * lets each record go at once: holding them until a write made most of the garbage collection.
-   */
-  private receive(
-    res: IncomingMessage,
+  /** An idle range connection still open, or a new one. */
+  private conn(): RangeConn {
+    for (let c = this.idle.pop(); c; c = this.idle.pop()) {
+      if (c.reusable) return c;
+      this.conns.delete(c);
+    }
+    const c = new RangeConn(this.url, this.tls, this.stallMs);
+    this.conns.add(c);
+    return c;
+  }
+
+  private range(
     path: string,
     offset: number,
     length: number,
     fh: FileHandle,
-    o: { skipZeros: boolean; compare: boolean },
+    o: { skipZeros: boolean; compare: boolean; signal?: AbortSignal },
   ): Promise<boolean> {
+    if (!this.alive)
+      return Promise.reject(new SourceError(this.dropReason ?? "error", `source ${this.node} is dropped`));
+    if (o.signal?.aborted) return Promise.reject(abortError());
+    const end = offset + length - 1;
+    const conn = this.conn();
     return new Promise<boolean>((resolve, reject) => {
       const size = Math.min(RUN_BYTES, length);
       const free: Buffer[] = [];
       let buf: Buffer = Buffer.allocUnsafe(size);
-      let [fill, pos, got, differed, done] = [0, offset, 0, false, false];
+      let [fill, pos, differed, done] = [0, offset, false, false];
       let writing: Promise<void> = Promise.resolve();
+      const onAbort = (): void => fail(abortError());
+      o.signal?.addEventListener("abort", onAbort);
+      const settle = (): void => {
+        done = true;
+        o.signal?.removeEventListener("abort", onAbort);
+      };
       const fail = (err: unknown): void => {
         if (done) return;
-        done = true;
-        res.destroy();
-        reject(this.stalled.get(res) ?? asSourceError(err, this.node));
+        settle();
+        this.conns.delete(conn);
+        conn.destroy();
+        reject(err instanceof StaleSocketError ? err : asSourceError(err, this.node));
       };
       const flush = (): void => {
         const [full, n, at] = [buf, fill, pos];
         [buf, fill, pos] = [free.pop() ?? Buffer.allocUnsafe(size), 0, pos + n];
-        res.pause();
         writing = writing
           .then(async () => {
             const run = full.subarray(0, n);
             if (o.compare && (await differs(fh, run, at))) differed = true;
             if (!(o.skipZeros && isZero(run))) await writeAll(fh, run, at);
             free.push(full);
-            if (!done) res.resume();
+            if (!done) conn.resume();
           })
           .catch(fail);
       };
-      res.on("data", (b: Buffer) => {
-        if (done) return;
-        if (got + b.length > length)
-          return fail(new SourceError("protocol", `source ${this.node}: more bytes than asked for ${path}`));
-        got += b.length;
-        this.bytes += b.length;
-        this.onBytes(this, b.length);
-        for (let at = 0; at < b.length;) {
-          const n = b.copy(buf, fill, at);
-          [fill, at] = [fill + n, at + n];
-          if (fill === buf.length) flush();
-        }
-      });
-      res.on("error", fail);
-      res.on("end", () => {
-        if (done) return;
-        if (!res.complete || got !== length)
-          return fail(new SourceError("error", `source ${this.node}: ${path} ended early`));
-        if (fill > 0) flush();
-        void writing.then(() => {
-          if (done) return;
-          done = true;
-          resolve(differed);
-        });
-      });
-      // Closed without its end: cut by a stall, a drop, an abort or the peer.
-      res.on("close", () => {
-        if (!res.readableEnded) fail(new SourceError("error", `source ${this.node}: ${path} ended early`));
-      });
+      conn.request(
+        path,
+        { range: `bytes=${offset}-${end}` },
+        {
+          head: (status, headers) => {
+            this.heard(status, headers);
+            // A filling copy answers 404 in the moment it commits (have.ts): not held, not a fault.
+            if ((status === NOT_HELD_STATUS || status === 404) && this.filling && this.have !== "all")
+              return fail(new NotHeldError(`source ${this.node} does not hold that range of ${path} yet`));
+            if (status !== 206)
+              return fail(
+                new SourceError("status", `source ${this.node}: range of ${path} answered ${status}`),
+              );
+            const cr = /^bytes (\d+)-(\d+)\/\d+$/.exec(headers["content-range"] ?? "");
+            if (!cr || Number(cr[1]) !== offset || Number(cr[2]) !== end)
+              return fail(
+                new SourceError("protocol", `source ${this.node}: wrong content-range for ${path}`),
+              );
+            if (Number(headers["content-length"]) !== length)
+              fail(
+                new SourceError(
+                  "protocol",
+                  `source ${this.node}: more or fewer bytes than asked for ${path}`,
+                ),
+              );
+          },
+          body: (b) => {
+            if (done) return false;
+            this.bytes += b.length;
+            this.onBytes(this, b.length);
+            let flushed = false;
+            for (let at = 0; at < b.length;) {
+              const n = b.copy(buf, fill, at);
+              [fill, at] = [fill + n, at + n];
+              if (fill === buf.length) [flushed] = [true, flush()];
+            }
+            return !flushed;
+          },
+          end: () => {
+            if (fill > 0) flush();
+            void writing.then(() => {
+              if (done) return;
+              settle();
+              if (conn.reusable) this.idle.push(conn);
+              else this.conns.delete(conn);
+              resolve(differed);
+            });
+          },
+          error: (err, stale) => {
+            if ((err as { timeout?: boolean }).timeout)
+              return fail(
+                new SourceError("timeout", `source ${this.node} sent nothing for ${this.stallMs} ms`),
+              );
+            fail(stale && !(err instanceof SourceError) ? new StaleSocketError(err.message) : err);
+          },
+        },
+      );
     });
   }
 }
@@ -368,6 +405,10 @@ async function writeAll(fh: FileHandle, b: Buffer, pos: number): Promise<void> {
     if (bytesWritten === 0) throw new LocalIoError("writing: no byte written");
     at += bytesWritten;
   }
+}
+
+function abortError(): Error {
+  return Object.assign(new Error("The operation was aborted"), { name: "AbortError" });
 }
 
 function asSourceError(err: unknown, node: string): Error {
