@@ -222,7 +222,9 @@ async function startNodeAgents(ctx: RoleContext): Promise<void> {
       `--pod-logs-dir=${node.podLogsDir ?? join(dirname(node.kubeletRoot), "pod-logs")}`,
       "--warmup=1s",
       "--resync=15s",
-      "--no-durable",
+      // A real node's captures are flushed before commit, as in production: unflushed, the kernel
+      // writes a capture back while the restores it released start, and they stall behind it.
+      ...(node.real ? [] : ["--no-durable"]),
       ...(served
         ? storeDriverArgs(
             { name: node.name, kubeletRoot: node.kubeletRoot, address: served },
