@@ -12,6 +12,9 @@ import type { TlsMaterial } from "./server.js";
 const READ_BYTES = 64 * 1024;
 const MAX_HEAD_BYTES = 64 * 1024;
 
+/** The peer broke the protocol (its fault, unlike a connection that failed). */
+const protocolError = (message: string): Error => Object.assign(new Error(message), { protocol: true });
+
 /** What a request is told: the answer's head, its body piece by piece (valid during the call
  * only; false pauses the connection until resume), its end, or why it failed. `stale`: a
  * reused connection ended before any byte of the answer (the server closed it as it idled). */
@@ -103,7 +106,7 @@ export class RangeConn {
   private read(buf: Buffer, n: number): boolean {
     const h = this.current;
     if (!h) {
-      this.fail(new Error("bytes came with no request"));
+      this.fail(protocolError("bytes came with no request"));
       return false;
     }
     this.heard = true;
@@ -115,7 +118,7 @@ export class RangeConn {
     }
     const take = Math.min(this.left, n - at);
     if (n - at > take) {
-      this.fail(new Error("more bytes than the answer's content-length"));
+      this.fail(protocolError("more bytes than the answer's content-length"));
       return false;
     }
     this.left -= take;
@@ -138,7 +141,7 @@ export class RangeConn {
     const all = this.head.length === 1 ? (this.head[0] as Buffer) : Buffer.concat(this.head);
     const end = all.indexOf("\r\n\r\n", Math.max(0, prev - 3));
     if (end < 0) {
-      if (this.headBytes > MAX_HEAD_BYTES) this.fail(new Error("an answer's head is too large"));
+      if (this.headBytes > MAX_HEAD_BYTES) this.fail(protocolError("an answer's head is too large"));
       return -1;
     }
     const [status, ...lines] = all.subarray(0, end).toString("latin1").split("\r\n");
@@ -150,7 +153,7 @@ export class RangeConn {
     }
     const length = Number(headers["content-length"] ?? NaN);
     if (!m || !Number.isSafeInteger(length) || length < 0 || headers["transfer-encoding"] !== undefined) {
-      this.fail(new Error(`an answer that is not a plain HTTP/1.1 one: ${String(status).slice(0, 80)}`));
+      this.fail(protocolError(`an answer that is not a plain HTTP/1.1 one: ${String(status).slice(0, 80)}`));
       return -1;
     }
     this.left = length;

@@ -1,6 +1,10 @@
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { open, readFile } from "node:fs/promises";
 import https from "node:https";
 import type { AddressInfo, Socket } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { test } from "node:test";
 import { createCA, issueCert } from "../../common/certs.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
@@ -66,4 +70,60 @@ void test("a body larger than asked for, or an error status, fails with the reas
   );
   assert.ok(source.drop("status"));
   await assert.rejects(source.fetchBody("/big", 10_000), /dropped/);
+});
+
+void test("ranges come over kept-alive connections: reused, retried once when closed under reuse, and checked", async (t) => {
+  const pem = await tls();
+  const data = Buffer.from(Array.from({ length: 3000 }, (_, i) => i % 251));
+  const sockets = new Set<Socket>();
+  const served = new Map<Socket, number>();
+  const server = https.createServer({ ...pem, requestCert: true }, (req, res) => {
+    sockets.add(req.socket);
+    const n = (served.get(req.socket) ?? 0) + 1;
+    served.set(req.socket, n);
+    const [start, end] = (/^bytes=(\d+)-(\d+)$/.exec(req.headers.range ?? "") ?? []).slice(1).map(Number);
+    if (req.url === "/closing" && n > 1) return req.socket.destroy();
+    if (req.url === "/wrong") return void res.writeHead(206, { "content-range": "bytes 1-10/3000" }).end();
+    if (req.url === "/short") {
+      res.writeHead(206, { "content-length": "100", "content-range": `bytes ${start}-${end}/3000` });
+      res.write(data.subarray(0, 10));
+      return setTimeout(() => req.socket.destroy(), 50);
+    }
+    res.writeHead(206, {
+      "content-length": String(end! - start! + 1),
+      "content-range": `bytes ${start}-${end}/3000`,
+    });
+    res.end(data.subarray(start, end! + 1));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  const source = new Source("peer", url, pem, 1, 5_000, () => undefined);
+  t.after(() => source.close());
+  const dir = mkdtempSync(join(tmpdir(), "ws-source-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fh = await open(join(dir, "f"), "w+");
+  t.after(() => fh.close());
+  const o = { skipZeros: false, compare: false };
+
+  await source.fetchRange("/a", 0, 1000, fh, o);
+  await source.fetchRange("/a", 1000, 2000, fh, o);
+  assert.ok((await readFile(join(dir, "f"))).equals(data), "both ranges in place");
+  assert.equal(sockets.size, 1, "one connection for both");
+  // The next request on that connection finds it closed: sent again on a fresh one.
+  await source.fetchRange("/closing", 0, 10, fh, o);
+  assert.equal(sockets.size, 2);
+  assert.ok(source.alive);
+  await assert.rejects(
+    source.fetchRange("/wrong", 0, 10, fh, o),
+    (e: unknown) => e instanceof SourceError && e.reason === "protocol",
+  );
+  await assert.rejects(
+    source.fetchRange("/short", 0, 100, fh, o),
+    (e: unknown) => e instanceof SourceError && e.reason === "error",
+  );
+  assert.equal(source.bytes, 3020, "every byte received is counted");
 });

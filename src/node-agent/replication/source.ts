@@ -362,6 +362,8 @@ export class Source implements Holder {
             });
           },
           error: (err, stale) => {
+            if ((err as { protocol?: boolean }).protocol)
+              return fail(new SourceError("protocol", `source ${this.node}: ${err.message} (${path})`));
             if ((err as { timeout?: boolean }).timeout)
               return fail(
                 new SourceError("timeout", `source ${this.node} sent nothing for ${this.stallMs} ms`),
