@@ -54,6 +54,10 @@ const chunkBytes = Number(values["chunk-kib"]) * 1024;
 const streams = Number(values.streams);
 const stallMs = Number(values["stall-s"]) * 1000;
 const work = resolve(values.work);
+/** The `ev` a line from a node that is not JSON is passed on as. */
+const GARBLED = "garbled";
+/** How long a node may take to send its figures (it answers at once unless it is stuck). */
+const STATS_TIMEOUT_MS = 10_000;
 const log = (line: string): void => void process.stderr.write(`[bench:swarm] ${line}\n`);
 if (process.getuid?.() !== 0) throw new Error("bench:swarm needs root (network namespaces and tc)");
 
@@ -196,9 +200,6 @@ async function certificates(names: string[], net: NetNode[]): Promise<string[]> 
   );
 }
 
-/** The `ev` a line from a node that is not JSON is passed on as. */
-const GARBLED = "garbled";
-
 interface NodeProc {
   name: string;
   proc: ChildProcess;
@@ -277,8 +278,6 @@ interface Usage {
   cpuSeconds: number;
   peakRssMiB: number;
 }
-
-const STATS_TIMEOUT_MS = 10_000;
 
 /** A node's CPU seconds and peak RSS so far; fails after STATS_TIMEOUT_MS, or when the answer
  * does not parse (a figure missing or not a number, or a line that is not JSON). */
