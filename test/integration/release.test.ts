@@ -787,9 +787,9 @@ test("a gated follower prewarms its cache after seeding (store profile: 6 reader
     inits.map((c) => c.name),
     [INIT_SEED, INIT_PREWARM],
   );
-  assert.deepEqual(inits[2]!.args?.slice(-2), ["--parallel", "6"]);
+  assert.deepEqual(inits[1]!.args?.slice(-2), ["--parallel", "6"]);
   assert.ok(
-    inits[2]!.volumeMounts?.every((m) => m.readOnly),
+    inits[1]!.volumeMounts?.every((m) => m.readOnly),
     "prewarm only reads the cache",
   );
   // Same model, same hash inputs except the pod's own prewarm switch.
