@@ -75,10 +75,6 @@ export class RangeConn {
     this.socket.resume();
   }
 
-  get open(): boolean {
-    return !this.closed;
-  }
-
   resume(): void {
     this.socket.resume();
   }
@@ -86,6 +82,8 @@ export class RangeConn {
   /** Ends the connection; a request on it fails with `err`. */
   destroy(err?: Error): void {
     if (err) this.fail(err);
+    // The request's own end: nothing more of this answer goes to it.
+    this.current = undefined;
     this.closed = true;
     this.reusable = false;
     this.socket.destroy();
