@@ -393,7 +393,7 @@ const SEND_BYTES = 1024 * 1024;
  * keep one read ahead of the socket; the socket's pace is the only one. Rejects when the peer
  * goes away or a write fails.
  */
-async function sendRange(
+export async function sendRange(
   file: FileHandle,
   res: ServerResponse,
   start: number,
@@ -430,9 +430,14 @@ async function sendRange(
         settle();
       });
     }
+    if (failure) throw failure;
+    // 'close' comes last whether the answer went out or the peer went away ('finish' never
+    // comes after a failed write, and a write's callback may wake nothing here).
     await new Promise<void>((resolve, reject) => {
-      wake = () => (failure ? reject(failure) : undefined);
-      res.end(() => resolve());
+      res.once("close", () =>
+        res.writableFinished ? resolve() : reject(failure ?? new Error("the peer went away")),
+      );
+      res.end();
     });
   } finally {
     res.off("close", closed);

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
-import { open, readFile } from "node:fs/promises";
+import { open, readFile, type FileHandle } from "node:fs/promises";
 import https from "node:https";
 import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { createCA, issueCert } from "../../common/certs.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
-import { Source, SourceError } from "./source.js";
+import { dueForPoll, POLLS_PER_TICK, Source, SourceError } from "./source.js";
 
 async function tls(): Promise<{ ca: string; cert: string; key: string }> {
   const ca = await createCA("warmstart node agents");
@@ -126,4 +126,79 @@ void test("ranges come over kept-alive connections: reused, retried once when cl
     (e: unknown) => e instanceof SourceError && e.reason === "error",
   );
   assert.equal(source.bytes, 3020, "every byte received is counted");
+});
+
+void test("filling sources are asked what they hold a few at a time, those heard from least recently first", () => {
+  const every = 500;
+  const now = 10_000;
+  // Twelve filling peers heard from at different times, one committed, one dropped, one just heard.
+  const peers: { id: number; alive: boolean; have: Uint8Array | "all"; heardAt: number }[] = Array.from(
+    { length: 12 },
+    (_, i) => ({ id: i, alive: true, have: new Uint8Array(1), heardAt: 1_000 + i * 100 }),
+  );
+  peers[0]!.have = "all";
+  peers[1]!.alive = false;
+  peers[2]!.heardAt = now - 10;
+  const asked = dueForPoll(peers, now, every);
+  assert.equal(asked.length, POLLS_PER_TICK, "no more than a few per tick, whatever the swarm's size");
+  assert.deepEqual(
+    asked.map((p) => p.id),
+    [3, 4, 5, 6],
+  );
+  // Each asked peer counts as heard: the next tick asks the next ones, and all in turn.
+  const seen = new Set<number>();
+  for (let tick = 0; tick < 3; tick++)
+    for (const p of dueForPoll(peers, now + tick, every)) {
+      p.heardAt = now + tick;
+      seen.add(p.id);
+    }
+  assert.deepEqual(
+    [...seen].sort((a, b) => a - b),
+    [3, 4, 5, 6, 7, 8, 9, 10, 11],
+  );
+});
+
+void test("a range stopped while a run is being written settles only once that write is done", async (t) => {
+  const pem = await tls();
+  const MiB = 1024 * 1024;
+  // Sends a full run, then goes away before the rest of what it promised.
+  const server = https.createServer({ ...pem, requestCert: true }, (req, res) => {
+    res.writeHead(206, {
+      "content-length": String(2 * MiB),
+      "content-range": `bytes 0-${2 * MiB - 1}/${2 * MiB}`,
+    });
+    res.write(Buffer.alloc(MiB, 9));
+    setTimeout(() => req.socket.destroy(), 50);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  const source = new Source("peer", url, pem, 1, 5_000, () => undefined);
+  t.after(() => source.close());
+  const dir = mkdtempSync(join(tmpdir(), "ws-source-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const real = await open(join(dir, "f"), "w+");
+  t.after(() => real.close());
+  // A slow disk: the run's write is still out when the source goes away.
+  let writtenAt = 0;
+  const slow = {
+    write: async (...args: Parameters<FileHandle["write"]>) => {
+      await new Promise((r) => setTimeout(r, 400));
+      const r = await real.write(...args);
+      writtenAt = Date.now();
+      return r;
+    },
+    read: real.read.bind(real),
+  } as unknown as FileHandle;
+  // Stopped (an abort, as a stall timer's would) while that write is out.
+  const stop = new AbortController();
+  setTimeout(() => stop.abort(), 150);
+  await assert.rejects(
+    source.fetchRange("/f", 0, 2 * MiB, slow, { skipZeros: false, compare: false, signal: stop.signal }),
+  );
+  const settledAt = Date.now();
+  assert.ok(writtenAt > 0 && writtenAt <= settledAt, "the write was done before the range failed");
 });

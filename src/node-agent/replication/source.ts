@@ -248,19 +248,19 @@ export class Source implements Holder {
     this.inflight++;
     try {
       try {
-        return await this.range(path, offset, length, fh, o);
+        return await this.range(path, offset, length, fh, o, false);
       } catch (err) {
         if (!(err instanceof StaleSocketError)) throw err;
-        return await this.range(path, offset, length, fh, o);
+        return await this.range(path, offset, length, fh, o, true);
       }
     } finally {
       this.inflight--;
     }
   }
 
-  /** An idle range connection still open, or a new one. */
-  private conn(): RangeConn {
-    for (let c = this.idle.pop(); c; c = this.idle.pop()) {
+  /** An idle range connection still open (unless `fresh`), or a new one. */
+  private conn(fresh: boolean): RangeConn {
+    for (let c = fresh ? undefined : this.idle.pop(); c; c = this.idle.pop()) {
       if (c.reusable) return c;
       this.conns.delete(c);
     }
@@ -275,12 +275,13 @@ export class Source implements Holder {
     length: number,
     fh: FileHandle,
     o: { skipZeros: boolean; compare: boolean; signal?: AbortSignal },
+    fresh: boolean,
   ): Promise<boolean> {
     if (!this.alive)
       return Promise.reject(new SourceError(this.dropReason ?? "error", `source ${this.node} is dropped`));
     if (o.signal?.aborted) return Promise.reject(abortError());
     const end = offset + length - 1;
-    const conn = this.conn();
+    const conn = this.conn(fresh);
     return new Promise<boolean>((resolve, reject) => {
       const size = Math.min(RUN_BYTES, length);
       const free: Buffer[] = [];
@@ -298,13 +299,17 @@ export class Source implements Holder {
         settle();
         this.conns.delete(conn);
         conn.destroy();
-        reject(err instanceof StaleSocketError ? err : asSourceError(err, this.node));
+        const e = err instanceof StaleSocketError ? err : asSourceError(err, this.node);
+        // Settled once no write of this request is out: its chunk may be fetched from another
+        // source at once, and a late write here would land over that one's bytes.
+        void writing.finally(() => reject(e));
       };
       const flush = (): void => {
         const [full, n, at] = [buf, fill, pos];
         [buf, fill, pos] = [free.pop() ?? Buffer.allocUnsafe(size), 0, pos + n];
         writing = writing
           .then(async () => {
+            if (done) return; // failed: nothing more of this request is written
             const run = full.subarray(0, n);
             if (o.compare && (await differs(fh, run, at))) differed = true;
             if (!(o.skipZeros && isZero(run))) await writeAll(fh, run, at);
@@ -376,7 +381,15 @@ export class Source implements Holder {
   }
 }
 
-/** Every `every` ms, asks each live filling source not heard from for that long what it holds. */
+/** Most filling sources asked per poll: what a receiver spends on polls stays flat in the swarm's size. */
+export const POLLS_PER_TICK = 4;
+
+/**
+ * Every `every` ms, asks the live filling sources not heard from for that long what they hold:
+ * at most `POLLS_PER_TICK`, those heard from least recently first. Asking every one of N peers
+ * twice a second costs the swarm N² requests; sources a receiver fetches from answer with what
+ * they hold anyway, and the rest are asked in turn.
+ */
 export function pollFilling(
   sources: readonly Source[],
   path: string,
@@ -385,12 +398,24 @@ export function pollFilling(
 ): NodeJS.Timeout {
   return setInterval(() => {
     const now = performance.now();
-    for (const s of sources) {
-      if (!s.alive || s.have === "all" || now - s.heardAt < every) continue;
+    for (const s of dueForPoll(sources, now, every)) {
       s.heardAt = now;
       s.poll(path).catch((err: unknown) => failed(s, err));
     }
   }, every);
+}
+
+/** The filling sources to ask now (see pollFilling). */
+export function dueForPoll<S extends Pick<Source, "alive" | "have" | "heardAt">>(
+  sources: readonly S[],
+  now: number,
+  every: number,
+  most = POLLS_PER_TICK,
+): S[] {
+  return sources
+    .filter((s) => s.alive && s.have !== "all" && now - s.heardAt >= every)
+    .sort((a, b) => a.heardAt - b.heardAt)
+    .slice(0, most);
 }
 
 /** Whether the bytes at `pos` of `fh` differ from `run`. */
