@@ -456,7 +456,7 @@ function printTable(rs: RunResult[]): void {
         `all Ready within ${fmt(median(over))} s (median) of leader Ready + one restore; ` +
         `restore read ${ratio(median(reads))} the storage limit; ` +
         `restore ${ratio(median(ratios))} the hot restart's, median of ${ratios.length} ` +
-        `(${ratio(Math.min(...ratios))} to ${ratio(Math.max(...ratios))}; goal: within 1.10x at N=1 and N=2)\n`,
+        `(${ratios.length ? `${ratio(Math.min(...ratios))} to ${ratio(Math.max(...ratios))}; ` : ""}goal: within 1.10x at N=1 and N=2)\n`,
     );
   }
 }

@@ -236,7 +236,9 @@ function startNode(name: string, net: NetNode, store: string, tls: string): Prom
   createInterface({ input: proc.stdout }).on("line", (line) => {
     let m: Record<string, unknown>;
     try {
-      m = JSON.parse(line) as Record<string, unknown>;
+      const parsed: unknown = JSON.parse(line);
+      if (typeof parsed !== "object" || parsed === null) throw new Error("not an object");
+      m = parsed as Record<string, unknown>;
     } catch {
       // Not an answer: whoever waits on one is told (GARBLED), rather than the bench crashing.
       m = { ev: GARBLED, line };

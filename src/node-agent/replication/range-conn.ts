@@ -145,12 +145,18 @@ export class RangeConn {
     const [status, ...lines] = all.subarray(0, end).toString("latin1").split("\r\n");
     const m = /^HTTP\/1\.1 (\d{3}) /.exec(`${status} `);
     const headers: Record<string, string> = {};
+    let lengths = 0;
     for (const line of lines) {
       const colon = line.indexOf(":");
-      if (colon > 0) headers[line.slice(0, colon).trim().toLowerCase()] = line.slice(colon + 1).trim();
+      if (colon <= 0) continue;
+      const name = line.slice(0, colon).trim().toLowerCase();
+      if (name === "content-length") lengths++;
+      headers[name] = line.slice(colon + 1).trim();
     }
-    const length = Number(headers["content-length"] ?? NaN);
-    if (!m || !Number.isSafeInteger(length) || length < 0 || headers["transfer-encoding"] !== undefined) {
+    // Digits only, and once: "", "0x10", "1e3" or a second value would frame the body otherwise.
+    const raw = headers["content-length"] ?? "";
+    const length = /^\d{1,15}$/.test(raw) && lengths === 1 ? Number(raw) : NaN;
+    if (!m || !Number.isSafeInteger(length) || headers["transfer-encoding"] !== undefined) {
       this.fail(protocolError(`an answer that is not a plain HTTP/1.1 one: ${String(status).slice(0, 80)}`));
       return -1;
     }

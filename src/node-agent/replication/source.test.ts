@@ -84,6 +84,11 @@ void test("ranges come over kept-alive connections: reused, retried once when cl
     const [start, end] = (/^bytes=(\d+)-(\d+)$/.exec(req.headers.range ?? "") ?? []).slice(1).map(Number);
     if (req.url === "/closing" && n > 1) return req.socket.destroy();
     if (req.url === "/wrong") return void res.writeHead(206, { "content-range": "bytes 1-10/3000" }).end();
+    // A length that is not plain digits frames nothing.
+    if (req.url === "/exponent")
+      return void res
+        .writeHead(206, { "content-length": "1e1", "content-range": "bytes 0-9/3000" })
+        .end(data.subarray(0, 10));
     if (req.url === "/short") {
       res.writeHead(206, { "content-length": "100", "content-range": `bytes ${start}-${end}/3000` });
       res.write(data.subarray(0, 10));
@@ -119,6 +124,10 @@ void test("ranges come over kept-alive connections: reused, retried once when cl
   assert.ok(source.alive);
   await assert.rejects(
     source.fetchRange("/wrong", 0, 10, fh, o),
+    (e: unknown) => e instanceof SourceError && e.reason === "protocol",
+  );
+  await assert.rejects(
+    source.fetchRange("/exponent", 0, 10, fh, o),
     (e: unknown) => e instanceof SourceError && e.reason === "protocol",
   );
   await assert.rejects(
