@@ -1,11 +1,12 @@
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
 import { open, readFile, type FileHandle } from "node:fs/promises";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import https from "node:https";
 import type { AddressInfo, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { test } from "node:test";
+import { test, type TestContext } from "node:test";
 import { createCA, issueCert } from "../../common/certs.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
 import { dueForPoll, POLLS_PER_TICK, Source, SourceError } from "./source.js";
@@ -15,13 +16,41 @@ async function tls(): Promise<{ ca: string; cert: string; key: string }> {
   return { ca: ca.cert, ...(await issueCert(ca, { commonName: "peer", usage: "both", ips: ["127.0.0.1"] })) };
 }
 
-void test("a kept-alive connection closed under a reused request is retried, not held against the source", async (t) => {
+/** A peer server on loopback answering with `handler`, and a Source of it taking `streams` at once. */
+async function sourceOf(
+  t: TestContext,
+  handler: (req: IncomingMessage, res: ServerResponse) => void,
+  streams = 1,
+): Promise<Source> {
   const pem = await tls();
+  const server = https.createServer({ ...pem, requestCert: true }, handler);
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  const source = new Source("peer", url, pem, streams, 5_000, () => undefined);
+  t.after(() => source.close());
+  return source;
+}
+
+/** A file in a folder of its own, open to read and write; both go when the test ends. */
+async function tempFile(t: TestContext): Promise<{ path: string; fh: FileHandle }> {
+  const dir = mkdtempSync(join(tmpdir(), "ws-source-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, "f");
+  const fh = await open(path, "w+");
+  t.after(() => fh.close());
+  return { path, fh };
+}
+
+void test("a kept-alive connection closed under a reused request is retried, not held against the source", async (t) => {
   const served = new Map<Socket, number>();
   let requests = 0;
   // The second request on any connection finds it closed, as when the server's keep-alive
   // timeout fires just as the client reuses the socket.
-  const server = https.createServer({ ...pem, requestCert: true }, (req, res) => {
+  const source = await sourceOf(t, (req, res) => {
     requests++;
     const n = (served.get(req.socket) ?? 0) + 1;
     served.set(req.socket, n);
@@ -29,14 +58,6 @@ void test("a kept-alive connection closed under a reused request is retried, not
     res.setHeader(ACTIVE_STREAMS_HEADER, "3");
     res.end("hello");
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  t.after(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
-  const source = new Source("peer", url, pem, 1, 5_000, () => undefined);
-  t.after(() => source.close());
 
   assert.equal((await source.fetchBody("/a", 100)).toString(), "hello");
   assert.equal(source.others, 3, "the load header is read");
@@ -46,20 +67,15 @@ void test("a kept-alive connection closed under a reused request is retried, not
 });
 
 void test("a body larger than asked for, or an error status, fails with the reason the source is dropped for", async (t) => {
-  const pem = await tls();
-  const server = https.createServer({ ...pem, requestCert: true }, (req, res) => {
-    if (req.url === "/big") return res.end(Buffer.alloc(1000));
-    res.statusCode = 404;
-    res.end("no");
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  t.after(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
-  const source = new Source("peer", url, pem, 2, 5_000, () => undefined);
-  t.after(() => source.close());
+  const source = await sourceOf(
+    t,
+    (req, res) => {
+      if (req.url === "/big") return res.end(Buffer.alloc(1000));
+      res.statusCode = 404;
+      res.end("no");
+    },
+    2,
+  );
   await assert.rejects(
     source.fetchBody("/big", 10),
     (e: unknown) => e instanceof SourceError && e.reason === "protocol",
@@ -73,11 +89,10 @@ void test("a body larger than asked for, or an error status, fails with the reas
 });
 
 void test("ranges come over kept-alive connections: reused, retried once when closed under reuse, and checked", async (t) => {
-  const pem = await tls();
   const data = Buffer.from(Array.from({ length: 3000 }, (_, i) => i % 251));
   const sockets = new Set<Socket>();
   const served = new Map<Socket, number>();
-  const server = https.createServer({ ...pem, requestCert: true }, (req, res) => {
+  const source = await sourceOf(t, (req, res) => {
     sockets.add(req.socket);
     const n = (served.get(req.socket) ?? 0) + 1;
     served.set(req.socket, n);
@@ -100,23 +115,12 @@ void test("ranges come over kept-alive connections: reused, retried once when cl
     });
     res.end(data.subarray(start, end! + 1));
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  t.after(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
-  const source = new Source("peer", url, pem, 1, 5_000, () => undefined);
-  t.after(() => source.close());
-  const dir = mkdtempSync(join(tmpdir(), "ws-source-"));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const fh = await open(join(dir, "f"), "w+");
-  t.after(() => fh.close());
+  const { path, fh } = await tempFile(t);
   const o = { skipZeros: false, compare: false };
 
   await source.fetchRange("/a", 0, 1000, fh, o);
   await source.fetchRange("/a", 1000, 2000, fh, o);
-  assert.ok((await readFile(join(dir, "f"))).equals(data), "both ranges in place");
+  assert.ok((await readFile(path)).equals(data), "both ranges in place");
   assert.equal(sockets.size, 1, "one connection for both");
   // The next request on that connection finds it closed: sent again on a fresh one.
   await source.fetchRange("/closing", 0, 10, fh, o);
@@ -168,10 +172,9 @@ void test("filling sources are asked what they hold a few at a time, those heard
 });
 
 void test("a range stopped while a run is being written settles only once that write is done", async (t) => {
-  const pem = await tls();
   const MiB = 1024 * 1024;
   // Sends a full run, then goes away before the rest of what it promised.
-  const server = https.createServer({ ...pem, requestCert: true }, (req, res) => {
+  const source = await sourceOf(t, (req, res) => {
     res.writeHead(206, {
       "content-length": String(2 * MiB),
       "content-range": `bytes 0-${2 * MiB - 1}/${2 * MiB}`,
@@ -179,18 +182,7 @@ void test("a range stopped while a run is being written settles only once that w
     res.write(Buffer.alloc(MiB, 9));
     setTimeout(() => req.socket.destroy(), 50);
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  t.after(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  const url = new URL(`https://127.0.0.1:${(server.address() as AddressInfo).port}`);
-  const source = new Source("peer", url, pem, 1, 5_000, () => undefined);
-  t.after(() => source.close());
-  const dir = mkdtempSync(join(tmpdir(), "ws-source-"));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const real = await open(join(dir, "f"), "w+");
-  t.after(() => real.close());
+  const { fh: real } = await tempFile(t);
   // A slow disk: the run's write is still out when the source goes away.
   let writtenAt = 0;
   const slow = {
