@@ -51,12 +51,7 @@ import {
 } from "./options.js";
 import { LocalIoError, NotHeldError, pollFilling, Source, SourceError, type DropReason } from "./source.js";
 
-export {
-  ReplicationError,
-  type ReplicaSource,
-  type ReplicateOptions,
-  type ReplicateResult,
-} from "./options.js";
+export { ReplicationError, type ReplicaSource, type ReplicateOptions, type ReplicateResult };
 
 const MAX_MANIFEST_BYTES = 256 * 1024 * 1024;
 const HEX64 = /^[0-9a-f]{64}$/;
@@ -381,9 +376,12 @@ class Run {
         continue;
       }
       const c = this.queue.splice(work.at, 1)[0] as Chunk;
+      // In flight from the pick on: workers picking in this same tick would all take the same
+      // least busy source, past its per-source limit, if it counted only once the request went.
+      const unclaim = (this.sources[work.source] as Source).claim();
       this.busy++;
       try {
-        await this.pull(c, work.source);
+        await this.pull(c, work.source, unclaim);
       } catch (err) {
         this.fail(err as Error);
       } finally {
@@ -398,13 +396,15 @@ class Run {
     return { path: stagedPath(this.staging as string, f.rel), rel: f.rel, size: f.size, digest: f.digest };
   }
 
-  /** Fetches one chunk from source `i`; on failure drops it and requeues the chunk. */
-  private async pull(c: Chunk, i: number): Promise<void> {
+  /** Fetches one chunk from source `i`, whose claim `unclaim` ends as the request starts; on
+   * failure drops the source and requeues the chunk. */
+  private async pull(c: Chunk, i: number, unclaim: () => void): Promise<void> {
     const s = this.sources[i] as Source;
     const f = this.fileOf(c.file);
     const first = !this.retried.has(c);
     this.retried.add(c);
-    const fh = await open(f.path, "r+");
+    // fetchRange counts the request itself, from its first (synchronous) step.
+    const fh = await open(f.path, "r+").finally(unclaim);
     this.fetching?.set(c.index, true);
     try {
       await s.fetchRange(paths.file(this.short, f.rel), c.offset, c.length, fh, {

@@ -35,7 +35,7 @@ import {
   TOP,
   type Snap,
 } from "../../../test/support/datapath.js";
-import { createReplicationMetrics } from "../metrics.js";
+import { createReplicationMetrics, type ReplicationMetrics } from "../metrics.js";
 import { CacheStore } from "../store.js";
 import { parseManifest } from "../../datapath/manifest.js";
 import { HaveBits } from "./have.js";
@@ -582,4 +582,40 @@ void test("a slow manifest and metadata are not a stall: the stall clock starts 
   );
   assert.deepEqual(r.dropped, []);
   await assertSameTree(f, r.dest);
+});
+
+void test("workers that pick in the same tick keep to the per-source limit: a swarm's first requests do not all go to the origin", async (t) => {
+  // The origin counts the range streams it sends at once.
+  let now = 0;
+  let peak = 0;
+  const metrics: ReplicationMetrics = {
+    ...createReplicationMetrics(new Registry()),
+    servingStreams: {
+      inc: () => void (peak = Math.max(peak, ++now)),
+      dec: () => void now--,
+    } as unknown as ReplicationMetrics["servingStreams"],
+  };
+  const f = await fixture(t, 1, { metrics });
+  // Three peers that fill too and hold nothing yet: alive, so 8 streams over 4 sources allow
+  // 2 requests per source, and every chunk can only come from the origin.
+  const peers = await Promise.all(
+    ["p0", "p1", "p2"].map(async (name) => {
+      const pem = await issueCert(f.ca, { commonName: name, usage: "both", ips: ["127.0.0.1"] });
+      const server = new PeerServer({ storeDir: join(f.dir, name), tls: { ca: f.ca.cert, ...pem } });
+      const port = await server.listen(0, "127.0.0.1");
+      t.after(() => server.close());
+      return { node: name, url: `https://127.0.0.1:${port}`, filling: true };
+    }),
+  );
+  const origin = f.nodes[0] as Node;
+  const r = await replicateTree(
+    f.opts({
+      streams: 8,
+      chunkBytes: 16 * 1024,
+      sources: [{ node: origin.name, url: origin.url }, ...peers],
+    }),
+  );
+  await assertSameTree(f, r.dest);
+  assert.ok(peak > 0, "the origin sent ranges");
+  assert.ok(peak <= 2, `at most 2 ranges at once from the origin, saw ${peak}`);
 });

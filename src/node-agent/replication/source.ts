@@ -184,6 +184,18 @@ export class Source implements Holder {
     this.onHave(this);
   }
 
+  /** Counts a request the caller has picked this source for but not sent yet (the receiver
+   * opens the chunk's file first) as in flight, until the returned function is called just
+   * before the request: workers that pick in the same tick then see each other's picks. */
+  claim(): () => void {
+    this.inflight++;
+    let held = true;
+    return () => {
+      if (held) this.inflight--;
+      held = false;
+    };
+  }
+
   /** Asks a filling copy what it holds (the answer's headers say it); a copy that is not
    * serving the tree yet holds nothing. */
   async poll(path: string): Promise<void> {
