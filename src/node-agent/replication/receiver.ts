@@ -413,10 +413,10 @@ class Run {
         signal: this.o.signal,
       });
     } catch (err) {
-      // A filling copy that lacks the chunk after all (or has just committed) keeps its place.
+      // Kept: a filling copy lacking the chunk (or just committed), a live source's stalled stream.
       if (err instanceof NotHeldError) {
         if (s.have !== "all") s.have = new Uint8Array(0);
-      } else this.sourceFailed(s, err);
+      } else if (!s.stuckAlone(err)) this.sourceFailed(s, err);
       if (!this.failure) this.queue.unshift(c);
       return;
     } finally {

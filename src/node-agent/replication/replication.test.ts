@@ -417,6 +417,24 @@ void test("a source that stalls is dropped after stallMs and another serves", as
   await assertSameTree(f, r.dest);
 });
 
+void test("one stalled stream of a source that keeps sending elsewhere is asked again, not the source dropped", async (t) => {
+  // The only source holds back its first range answer past the stall limit (as a crowded
+  // link's TCP backs off one flow) while it answers every other range at once.
+  // The manifest and the metadata are the first two requests: the third is the first range.
+  let calls = 0;
+  const f = await fixture(t, 1, {
+    authorize: async () => {
+      if (++calls !== 3) return true;
+      return new Promise((resolve) => setTimeout(() => resolve(true), 2500));
+    },
+  });
+  const origin = f.nodes[0] as Node;
+  const r = await replicateTree(f.opts({ stallMs: 1500, sources: [{ node: origin.name, url: origin.url }] }));
+  assert.ok(calls > 3, "the held range was asked again");
+  assert.deepEqual(r.dropped, []);
+  await assertSameTree(f, r.dest);
+});
+
 const createHashHex = (b: Buffer): string => createHash("sha256").update(b).digest("hex");
 
 void test("a name that is not UTF-8 travels byte for byte, and a sparse file stays sparse", async (t) => {

@@ -65,6 +65,8 @@ export class Source implements Holder {
   fetching?: Uint8Array;
   /** When an answer last came (performance.now() milliseconds). */
   heardAt = 0;
+  /** When a byte of a range last came (performance.now() milliseconds; 0: never). */
+  lastByteAt = 0;
   /** The plan's chunk size and count, once known: a HAVE_HEADER is read against them. */
   plan?: { chunkBytes: number; chunks: number };
   private readonly agent: https.Agent;
@@ -96,6 +98,18 @@ export class Source implements Holder {
       // issues their certificates: the chain is the check, not the name (docs/adr/0010).
       checkServerIdentity: () => undefined,
     });
+  }
+
+  /** Whether this request's stall is its own: the source sent bytes of other ranges within the
+   * stall limit, so it is alive, and one connection of several waits (a crowded link's TCP
+   * backs off one flow for seconds at a time while the others go on). */
+  stuckAlone(err: unknown): boolean {
+    return (
+      err instanceof SourceError &&
+      err.reason === "timeout" &&
+      this.lastByteAt > 0 &&
+      performance.now() - this.lastByteAt < this.stallMs
+    );
   }
 
   /** Gives up on this source: every request in flight to it fails now. */
@@ -359,6 +373,7 @@ export class Source implements Holder {
           body: (b) => {
             if (done) return false;
             this.bytes += b.length;
+            this.lastByteAt = performance.now();
             this.onBytes(this, b.length);
             let flushed = false;
             for (let at = 0; at < b.length;) {
