@@ -418,9 +418,9 @@ void test("a source that stalls is dropped after stallMs and another serves", as
 });
 
 void test("one stalled stream of a source that keeps sending elsewhere is asked again, not the source dropped", async (t) => {
-  // The only source holds back its first range answer past the stall limit (as a crowded
-  // link's TCP backs off one flow) while it answers every other range at once.
-  // The manifest and the metadata are the first two requests: the third is the first range.
+  // The only source holds back its third request, the first range (the manifest and the metadata
+  // come first), past the stall limit, as a crowded link's TCP backs off one flow, and answers
+  // every other request at once.
   let calls = 0;
   const f = await fixture(t, 1, {
     authorize: async () => {
