@@ -17,7 +17,7 @@
  * still stands between any byte and a commit.
  */
 import { createHash } from "node:crypto";
-import { mkdir, open } from "node:fs/promises";
+import { mkdir, open, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { shortHash } from "../../core/contract.js";
@@ -49,7 +49,7 @@ import {
   type ReplicateOptions,
   type ReplicateResult,
 } from "./options.js";
-import { LocalIoError, NotHeldError, pollFilling, Source, SourceError, type DropReason } from "./source.js";
+import { LocalIoError, pollFilling, Source, SourceError, type DropReason } from "./source.js";
 
 export { ReplicationError, type ReplicaSource, type ReplicateOptions, type ReplicateResult };
 
@@ -396,15 +396,18 @@ class Run {
     return { path: stagedPath(this.staging as string, f.rel), rel: f.rel, size: f.size, digest: f.digest };
   }
 
-  /** Fetches one chunk from source `i`, whose claim `unclaim` ends as the request starts; on
-   * failure drops the source and requeues the chunk. */
+  /** Fetches chunk `c` from source `i` (claimed till `unclaim`); a failure requeues it, maybe drops `i`. */
   private async pull(c: Chunk, i: number, unclaim: () => void): Promise<void> {
     const s = this.sources[i] as Source;
     const f = this.fileOf(c.file);
     const first = !this.retried.has(c);
     this.retried.add(c);
-    // fetchRange counts the request itself, from its first (synchronous) step.
-    const fh = await open(f.path, "r+").finally(unclaim);
+    let fh: FileHandle;
+    try {
+      fh = await open(f.path, "r+");
+    } finally {
+      unclaim(); // in the step that calls fetchRange, which counts the request from then on
+    }
     this.fetching?.set(c.index, true);
     try {
       await s.fetchRange(paths.file(this.short, f.rel), c.offset, c.length, fh, {
@@ -413,10 +416,7 @@ class Run {
         signal: this.o.signal,
       });
     } catch (err) {
-      // Kept: a filling copy lacking the chunk (or just committed), a live source's stalled stream.
-      if (err instanceof NotHeldError) {
-        if (s.have !== "all") s.have = new Uint8Array(0);
-      } else if (!s.stuckAlone(err)) this.sourceFailed(s, err);
+      if (!s.keptAfter(err, c.index)) this.sourceFailed(s, err);
       if (!this.failure) this.queue.unshift(c);
       return;
     } finally {

@@ -9,7 +9,14 @@ import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { createCA, issueCert } from "../../common/certs.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
-import { dueForPoll, POLLS_PER_TICK, Source, SourceError } from "./source.js";
+import {
+  dueForPoll,
+  NotHeldError,
+  POLLS_PER_TICK,
+  Source,
+  SourceError,
+  StalledStreamError,
+} from "./source.js";
 
 async function tls(): Promise<{ ca: string; cert: string; key: string }> {
   const ca = await createCA("warmstart node agents");
@@ -202,4 +209,21 @@ void test("a range stopped while a run is being written settles only once that w
   );
   const settledAt = Date.now();
   assert.ok(writtenAt > 0 && writtenAt <= settledAt, "the write was done before the range failed");
+});
+
+void test("a source keeps its place after one stalled stream per chunk, and after a range a filling copy lacks", () => {
+  const tls = { ca: "", cert: "", key: "" };
+  const origin = new Source("origin", new URL("https://127.0.0.1:1"), tls, 8, 1000, () => undefined);
+  const stalled = (): Error => new StalledStreamError("one stream waits");
+  assert.equal(origin.keptAfter(stalled(), 5), true);
+  // The same chunk stalling again at the same source: a read that hangs there every time.
+  assert.equal(origin.keptAfter(stalled(), 5), false);
+  assert.equal(origin.keptAfter(stalled(), 6), true);
+  // A source silent on every stream, or failing otherwise, is not kept.
+  assert.equal(origin.keptAfter(new SourceError("timeout", "nothing at all"), 7), false);
+  assert.equal(origin.keptAfter(new SourceError("status", "answered 500"), 8), false);
+  const filling = new Source("peer", new URL("https://127.0.0.1:2"), tls, 8, 1000, () => undefined, true);
+  filling.have = new Uint8Array([0xff]);
+  assert.equal(filling.keptAfter(new NotHeldError("not yet"), 3), true);
+  assert.deepEqual(filling.have, new Uint8Array(0), "it holds nothing until it says otherwise");
 });

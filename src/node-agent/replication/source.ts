@@ -32,6 +32,15 @@ class StaleSocketError extends Error {}
 /** A filling copy does not hold the range asked for yet: not its fault, the chunk goes elsewhere. */
 export class NotHeldError extends Error {}
 
+/** One range got nothing for the stall limit while the source's other ranges went on: the source
+ * is alive, and one of its connections waits (a crowded link's TCP backs off one flow for
+ * seconds at a time). A timeout still, wherever the caller does not tell it apart. */
+export class StalledStreamError extends SourceError {
+  constructor(message: string) {
+    super("timeout", message);
+  }
+}
+
 /** The receiver's own disk failed (not the source's fault: no source is dropped for it). */
 export class LocalIoError extends Error {}
 
@@ -67,6 +76,8 @@ export class Source implements Holder {
   heardAt = 0;
   /** When a byte of a range last came (performance.now() milliseconds; 0: never). */
   lastByteAt = 0;
+  /** Chunks one of whose ranges stalled alone here (keptAfter). */
+  private readonly stalledOn = new Set<number>();
   /** The plan's chunk size and count, once known: a HAVE_HEADER is read against them. */
   plan?: { chunkBytes: number; chunks: number };
   private readonly agent: https.Agent;
@@ -100,16 +111,20 @@ export class Source implements Holder {
     });
   }
 
-  /** Whether this request's stall is its own: the source sent bytes of other ranges within the
-   * stall limit, so it is alive, and one connection of several waits (a crowded link's TCP
-   * backs off one flow for seconds at a time while the others go on). */
-  stuckAlone(err: unknown): boolean {
-    return (
-      err instanceof SourceError &&
-      err.reason === "timeout" &&
-      this.lastByteAt > 0 &&
-      performance.now() - this.lastByteAt < this.stallMs
-    );
+  /**
+   * Whether this source keeps its place after a range of chunk `chunk` failed with `err`: a
+   * filling copy that lacks the chunk after all (or has just committed), which then holds
+   * nothing until it says otherwise; and a live source with one stalled stream, unless it
+   * stalled on that chunk before (a read that hangs on its side would stall it every time).
+   */
+  keptAfter(err: unknown, chunk: number): boolean {
+    if (err instanceof NotHeldError) {
+      if (this.have !== "all") this.have = new Uint8Array(0);
+      return true;
+    }
+    if (!(err instanceof StalledStreamError) || this.stalledOn.has(chunk)) return false;
+    this.stalledOn.add(chunk);
+    return true;
   }
 
   /** Gives up on this source: every request in flight to it fails now. */
@@ -308,6 +323,8 @@ export class Source implements Holder {
     if (o.signal?.aborted) return Promise.reject(abortError());
     const end = offset + length - 1;
     const conn = this.conn(fresh);
+    /** When this request last heard from the source (its own timeout runs from then). */
+    let heardAt = performance.now();
     return new Promise<boolean>((resolve, reject) => {
       const size = Math.min(RUN_BYTES, length);
       const free: Buffer[] = [];
@@ -349,6 +366,7 @@ export class Source implements Holder {
         { range: `bytes=${offset}-${end}` },
         {
           head: (status, headers) => {
+            heardAt = performance.now();
             this.heard(status, headers);
             // A filling copy answers 404 in the moment it commits (have.ts): not held, not a fault.
             if ((status === NOT_HELD_STATUS || status === 404) && this.filling && this.have !== "all")
@@ -373,7 +391,7 @@ export class Source implements Holder {
           body: (b) => {
             if (done) return false;
             this.bytes += b.length;
-            this.lastByteAt = performance.now();
+            this.lastByteAt = heardAt = performance.now();
             this.onBytes(this, b.length);
             let flushed = false;
             for (let at = 0; at < b.length;) {
@@ -396,10 +414,15 @@ export class Source implements Holder {
           error: (err, stale) => {
             if ((err as { protocol?: boolean }).protocol)
               return fail(new SourceError("protocol", `source ${this.node}: ${err.message} (${path})`));
-            if ((err as { timeout?: boolean }).timeout)
+            if ((err as { timeout?: boolean }).timeout) {
+              const what = `source ${this.node} sent nothing for ${this.stallMs} ms`;
+              // Other ranges of this source moved since this one last did: this stream alone waits.
               return fail(
-                new SourceError("timeout", `source ${this.node} sent nothing for ${this.stallMs} ms`),
+                this.lastByteAt > heardAt
+                  ? new StalledStreamError(`${what} on one stream while its others went on`)
+                  : new SourceError("timeout", what),
               );
+            }
             fail(stale && !(err instanceof SourceError) ? new StaleSocketError(err.message) : err);
           },
         },
