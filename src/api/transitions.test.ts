@@ -90,7 +90,7 @@ for (const [phase, event, same, other] of ROWS) {
   });
 }
 
-void test("next reads the election from the status, and a promote after its own failed promote is a retry", () => {
+void test("next reads the election from the status; a failed promote is retried only when asked by name", () => {
   assert.equal(next(undefined, "captureStarted", "e1"), "Capturing");
   assert.equal(
     next({ phase: "Failed", electionId: "e1", reason: "CaptureFailed" }, "captureStarted", "e1"),
@@ -104,10 +104,19 @@ void test("next reads the election from the status, and a promote after its own 
     next({ phase: "Failed", electionId: "e1", reason: "CaptureFailed" }, "captured", "e1"),
     "ignore",
   );
+  // A promote resumed on a look from before its failure (the record was Promoting) does not
+  // start over; the retry, asked for at a resync, does.
   assert.equal(
     next({ phase: "Failed", electionId: "e1", reason: "PromoteFailed" }, "captured", "e1"),
+    "ignore",
+  );
+  assert.equal(
+    next({ phase: "Failed", electionId: "e1", reason: "PromoteFailed" }, "retryPromote", "e1"),
     "Promoting",
   );
+  // An election that ended another way is not a promote to retry.
+  for (const reason of ["CaptureFailed", "LeaderGone", "Unsupported"])
+    assert.equal(next({ phase: "Failed", electionId: "e1", reason }, "retryPromote", "e1"), "ignore", reason);
   assert.equal(next({ phase: "Promoting", electionId: "e1" }, "promoted", "e1"), "Ready");
   assert.equal(next({ phase: "Promoting", electionId: "e0" }, "promoted", "e1"), "ignore");
   assert.equal(next({ phase: "Promoting" }, "promoted", "e1"), "ignore", "a status that names no election");

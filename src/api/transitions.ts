@@ -25,7 +25,7 @@ export const CACHE_EVENTS = [
   "captureStarted",
   /** The tree is committed in the store; promote starts. */
   "captured",
-  /** A promote of an election whose own promote failed, tried again. */
+  /** A promote of an election whose own promote failed, tried again (at a resync, not before). */
   "retryPromote",
   /** Every namespace that needs one has its read-only claim: the cache is restorable. */
   "promoted",
@@ -134,12 +134,14 @@ export function transition(phase: CachePhase | undefined, event: CacheEvent, sam
 }
 
 /**
- * The same, from a status and the event's election: same election when the status names it, and
- * a promote (`captured`) of an election whose own promote failed is that promote's retry.
+ * The same, from a status and the event's election: same election when the status names it. A
+ * retry is asked for by name (`retryPromote`), never read into a `captured`: a promote resumed on a
+ * stale look at the record would otherwise start over an election whose promote just failed. It
+ * retries only a promote that failed: an election that ended otherwise stays as it ended.
  */
 export function next(status: ModelCacheStatus | undefined, event: CacheEvent, election: string): Next {
   const same = status?.electionId === election;
-  const retry =
-    event === "captured" && same && status?.phase === "Failed" && status.reason === "PromoteFailed";
-  return transition(status?.phase, retry ? "retryPromote" : event, same);
+  if (event === "retryPromote" && same && status?.phase === "Failed" && status.reason !== "PromoteFailed")
+    return "ignore";
+  return transition(status?.phase, event, same);
 }

@@ -72,7 +72,8 @@ export function cacheReconciler(
       return;
     }
     if (!ours) return;
-    if (status.phase === "Failed" && status.reason === "PromoteFailed") {
+    const retry = status.phase === "Failed" && status.reason === "PromoteFailed";
+    if (retry) {
       // Retried once per resync, never on the record change its own failure made.
       const at = typeof status.lastTransitionTime === "string" ? status.lastTransitionTime : "";
       if (Date.parse(at) >= d.lastResync()) return;
@@ -86,6 +87,9 @@ export function cacheReconciler(
       manifest: tree.manifest,
       election: election!,
       ...(isLeader ? { pod } : {}),
+      // Only a retry may move a failed promote: this look may predate the record's failure
+      // (the promote's own writes queue the cache again while it runs).
+      retry,
     });
   };
 }

@@ -26,6 +26,8 @@ export interface PromoteContext {
   election: string;
   /** The leader the tree was captured from, when known (events, its namespace). */
   pod?: k8s.V1Pod;
+  /** This election's promote failed and is tried again; otherwise a failed promote stays failed. */
+  retry?: boolean;
 }
 
 export class Promoter {
@@ -64,7 +66,7 @@ export class Promoter {
 
     await p.hooks.beforeStatus?.(short, "Promoting");
     // Not over Ready, nor over an election that ended, except to retry its own failed promote.
-    const moved = await p.records.advance(short, election, "captured", {
+    const moved = await p.records.advance(short, election, ctx.retry ? "retryPromote" : "captured", {
       reason: "Captured",
       message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
       ...stats,

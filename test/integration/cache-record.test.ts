@@ -163,10 +163,14 @@ void test("advance on a record that does not exist says so and writes nothing", 
   assert.deepEqual(writes, []);
 });
 
-void test("a promote after this election's own failed promote is its retry", async (t) => {
+void test("a failed promote moves again only on its retry, asked for by name", async (t) => {
   const c = await record(t, { phase: "Failed", reason: "PromoteFailed", electionId: "e1" });
-  const { records } = await recorded();
-  const r = await records.advance(c.metadata.name, "e1", "captured", {
+  const { records, writes } = await recorded();
+  // A promote resumed on a look from before the failure: the failure stands.
+  const resumed = await records.advance(c.metadata.name, "e1", "captured", { reason: "Captured" });
+  assert.equal(resumed?.written, false);
+  assert.deepEqual(writes, []);
+  const r = await records.advance(c.metadata.name, "e1", "retryPromote", {
     reason: "Captured",
     message: "again",
   });

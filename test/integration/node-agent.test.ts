@@ -315,6 +315,14 @@ void test("a namespace whose claim keeps failing publishes the cache Failed, nev
     });
     return evs.items.find((e) => e.reason === "WarmstartPromoteFailed" && e.type === "Warning");
   });
+  // The promote's own writes queued the cache again while it ran: that look, on the informer's
+  // copy from before the failure, must not start it over (the failure stands until a resync).
+  await ta.agent.idle();
+  await sleep(2_000);
+  await ta.agent.idle();
+  assert.equal(fault.hits, 3, "no promote ran again before a resync");
+  assert.equal((await getCache(short))?.status?.phase, "Failed");
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_promotes_total", 'result="failed"'), 1);
 
   // Once the API server takes claims again, the resync retries the promote from the store.
   fault.remove();
