@@ -126,27 +126,13 @@ export async function writeTreeVolume(
 ): Promise<{ namespace: string; name: string }> {
   const name = treeVolumeName(i.short);
   const where = `${i.systemNamespace}/${name}`;
-  for (const [what, create] of [
-    [
-      "claim",
-      () =>
-        c.core.createNamespacedPersistentVolumeClaim({
-          namespace: i.systemNamespace,
-          body: treeVolumeClaim(i),
-        }),
-    ],
-    [
-      "writer pod",
-      () => c.core.createNamespacedPod({ namespace: i.systemNamespace, body: treeWriterPod(i) }),
-    ],
-  ] as const) {
-    try {
-      await create();
-    } catch (err) {
-      if (!isAlreadyExists(err)) throw apiError(`creating the tree volume's ${what} ${where}`, err);
-    }
-  }
   const deadline = Date.now() + i.timeoutMs;
+  await createClaim(c, i, deadline);
+  try {
+    await c.core.createNamespacedPod({ namespace: i.systemNamespace, body: treeWriterPod(i) });
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw apiError(`creating the tree volume's writer pod ${where}`, err);
+  }
   const removeWriter = (uid: string | undefined): Promise<void> =>
     c.core
       .deleteNamespacedPod({
@@ -173,6 +159,10 @@ export async function writeTreeVolume(
       throw new Error(`the writer pod ${where} is gone before it finished`);
     }
     const phase = pod.status?.phase;
+    if (phase === "Pending" && !(await liveClaim(c, i.systemNamespace, name))) {
+      await removeWriter(pod.metadata?.uid);
+      throw new Error(`the tree volume's claim ${where} was removed before its writer ran`);
+    }
     if (phase === "Succeeded") {
       await removeWriter(pod.metadata?.uid);
       return { namespace: i.systemNamespace, name };
@@ -188,6 +178,46 @@ export async function writeTreeVolume(
           : `did not finish in ${Math.round(i.timeoutMs / 1000)} s (${phase ?? "no phase"})`;
       throw new Error(`writing the tree into its volume ${where} ${why}`);
     }
+    await sleep(1_000, undefined, i.signal ? { signal: i.signal } : undefined);
+  }
+}
+
+/** The claim, unless it is gone or going. */
+async function liveClaim(
+  c: PromoteClients,
+  namespace: string,
+  name: string,
+): Promise<k8s.V1PersistentVolumeClaim | undefined> {
+  try {
+    const claim = await c.core.readNamespacedPersistentVolumeClaim({ namespace, name });
+    return claim.metadata?.deletionTimestamp ? undefined : claim;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw apiError(`reading the tree volume's claim ${namespace}/${name}`, err);
+  }
+}
+
+/**
+ * Creates the tree's claim. One left by an earlier try that is still being removed (a failed
+ * snapshot's, held by its protection finalizer a while) is waited out: taking it as this try's
+ * would leave the writer pending on a claim about to vanish. A live one (an agent restarted
+ * mid-write) is this try's.
+ */
+async function createClaim(c: PromoteClients, i: TreeVolumeInput, deadline: number): Promise<void> {
+  const where = `${i.systemNamespace}/${treeVolumeName(i.short)}`;
+  for (;;) {
+    try {
+      await c.core.createNamespacedPersistentVolumeClaim({
+        namespace: i.systemNamespace,
+        body: treeVolumeClaim(i),
+      });
+      return;
+    } catch (err) {
+      if (!isAlreadyExists(err)) throw apiError(`creating the tree volume's claim ${where}`, err);
+    }
+    if (await liveClaim(c, i.systemNamespace, treeVolumeName(i.short))) return;
+    if (Date.now() > deadline)
+      throw new Error(`the tree volume's claim ${where} left by an earlier try is still being removed`);
     await sleep(1_000, undefined, i.signal ? { signal: i.signal } : undefined);
   }
 }

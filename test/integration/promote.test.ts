@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
 import { impersonating, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import { installPolicyCopy } from "../chart.js";
@@ -591,6 +592,82 @@ void test("snapshot-clone publish: a writer that fails, or a snapshot that fails
   );
   await assert.rejects(publishing, /failed: quota exceeded; the snapshot was removed/);
   assert.equal(await read(failed), undefined);
+});
+
+void test("snapshot-clone publish: a tree volume left by an earlier try and still being removed is waited out, and a writer whose claim goes fails at once", async (t) => {
+  if ((await readState())?.processes.some((p) => p.name === "snapshot-controller"))
+    await pauseRole(t, "snapshot-controller");
+  const { kc, core } = await kube();
+  const { ns, className } = await treeVolumeClass(t, "ss-again");
+  const store = { node: "no-such-node", dir: "/var/lib/warmstart/store", treeVolumeClass: className };
+  const described = await describeStore(kc, store);
+  const profile = {
+    ...resolveProfile(new Map(), described.provisioner, described.volumeType),
+    snapshotClass: "hdml",
+  };
+  const input = (short: string): Parameters<typeof publishSource>[1] => ({
+    short,
+    hash: `${short}${"0".repeat(48)}`,
+    writer: { image: "warmstart:test", systemNamespace: ns, timeoutMs: 20_000 },
+    store,
+    storage: described,
+    profile,
+    tree: `/var/lib/warmstart/store/${short}`,
+    sizeBytes: 1,
+    snapshotTimeoutMs: 1_500,
+  });
+  const HOLD = "warmstart.test/hold";
+  const release = (name: string): Promise<unknown> =>
+    core
+      .patchNamespacedPersistentVolumeClaim(
+        { namespace: ns, name, body: { metadata: { finalizers: null } } },
+        mergePatch,
+      )
+      .catch(ignoreNotFound);
+
+  // The previous try's claim, still held by a finalizer after its delete (a failed snapshot's,
+  // which the promote that failed removed just before it was retried).
+  const short = newShort();
+  cleanup(t, short);
+  const name = treeVolumeName(short);
+  const old = treeVolumeClaim({
+    ...input(short),
+    systemNamespace: ns,
+    storageClass: className,
+    node: "no-such-node",
+    tree: "/x",
+    image: "warmstart:test",
+    timeoutMs: 1,
+  });
+  old.metadata!.finalizers = [HOLD];
+  const oldUid = (await core.createNamespacedPersistentVolumeClaim({ namespace: ns, body: old })).metadata!
+    .uid;
+  t.after(() => release(name));
+  await core.deleteNamespacedPersistentVolumeClaim({ namespace: ns, name });
+  const publishing = publishSource(promoteClients(kc), input(short));
+  publishing.catch(() => undefined);
+  await sleep(2_500);
+  // Taking the going claim as its own would leave the writer pending for good once it is gone.
+  await assert.rejects(core.readNamespacedPod({ namespace: ns, name }), isNotFound);
+  await release(name);
+  const { claim } = await playWriter(ns, short, { phase: "Succeeded" });
+  assert.notEqual(claim.metadata?.uid, oldUid, "a claim of its own");
+  assert.equal(claim.metadata?.deletionTimestamp, undefined);
+  await assert.rejects(publishing, /not ready after 2s/);
+
+  // A claim removed under a writer that has not run: the promote fails now, not at its deadline.
+  const gone = newShort();
+  cleanup(t, gone);
+  const writing = publishSource(promoteClients(kc), input(gone));
+  writing.catch(() => undefined);
+  await waitFor("the writer pod", () =>
+    core.readNamespacedPod({ namespace: ns, name: treeVolumeName(gone) }).catch(() => undefined),
+  );
+  const t0 = Date.now();
+  await core.deleteNamespacedPersistentVolumeClaim({ namespace: ns, name: treeVolumeName(gone) });
+  await assert.rejects(writing, /claim .* was removed before its writer ran/);
+  assert.ok(Date.now() - t0 < 10_000, "at once, not after the capture deadline");
+  await assert.rejects(core.readNamespacedPod({ namespace: ns, name: treeVolumeName(gone) }), isNotFound);
 });
 
 void test("the webhook's view: restore settings from the storage-profile ConfigMap, and a claim from the recorded source", async (t) => {
