@@ -10,7 +10,8 @@ import { CACHE_EVENTS, next, transition, type CacheEvent, type Next } from "./tr
  * - leaderSeen (claimLeader): Ready refuses; a status of an earlier election (or none) restarts at
  *   Electing, this election's keeps its phase;
  * - captureStarted, captured (node agent): never over Ready nor over this election's Failed,
- *   except that a failed promote of this election may be retried (retryPromote);
+ *   except that a failed promote of this election may be retried, asked for by name only
+ *   (retryPromote);
  * - promoted: only this election's Promoting becomes Ready;
  * - failed, electionEnded: never over Ready; the first word on how an election ended stands;
  * - deleting: from anything.

@@ -25,7 +25,9 @@ export const CACHE_EVENTS = [
   "captureStarted",
   /** The tree is committed in the store; promote starts. */
   "captured",
-  /** A promote of an election whose own promote failed, tried again (at a resync, not before). */
+  /** A promote of an election whose own promote failed, tried again (at a resync, not before).
+   * Asked for by name only; `next` refuses it over a Failed election that ended another way,
+   * which the table's cells do not know (callers of `transition` alone must check the reason). */
   "retryPromote",
   /** Every namespace that needs one has its read-only claim: the cache is restorable. */
   "promoted",

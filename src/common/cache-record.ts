@@ -129,18 +129,27 @@ export class CacheRecords {
 
   /**
    * Moves the record of `election` by `event` through the phase table (`next` in
-   * src/api/transitions.ts: same election when the status names it, and a `captured` after this
-   * election's own PromoteFailed is its retry), writing the phase with `fields`. Nothing is
-   * written when the table says ignore, or when the record is about another election or being
-   * deleted. The result says whether it was written, and the record as written or found.
+   * src/api/transitions.ts: same election when the status names it; a failed promote moves again
+   * only on `retryPromote`), writing the phase with `fields`. Nothing is written when the table
+   * says ignore, or when the record is about another election or being deleted. A retry given
+   * `failedBefore` (ms) moves only a failure older than that, read on the record being written:
+   * a look at a stale copy never retries a failure written since. The result says whether it
+   * was written, and the record as written or found.
    */
   advance(
     hashOrShort: string,
     election: string | undefined,
     event: CacheEvent,
     fields: Omit<StatusPatch, "phase">,
+    o: { failedBefore?: number } = {},
   ): Promise<{ cache: ModelCacheObject; written: boolean } | undefined> {
     return this.forElection(hashOrShort, election, (c) => {
+      if (event === "retryPromote" && o.failedBefore !== undefined && c.status?.phase === "Failed") {
+        const at = Date.parse(
+          typeof c.status.lastTransitionTime === "string" ? c.status.lastTransitionTime : "",
+        );
+        if (at >= o.failedBefore) return undefined; // a failure with no time reads as old
+      }
       const phase = nextPhase(c.status, event, election!);
       return phase === "ignore" ? undefined : { ...fields, phase };
     });

@@ -138,7 +138,11 @@ test("the record's own election, captured here, is promoted with its leader; ano
     assert.equal(s.promoted.length, 1, phase);
     assert.equal(s.promoted[0]!.election, "e1");
     assert.equal(s.promoted[0]!.pod?.metadata?.uid, "u1");
-    assert.equal(s.promoted[0]!.retry, false, "resumed, not a retry: a failure since then stands");
+    assert.equal(
+      s.promoted[0]!.retryFailedBefore,
+      undefined,
+      "resumed, not a retry: a failure since then stands",
+    );
   }
   const old = setup();
   old.state.cache = record({ phase: "Promoting", electionId: "e1" }, { election: "e2" });
@@ -180,7 +184,11 @@ test("a failed promote is retried at the next resync, never on the change its ow
   s.state.lastResync = s.clock.now();
   await s.pass();
   assert.equal(s.promoted.length, 1);
-  assert.equal(s.promoted[0]!.retry, true);
+  assert.equal(
+    s.promoted[0]!.retryFailedBefore,
+    s.state.lastResync,
+    "only a failure from before this resync",
+  );
   const captureFailed = setup();
   captureFailed.state.cache = record({
     phase: "Failed",

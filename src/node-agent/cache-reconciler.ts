@@ -87,9 +87,10 @@ export function cacheReconciler(
       manifest: tree.manifest,
       election: election!,
       ...(isLeader ? { pod } : {}),
-      // Only a retry may move a failed promote: this look may predate the record's failure
-      // (the promote's own writes queue the cache again while it runs).
-      retry,
+      // Only a retry may move a failed promote, and only a failure from before the last resync,
+      // checked on the record as written: this look may predate a failure (the promote's own
+      // writes queue the cache again while it runs).
+      ...(retry ? { retryFailedBefore: d.lastResync() } : {}),
     });
   };
 }

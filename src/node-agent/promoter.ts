@@ -26,8 +26,9 @@ export interface PromoteContext {
   election: string;
   /** The leader the tree was captured from, when known (events, its namespace). */
   pod?: k8s.V1Pod;
-  /** This election's promote failed and is tried again; otherwise a failed promote stays failed. */
-  retry?: boolean;
+  /** This election's promote failed before this time (ms: the last resync's start) and is tried
+   * again; a failure since then, or without this, stands. */
+  retryFailedBefore?: number;
 }
 
 export class Promoter {
@@ -66,11 +67,18 @@ export class Promoter {
 
     await p.hooks.beforeStatus?.(short, "Promoting");
     // Not over Ready, nor over an election that ended, except to retry its own failed promote.
-    const moved = await p.records.advance(short, election, ctx.retry ? "retryPromote" : "captured", {
-      reason: "Captured",
-      message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
-      ...stats,
-    });
+    const retry = ctx.retryFailedBefore;
+    const moved = await p.records.advance(
+      short,
+      election,
+      retry === undefined ? "captured" : "retryPromote",
+      {
+        reason: "Captured",
+        message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
+        ...stats,
+      },
+      retry === undefined ? {} : { failedBefore: retry },
+    );
     if (!moved) {
       log.info("skipped promote: the cache has no record (removed on purpose)");
       return "skipped";

@@ -164,16 +164,34 @@ void test("advance on a record that does not exist says so and writes nothing", 
 });
 
 void test("a failed promote moves again only on its retry, asked for by name", async (t) => {
-  const c = await record(t, { phase: "Failed", reason: "PromoteFailed", electionId: "e1" });
+  const failedAt = Date.now();
+  const c = await record(t, {
+    phase: "Failed",
+    reason: "PromoteFailed",
+    electionId: "e1",
+    lastTransitionTime: new Date(failedAt).toISOString(),
+  });
   const { records, writes } = await recorded();
   // A promote resumed on a look from before the failure: the failure stands.
   const resumed = await records.advance(c.metadata.name, "e1", "captured", { reason: "Captured" });
   assert.equal(resumed?.written, false);
+  // A retry decided on a stale look, for a resync that began before this failure: it stands too.
+  const early = await records.advance(
+    c.metadata.name,
+    "e1",
+    "retryPromote",
+    {},
+    { failedBefore: failedAt - 60_000 },
+  );
+  assert.equal(early?.written, false);
   assert.deepEqual(writes, []);
-  const r = await records.advance(c.metadata.name, "e1", "retryPromote", {
-    reason: "Captured",
-    message: "again",
-  });
+  const r = await records.advance(
+    c.metadata.name,
+    "e1",
+    "retryPromote",
+    { reason: "Captured", message: "again" },
+    { failedBefore: failedAt + 60_000 },
+  );
   assert.equal(r?.written, true);
   const s = (await now(c.metadata.name)).status!;
   assert.deepEqual([s.phase, s.reason, s.message], ["Promoting", "Captured", "again"]);
