@@ -232,11 +232,15 @@ test("the dashboard and the operators' API show caches, elections and pods", asy
   const page = await fetch(url);
   assert.equal(page.status, 200);
   assert.match(await page.text(), /Time to ready/);
-  const snap = (await (await fetch(`${url}/api/snapshot`)).json()) as {
+  type Snapshot = {
     elections: { hash: string; followers: number }[];
     pods: { namespace: string; role: string }[];
   };
-  assert.equal(snap.elections.find((e) => e.hash === shortHash(hash))?.followers, 1);
+  // Served from the server's informers: the pods just made show up once their watch events do.
+  const snap = await waitFor("the snapshot to show the election's follower", async () => {
+    const s = (await (await fetch(`${url}/api/snapshot`)).json()) as Snapshot;
+    return s.elections.find((e) => e.hash === shortHash(hash))?.followers === 1 ? s : undefined;
+  });
   assert.deepEqual(
     snap.pods
       .filter((p) => p.namespace === ns)
