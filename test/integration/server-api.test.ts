@@ -101,7 +101,12 @@ void test("the snapshot is served from the controller's caches: no API call per 
   await fetchSnapshot(proxy.kubeConfig(), SYSTEM_NAMESPACE);
   const lists = proxy.requests.slice(listed).map((r) => `${r.method} ${r.path}`);
   t.diagnostic(`one snapshot listed from the API server: ${lists.join(", ")}`);
-  assert.equal(lists.length, 4, "the counter sees LISTs when there are some (with the node stores')");
+  // At least those four: the server's own informers go through this proxy too, and a relist of
+  // theirs can land in the window.
+  assert.ok(
+    lists.length >= 4,
+    `the counter sees LISTs when there are some (with the node stores'): ${lists.length}`,
+  );
 
   // A pod created now reaches the snapshot through the watch.
   await stamped("second");
