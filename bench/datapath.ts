@@ -16,12 +16,15 @@ import { randomBytes } from "node:crypto";
 import {
   closeSync,
   existsSync,
+  mkdirSync,
   mkdtempSync,
   openSync,
   readFileSync,
   readdirSync,
+  renameSync,
   rmSync,
   statfsSync,
+  truncateSync,
 } from "node:fs";
 import { mkdir, open, rm, writeFile } from "node:fs/promises";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
@@ -135,6 +138,21 @@ async function timed(fn: () => unknown): Promise<Sample> {
   return { wall, cpu };
 }
 
+/**
+ * Moves a finished run's tree out of the way without deleting its files: each is emptied (its
+ * blocks freed) and the tree renamed into `trash`, removed with the bench's folder at the end.
+ * On ext4 without a journal, creating a file soon after thousands were deleted scans past every
+ * inode freed in the last minutes (ialloc.c, recently_deleted): measured here, 20,000 creates
+ * took 3 to 10 times as long, and each run's figure depended on what ran just before it.
+ */
+function retire(path: string, trash: string): void {
+  if (!existsSync(path)) return;
+  for (const e of readdirSync(path, { withFileTypes: true, recursive: true }))
+    if (e.isFile()) truncateSync(join(e.parentPath, e.name), 0);
+  mkdirSync(trash, { recursive: true });
+  renameSync(path, join(trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`));
+}
+
 /** Flushes dirty pages so each measured run starts from the same state. */
 const settle = (): void => void sh("sync");
 
@@ -229,15 +247,15 @@ export async function runDatapathBench(): Promise<void> {
     // --- capture vs cp -a (source warm in the page cache, as on a leader that just loaded it)
     const t: Record<string, Sample[]> = { cap: [], capSha: [], cp: [], capSync: [], cpSync: [] };
     let method = "";
-    const fresh = async (name: string): Promise<string> => {
+    const fresh = (name: string): string => {
       const p = join(dir, name);
-      await rm(p, { recursive: true, force: true });
+      retire(p, join(dir, "retired"));
       settle();
       return p;
     };
     const one = {
       cap: async (): Promise<void> => {
-        const dest = await fresh("cap");
+        const dest = fresh("cap");
         t.cap?.push(
           await timed(
             async () =>
@@ -246,21 +264,21 @@ export async function runDatapathBench(): Promise<void> {
         );
       },
       capSha: async (): Promise<void> => {
-        const dest = await fresh("cap");
+        const dest = fresh("cap");
         t.capSha?.push(
           await timed(() => capture({ src, dest, progress: false, durable: false, digest: "sha256" })),
         );
       },
       cp: async (): Promise<void> => {
-        const dest = await fresh("cp");
+        const dest = fresh("cp");
         t.cp?.push(await timed(() => sh(`cp -a '${src}' '${dest}'`)));
       },
       capSync: async (): Promise<void> => {
-        const dest = await fresh("cap");
+        const dest = fresh("cap");
         t.capSync?.push(await timed(() => capture({ src, dest, progress: false })));
       },
       cpSync: async (): Promise<void> => {
-        const dest = await fresh("cp");
+        const dest = fresh("cp");
         t.cpSync?.push(await timed(() => sh(`cp -a '${src}' '${dest}' && sync -f '${dest}'`)));
       },
     };
@@ -271,12 +289,12 @@ export async function runDatapathBench(): Promise<void> {
           : [one.cpSync, one.capSync, one.capSha, one.cp, one.cap];
       for (const f of order) await f();
     }
-    await fresh("cap");
-    await fresh("cp");
+    fresh("cap");
+    fresh("cp");
 
     // --- peak RSS of a capture run through the CLI
     let rss = "n/a";
-    const dest = await fresh("rss");
+    const dest = fresh("rss");
     if (existsSync("/usr/bin/time")) {
       const r = spawnSync(
         "/usr/bin/time",
@@ -302,7 +320,7 @@ export async function runDatapathBench(): Promise<void> {
       encoding: "utf8",
     });
     const baseKb = Number(/(\d+)\s*$/.exec(baseRss.stderr.trim())?.[1]);
-    await fresh("rss");
+    fresh("rss");
 
     // --- prewarm vs find | xargs cat, from disk: the tree's pages dropped before each run
     settle();
