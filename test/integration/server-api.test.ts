@@ -21,7 +21,13 @@ const TOKEN = "server-api-it-token-0001";
 function pod(name: string, short: string): k8s.V1Pod {
   return {
     metadata: { name, labels: { [LABEL_HASH]: short }, annotations: { [ANN_ROLE]: "restore" } },
-    spec: { containers: [{ name: "c", image: "img:1" }] },
+    // Held out of scheduling by a gate of the test's own: nothing updates the pod afterwards, so
+    // no event makes the server reconcile it (and call the API server) while snapshots are
+    // counted. Unheld, a pod being scheduled and failing to pull kept changing for seconds.
+    spec: {
+      schedulingGates: [{ name: "example.com/test-hold" }],
+      containers: [{ name: "c", image: "img:1" }],
+    },
   };
 }
 
