@@ -174,7 +174,7 @@ export function controlPlaneRoutes(d: RouteDeps): Route[] {
         const deadline = Date.now() + b.waitSeconds * 1000;
         for (;;) {
           if (shutdown.aborted) return { messages: [] };
-          const messages = store.receive(id, b.queue, {
+          const { messages, nextVisibleAt: next } = store.receive(id, b.queue, {
             gpuTypes: b.gpuTypes,
             maxMessages: b.maxMessages,
             visibilityTimeoutSeconds: vt,
@@ -183,7 +183,6 @@ export function controlPlaneRoutes(d: RouteDeps): Route[] {
           const left = deadline - Date.now();
           if (messages.length > 0 || left <= 0 || signal.aborted) return { messages };
           // Wake on a new message, on a timed-out delivery becoming visible, or at the deadline.
-          const next = store.nextVisibleAt(id, b.queue);
           await waiters.wait(
             queueKey(id, b.queue),
             Math.min(left, next === undefined ? left : next - Date.now()),

@@ -15,6 +15,12 @@ export interface QueueDepth {
   inflight: number;
 }
 
+export interface Received {
+  messages: QueueMessage[];
+  /** When the earliest message of the queue still invisible becomes visible, if any. */
+  nextVisibleAt: number | undefined;
+}
+
 export class MessageQueues {
   constructor(private readonly db: StoreDatabase) {}
 
@@ -55,11 +61,16 @@ export class MessageQueues {
     }
   }
 
+  /**
+   * Up to `maxMessages` visible messages, each given a fresh receipt, and when the next one now
+   * invisible becomes visible (for long polls). Both are read at one instant: looked up apart, a
+   * message due between the two readings was neither received nor waited for.
+   */
   receive(
     clusterId: string,
     queue: QueueName,
     opts: { gpuTypes?: string[] | undefined; maxMessages: number; visibilityTimeoutSeconds: number },
-  ): QueueMessage[] {
+  ): Received {
     return this.db.tx(() => {
       const now = this.db.now();
       const filter = queue === "deploy" && opts.gpuTypes !== undefined;
@@ -78,7 +89,7 @@ export class MessageQueues {
       const update = this.db.prepare(
         "UPDATE messages SET receipt = ?, receive_count = receive_count + 1, visible_at = ? WHERE id = ?",
       );
-      return rows.map((m) => {
+      const messages = rows.map((m) => {
         const receipt = randomBytes(24).toString("base64url");
         update.run(receipt, now + opts.visibilityTimeoutSeconds * 1000, m.id);
         return {
@@ -88,17 +99,13 @@ export class MessageQueues {
           body: JSON.parse(m.body) as MessageBody,
         };
       });
+      const next = this.db
+        .prepare(
+          "SELECT MIN(visible_at) AS t FROM messages WHERE cluster_id = ? AND queue = ? AND visible_at > ?",
+        )
+        .get(clusterId, queue, now) as { t: number | null };
+      return { messages, nextVisibleAt: next.t ?? undefined };
     });
-  }
-
-  /** When the next invisible message on this queue becomes visible (for long polls), if any. */
-  nextVisibleAt(clusterId: string, queue: QueueName): number | undefined {
-    const row = this.db
-      .prepare(
-        "SELECT MIN(visible_at) AS t FROM messages WHERE cluster_id = ? AND queue = ? AND visible_at > ?",
-      )
-      .get(clusterId, queue, this.db.now()) as { t: number | null };
-    return row.t ?? undefined;
   }
 
   ack(clusterId: string, receiptHandles: string[]): AckResponse {

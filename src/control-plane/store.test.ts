@@ -94,7 +94,7 @@ void test("re-registering without a namespace takes back the undelivered request
   assert.deepEqual(
     store
       .receive("alpha", "deploy", { maxMessages: 10, visibilityTimeoutSeconds: 30 })
-      .map((m) => m.body.requestId),
+      .messages.map((m) => m.body.requestId),
     [s.id],
   );
 });
@@ -137,7 +137,7 @@ void test("requests: filtered by status, 404 for unknown ones, and Terminated is
   assert.equal(store.hasCluster("alpha"), true);
   assert.equal(store.hasCluster("nope"), false);
 
-  const [msg] = store.receive("alpha", "deploy", { maxMessages: 1, visibilityTimeoutSeconds: 30 });
+  const [msg] = store.receive("alpha", "deploy", { maxMessages: 1, visibilityTimeoutSeconds: 30 }).messages;
   store.ack("alpha", [msg!.receiptHandle]);
   store.reportStatus("alpha", placed.id, { phase: "Running", instances: [] });
   assert.equal(store.terminate(placed.id).status, "Terminating");
@@ -153,5 +153,28 @@ void test("requests: filtered by status, 404 for unknown ones, and Terminated is
       { status: "Queued", n: 1 },
       { status: "Terminated", n: 1 },
     ],
+  );
+});
+
+void test("a receive tells when to look again from the instant it looked: a message due just after is waited for", async (t) => {
+  // Every reading of this clock is 1 ms later than the one before, as a loaded machine's may be.
+  let clock = 1_000_000;
+  const store = new Store({ path: await tempDb(t), now: () => clock++ });
+  t.after(() => store.close());
+  store.register({ clusterId: "alpha", inventory: [{ gpuType: "H100", count: 1 }] });
+  store.submit({ name: "one", namespace: "serving", model: "m", image: "i", gpus: 1, replicas: 1 });
+  const [msg] = store.receive("alpha", "deploy", { maxMessages: 1, visibilityTimeoutSeconds: 30 }).messages;
+  assert.ok(msg);
+  clock = 2_000_000;
+  store.release("alpha", msg.receiptHandle, 1); // visible again at 2,001,000
+  // The receive looks 1 ms before the message is due; the clock has reached it by the next reading.
+  clock = 2_000_999;
+  const looked = store.receive("alpha", "deploy", { maxMessages: 1, visibilityTimeoutSeconds: 30 });
+  assert.deepEqual(looked.messages, []);
+  assert.equal(looked.nextVisibleAt, 2_001_000, "the long poll waits for the message, not its deadline");
+  clock = 2_001_000;
+  assert.equal(
+    store.receive("alpha", "deploy", { maxMessages: 1, visibilityTimeoutSeconds: 30 }).messages[0]?.messageId,
+    msg.messageId,
   );
 });

@@ -15,7 +15,6 @@ import type {
   Instance,
   Instruction,
   Inventory,
-  QueueMessage,
   QueueName,
   ReportedPhase,
   RequestStatus,
@@ -24,14 +23,14 @@ import type {
 import { Clusters, type ClusterRegistration } from "./store-clusters.js";
 import { QueueCredentials, type TokenIdentity } from "./store-credentials.js";
 import { StoreDatabase, type StoreOptions } from "./store-database.js";
-import { MessageQueues, type QueueDepth } from "./store-queues.js";
+import { MessageQueues, type QueueDepth, type Received } from "./store-queues.js";
 import { Requests, type NewRequest } from "./store-requests.js";
 import { Scheduler } from "./store-scheduler.js";
 
 export { hashToken, type TokenIdentity } from "./store-credentials.js";
 export type { ClusterRegistration } from "./store-clusters.js";
 export type { StoreOptions } from "./store-database.js";
-export type { QueueDepth } from "./store-queues.js";
+export type { QueueDepth, Received } from "./store-queues.js";
 export type { NewRequest } from "./store-requests.js";
 
 export class Store {
@@ -145,13 +144,8 @@ export class Store {
     clusterId: string,
     queue: QueueName,
     opts: { gpuTypes?: string[] | undefined; maxMessages: number; visibilityTimeoutSeconds: number },
-  ): QueueMessage[] {
+  ): Received {
     return this.queues.receive(clusterId, queue, opts);
-  }
-
-  /** When the next invisible message on this queue becomes visible (for long polls), if any. */
-  nextVisibleAt(clusterId: string, queue: QueueName): number | undefined {
-    return this.queues.nextVisibleAt(clusterId, queue);
   }
 
   ack(clusterId: string, receiptHandles: string[]): AckResponse {
