@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { HaveBits, parseHave, perSourceLimit, pickWork, rotatedOrder, type Holder } from "./have.js";
+import { pickSource } from "./plan.js";
 
 const holder = (have: Holder["have"], o: Partial<Holder> = {}): Holder => ({
   alive: true,
@@ -68,4 +69,64 @@ void test("one source gets every stream, many share them with at least two each"
   assert.equal(perSourceLimit(8, 3), 3);
   assert.equal(perSourceLimit(8, 17), 2);
   assert.equal(perSourceLimit(8, 0), 8);
+});
+
+/** pickWork as its comment defines it, chunk by chunk and holder by holder: what the bitmap
+ * version must always agree with. */
+function pickWorkByDefinition(
+  queue: readonly number[],
+  holders: readonly Holder[],
+  perSource: number,
+): { at: number; source: number } | undefined {
+  const bit = (b: Uint8Array | undefined, i: number): boolean => (((b?.[i >> 3] ?? 0) >> (i & 7)) & 1) === 1;
+  const holds = (h: Holder, c: number): boolean => h.have === "all" || bit(h.have, c);
+  const fetches = (h: Holder, c: number): boolean => bit(h.fetching, c);
+  const open = holders.map((h) => h.alive && h.inflight < perSource);
+  const rarity = queue.map((c) => holders.filter((h) => h.alive && (holds(h, c) || fetches(h, c))).length);
+  const spread = queue.map((c) =>
+    holders.some((h, i) => h.have !== "all" && ((open[i] && holds(h, c)) || (h.alive && fetches(h, c)))),
+  );
+  const wanted = (h: Holder, at: number): boolean =>
+    holds(h, queue[at] as number) && (h.have !== "all" || !spread[at]);
+  const useful = holders.map((h, i) => (open[i] as boolean) && queue.some((_, at) => wanted(h, at)));
+  const source = pickSource(holders.map((h, i) => ({ ...h, alive: useful[i] as boolean })));
+  if (source === undefined) return undefined;
+  let best: number | undefined;
+  for (let at = 0; at < queue.length; at++)
+    if (
+      wanted(holders[source] as Holder, at) &&
+      (best === undefined || (rarity[at] as number) < (rarity[best] as number))
+    )
+      best = at;
+  return best === undefined ? undefined : { at: best, source };
+}
+
+void test("the scheduler agrees with its definition on random swarms (queues, holders, loads, dead and filling copies)", () => {
+  let seed = 20261203;
+  const rnd = (): number => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+  const bitmap = (chunks: number, p: number): Uint8Array => {
+    const b = new HaveBits(chunks);
+    for (let i = 0; i < chunks; i++) if (rnd() < p) b.set(i, true);
+    return b.bits;
+  };
+  for (let round = 0; round < 2000; round++) {
+    const chunks = 1 + Math.floor(rnd() * 70);
+    const queue = rotatedOrder(chunks, rnd()).filter(() => rnd() < 0.7);
+    if (rnd() < 0.3) queue.unshift(...queue.splice(Math.floor(rnd() * queue.length), 1)); // a retry
+    const holders: Holder[] = Array.from({ length: 1 + Math.floor(rnd() * 6) }, () =>
+      holder(rnd() < 0.3 ? "all" : bitmap(chunks, rnd()), {
+        alive: rnd() < 0.85,
+        inflight: Math.floor(rnd() * 4),
+        others: Math.floor(rnd() * 3),
+        bytes: Math.floor(rnd() * 3),
+        ...(rnd() < 0.6 ? { fetching: bitmap(chunks, rnd() * 0.3) } : {}),
+      }),
+    );
+    const perSource = 1 + Math.floor(rnd() * 3);
+    assert.deepEqual(
+      pickWork(queue, holders, perSource),
+      pickWorkByDefinition(queue, holders, perSource),
+      `round ${round}: ${JSON.stringify({ queue, perSource })}`,
+    );
+  }
 });

@@ -72,7 +72,6 @@ export interface Holder extends SourceLoad {
 
 const bit = (b: Uint8Array, i: number): boolean => ((b[i >> 3] ?? 0) & (1 << (i & 7))) !== 0;
 export const holds = (h: Holder, chunk: number): boolean => h.have === "all" || bit(h.have, chunk);
-const fetches = (h: Holder, chunk: number): boolean => h.fetching !== undefined && bit(h.fetching, chunk);
 
 /**
  * The next chunk to fetch and where from. A filling copy is worth asking for any queued chunk it
@@ -91,22 +90,66 @@ export function pickWork(
 ): { at: number; source: number } | undefined {
   if (queue.length === 0) return undefined;
   const open = holders.map((h) => h.alive && h.inflight < perSource);
-  // Per queued chunk: live holders, and whether a filling copy that is open holds it.
-  const rarity = queue.map((c) => holders.filter((h) => h.alive && (holds(h, c) || fetches(h, c))).length);
-  const spread = queue.map((c) =>
-    holders.some((h, i) => h.have !== "all" && ((open[i] && holds(h, c)) || (h.alive && fetches(h, c)))),
+  // The usual case: a worker woken by another's finished chunk while every source is at its limit.
+  if (!open.includes(true)) return undefined;
+  // Called for every chunk of a tree by every worker: bitmaps over plan chunks, a byte (eight
+  // chunks) at a time, keep it linear in the queue, not queue times holders.
+  let top = 0;
+  for (const c of queue) if (c > top) top = c;
+  const size = (top >> 3) + 1;
+  const queued = new Uint8Array(size);
+  for (const c of queue) queued[c >> 3] = (queued[c >> 3] as number) | (1 << (c & 7));
+  // Chunks a filling copy that is open holds, or a live one is fetching: not the origin's job.
+  const spread = new Uint8Array(size);
+  holders.forEach((h, i) => {
+    if (h.have === "all") return;
+    if (open[i]) orInto(spread, h.have);
+    if (h.alive && h.fetching) orInto(spread, h.fetching);
+  });
+  const forCommitted = queued.map((q, b) => q & ~(spread[b] as number));
+  const committedUseful = forCommitted.some((x) => x !== 0);
+  const useful = holders.map(
+    (h, i) => (open[i] as boolean) && (h.have === "all" ? committedUseful : intersects(queued, h.have)),
   );
-  const wanted = (h: Holder, at: number): boolean =>
-    holds(h, queue[at] as number) && (h.have !== "all" || !spread[at]);
-  const useful = holders.map((h, i) => (open[i] as boolean) && queue.some((_, at) => wanted(h, at)));
   const source = pickSource(holders.map((h, i) => ({ ...h, alive: useful[i] as boolean })));
   if (source === undefined) return undefined;
-  const chosen = holders[source] as Holder;
+  const chosen = (holders[source] as Holder).have;
+  const wanted = chosen === "all" ? forCommitted : queued.map((q, b) => q & (chosen[b] ?? 0));
+  // Rarity: live filling copies holding or fetching each wanted chunk (every live committed copy
+  // holds all of them, the same for each). The least, earliest in the queue among equals.
+  const rarity = new Uint16Array(size * 8);
+  for (const h of holders) {
+    if (!h.alive || h.have === "all") continue;
+    const { have, fetching = have } = h;
+    for (let b = 0; b < size; b++) {
+      let x = (wanted[b] as number) & ((have[b] ?? 0) | (fetching[b] ?? 0));
+      for (; x !== 0; x &= x - 1) {
+        const c = b * 8 + lowestBit(x);
+        rarity[c] = (rarity[c] as number) + 1;
+      }
+    }
+  }
   let best: number | undefined;
-  for (let at = 0; at < queue.length; at++)
-    if (wanted(chosen, at) && (best === undefined || (rarity[at] as number) < (rarity[best] as number)))
-      best = at;
+  let least = Infinity;
+  for (let at = 0; at < queue.length; at++) {
+    const c = queue[at] as number;
+    if (bit(wanted, c) && (rarity[c] as number) < least) [best, least] = [at, rarity[c] as number];
+  }
   return best === undefined ? undefined : { at: best, source };
+}
+
+/** The position of the lowest set bit of `x` (x & -x isolates it). */
+const lowestBit = (x: number): number => 31 - Math.clz32(x & -x);
+
+function orInto(into: Uint8Array, from: Uint8Array): void {
+  const n = Math.min(into.length, from.length);
+  for (let b = 0; b < n; b++) into[b] = (into[b] as number) | (from[b] as number);
+}
+
+function intersects(a: Uint8Array, b: Uint8Array): boolean {
+  const n = Math.min(a.length, b.length);
+  for (let k = 0; k < n; k++) if (((a[k] as number) & (b[k] as number)) !== 0) return true;
+  return false;
 }
 
 /** Most of our requests one source gets: all of them when it is alone, fewer when there are

@@ -42,6 +42,7 @@ import {
   type TreePlan,
 } from "./plan.js";
 import { fillingTree, HaveBits, perSourceLimit, pickWork, rotatedOrder } from "./have.js";
+import { IdleWorkers } from "./idle-workers.js";
 import { manifestDigestOf, readStoredManifest } from "./server.js";
 import {
   ReplicationError,
@@ -49,6 +50,7 @@ import {
   type ReplicateOptions,
   type ReplicateResult,
 } from "./options.js";
+import { SharedFiles } from "./shared-files.js";
 import { LocalIoError, pollFilling, Source, SourceError, type DropReason } from "./source.js";
 
 export { ReplicationError, type ReplicaSource, type ReplicateOptions, type ReplicateResult };
@@ -130,7 +132,8 @@ class Run {
   readonly dropped: { node: string; reason: DropReason }[] = [];
   plan?: TreePlan;
   private failure?: Error;
-  private queue: Chunk[] = [];
+  /** Plan chunk indices still to fetch, in the order they are wanted. */
+  private queue: number[] = [];
   private own?: HaveBits;
   private fetching?: HaveBits;
   private unserve?: () => void;
@@ -140,9 +143,10 @@ class Run {
   private remaining: number[] = [];
   /** Per file, the source index that sent each chunk (by offset / chunkBytes). */
   private owner: (number | undefined)[][] = [];
-  private readonly retried = new Set<Chunk>();
+  private readonly retried = new Set<number>();
   private busy = 0;
-  private waiters: (() => void)[] = [];
+  private readonly idle = new IdleWorkers();
+  private readonly files = new SharedFiles();
   private doneBytes = 0;
   private staging?: string;
   private readonly chunkBytes: number;
@@ -165,7 +169,7 @@ class Run {
     const known = this.sources.find((s) => s.url.href === new URL(r.url).href);
     if (known) {
       if (!r.filling && known.have !== "all") known.have = "all";
-      return this.wake();
+      return this.idle.wake();
     }
     const stallMs = this.o.stallMs ?? 30_000;
     const s = new Source(
@@ -176,11 +180,11 @@ class Run {
       stallMs,
       (src, n) => this.o.metrics?.receivedBytes.inc({ source: src.node }, n),
       r.filling ?? false,
-      () => this.wake(),
+      () => this.idle.wake(),
     );
     if (this.plan) s.plan = { chunkBytes: this.chunkBytes, chunks: this.plan.chunks.length };
     this.sources.push(s);
-    this.wake();
+    this.idle.wake();
   }
 
   async go(dest: string): Promise<void> {
@@ -197,7 +201,7 @@ class Run {
     const staging = (this.staging = stagingPath(dest));
     activeStaging.add(staging);
     await makeSkeleton(staging, plan);
-    this.queue = rotatedOrder(plan.chunks.length, this.o.startAt ?? 0).map((k) => plan.chunks[k] as Chunk);
+    this.queue = rotatedOrder(plan.chunks.length, this.o.startAt ?? 0);
     [this.own, this.fetching] = [new HaveBits(plan.chunks.length), new HaveBits(plan.chunks.length)];
     const parts = { raw, manifest, meta, staging };
     this.unserve = this.o.serveFilling?.(fillingTree(plan, this.chunkBytes, this.own, this.fetching, parts));
@@ -254,7 +258,7 @@ class Run {
     if (this.failure) return;
     this.failure = err;
     for (const s of this.sources) s.close();
-    this.wake();
+    this.idle.wake(true);
   }
 
   private noSourceLeft(what: string): ReplicationError {
@@ -339,30 +343,13 @@ class Run {
     }
   }
 
-  private wake(): void {
-    const w = this.waiters;
-    this.waiters = [];
-    for (const f of w) f();
-  }
-
-  /** Until something changes (a chunk done, a source's news), or a second. */
-  private idle(): Promise<void> {
-    return new Promise<void>((resolve) => {
-      const t = setTimeout(resolve, 1000);
-      this.waiters.push(() => {
-        clearTimeout(t);
-        resolve();
-      });
-    });
-  }
-
   private async worker(): Promise<void> {
     for (;;) {
       if (this.failure) return;
       // Nothing queued and nobody working: done. Otherwise a failed chunk may come back.
-      if (this.queue.length === 0 && this.busy === 0) return this.wake();
+      if (this.queue.length === 0 && this.busy === 0) return this.idle.wake(true);
       const work = pickWork(
-        this.queue.map((c) => c.index),
+        this.queue,
         this.sources,
         perSourceLimit(this.streams, this.sources.filter((s) => s.alive).length),
       );
@@ -372,21 +359,22 @@ class Run {
         const stallMs = this.o.stallMs ?? 30_000;
         if (this.queue.length > 0 && this.busy === 0 && performance.now() - this.lastProgress > stallMs)
           return this.fail(this.noSourceLeft(`holding the chunks still missing after ${stallMs} ms`));
-        await this.idle();
+        await this.idle.wait(1000);
         continue;
       }
-      const c = this.queue.splice(work.at, 1)[0] as Chunk;
+      const c = (this.plan as TreePlan).chunks[this.queue.splice(work.at, 1)[0] as number] as Chunk;
       // In flight from the pick on: workers picking in this same tick would all take the same
       // least busy source, past its per-source limit, if it counted only once the request went.
       const unclaim = (this.sources[work.source] as Source).claim();
       this.busy++;
+      this.idle.wake();
       try {
         await this.pull(c, work.source, unclaim);
       } catch (err) {
         this.fail(err as Error);
       } finally {
         this.busy--;
-        this.wake();
+        this.idle.wake();
       }
     }
   }
@@ -400,11 +388,11 @@ class Run {
   private async pull(c: Chunk, i: number, unclaim: () => void): Promise<void> {
     const s = this.sources[i] as Source;
     const f = this.fileOf(c.file);
-    const first = !this.retried.has(c);
-    this.retried.add(c);
+    const first = !this.retried.has(c.index);
+    this.retried.add(c.index);
     let fh: FileHandle;
     try {
-      fh = await open(f.path, "r+");
+      fh = await this.files.acquire(c.file, f.path);
     } finally {
       unclaim(); // in the step that calls fetchRange, which counts the request from then on
     }
@@ -417,11 +405,11 @@ class Run {
       });
     } catch (err) {
       if (!s.keptAfter(err, c.index)) this.sourceFailed(s, err);
-      if (!this.failure) this.queue.unshift(c);
+      if (!this.failure) this.queue.unshift(c.index);
       return;
     } finally {
       this.fetching?.set(c.index, false);
-      await fh.close();
+      await this.files.release(c.file);
     }
     (this.owner[c.file] as (number | undefined)[])[Math.floor(c.offset / this.chunkBytes)] = i;
     this.own?.set(c.index, true);
