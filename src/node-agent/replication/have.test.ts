@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { deflateRawSync } from "node:zlib";
 import { HaveBits, parseHave, perSourceLimit, pickWork, rotatedOrder, type Holder } from "./have.js";
 import { pickSource } from "./plan.js";
 
@@ -129,4 +130,26 @@ void test("the scheduler agrees with its definition on random swarms (queues, ho
       `round ${round}: ${JSON.stringify({ queue, perSource })}`,
     );
   }
+});
+
+void test("a have header stays small for a big tree, follows every change, and refuses what does not inflate to the plan", () => {
+  const chunks = 16_384; // 1 GiB in 64 KiB chunks
+  const own = new HaveBits(chunks);
+  const fetching = new HaveBits(chunks);
+  for (let i = 4096; i < 12_000; i++) own.set(i, true);
+  fetching.set(12_000, true);
+  const header = own.header(65_536, fetching);
+  assert.ok(header.length < 200, `a filling copy's runs take ${header.length} characters, not 5,400`);
+  assert.equal(parseHave(header, 65_536, chunks)?.have.filter((b) => b === 0xff).length, 7904 / 8);
+  own.set(12_000, true);
+  fetching.set(12_000, false);
+  const next = parseHave(own.header(65_536, fetching), 65_536, chunks);
+  assert.equal(next?.have[12_000 >> 3], 1, "the next answer says what changed");
+  assert.equal(next?.fetching[12_000 >> 3], 0);
+
+  const b64 = (b: Buffer): string => b.toString("base64");
+  const bomb = b64(deflateRawSync(Buffer.alloc(64 << 20)));
+  assert.equal(parseHave(`65536:${bomb}:${bomb}`, 65_536, chunks), undefined, "inflates past the plan");
+  const raw = b64(Buffer.from(own.bits));
+  assert.equal(parseHave(`65536:${raw}:${raw}`, 65_536, chunks), undefined, "not deflated");
 });

@@ -13,7 +13,9 @@ import {
   writeSync,
 } from "node:fs";
 import { readdir, readFile, readlink, rename, rm, symlink } from "node:fs/promises";
+import { once } from "node:events";
 import https from "node:https";
+import tls from "node:tls";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { Registry } from "prom-client";
@@ -38,7 +40,7 @@ import {
 import { createReplicationMetrics, type ReplicationMetrics } from "../metrics.js";
 import { CacheStore } from "../store.js";
 import { parseManifest } from "../../datapath/manifest.js";
-import { HaveBits } from "./have.js";
+import { HaveBits, parseHave } from "./have.js";
 import { ACTIVE_STREAMS_HEADER, paths, planTree, TreeMetaSchema } from "./plan.js";
 import { replicateTree, ReplicationError, type ReplicateOptions } from "./receiver.js";
 import { manifestDigestOf, PeerServer, type FillingTree, type PeerServerOptions } from "./server.js";
@@ -541,12 +543,14 @@ void test("two nodes filling at once serve each other the chunks they hold, and 
     (ra.bySource.origin ?? 0) + (rb.bySource.origin ?? 0) < 2 * ra.totalBytes,
     "the origin sent less than two trees",
   );
-  assert.match(atStart?.have ?? "", /^65536:A+=*:A+=*$/, "nothing held or fetched yet");
+  const tree = filling as FillingTree;
+  const meta = TreeMetaSchema.parse(JSON.parse(tree.meta.toString("utf8")));
+  const start = parseHave(atStart?.have ?? "", CHUNK, planTree(tree.manifest, meta, CHUNK).chunks.length);
+  assert.ok(start && [...start.have, ...start.fetching].every((b) => b === 0), "nothing held or fetched yet");
   assert.equal(atStart?.holds, false);
   // A range a filling copy does not hold is 425, with what it holds in the header; one it holds
   // is served (the same tree under another short, from the committed files of `a`).
   const other = "0123456789abcdef";
-  const tree = filling as FillingTree;
   a.server.serveFilling(other, { ...tree, staging: ra.dest, holds: (_rel, start) => start === 0 });
   const no = await get(a.url, paths.file(other, BLOB_BIG), tlsOf(f), { range: "bytes=70000-70009" });
   assert.equal(no.status, 425);
@@ -640,4 +644,34 @@ void test("workers that pick in the same tick keep to the per-source limit: a sw
   await assertSameTree(f, r.dest);
   assert.ok(peak > 0, "the origin sent ranges");
   assert.ok(peak <= 2, `at most 2 ranges at once from the origin, saw ${peak}`);
+});
+
+void test("a connection keeps the peer it was opened by: the server refuses to renegotiate it", async (t) => {
+  const seen: string[] = [];
+  const f = await fixture(t, 1, {
+    authorize: (_short, peer) => {
+      seen.push(peer.commonName);
+      return true;
+    },
+  });
+  const url = new URL((f.nodes[0] as Node).url);
+  // TLS 1.2, the only version with renegotiation, which could present another certificate.
+  const socket = tls.connect({
+    host: url.hostname,
+    port: Number(url.port),
+    ...tlsOf(f),
+    maxVersion: "TLSv1.2",
+    checkServerIdentity: () => undefined,
+  });
+  t.after(() => socket.destroy());
+  socket.on("error", () => undefined);
+  await once(socket, "secureConnect");
+  socket.write(`GET ${paths.manifest(SHORT)} HTTP/1.1\r\nhost: x\r\n\r\n`);
+  await once(socket, "data");
+  assert.deepEqual(seen, ["receiver"]);
+  const renegotiated = await new Promise<Error | null>((resolve) => {
+    socket.once("close", () => resolve(new Error("closed")));
+    socket.renegotiate({ rejectUnauthorized: false }, (err) => resolve(err));
+  });
+  assert.ok(renegotiated instanceof Error, "the server did not renegotiate");
 });

@@ -172,6 +172,8 @@ export class PeerServer {
       },
       (req, res) => void this.handle(req, res),
     );
+    // One identity per connection (peerOf reads it once): no renegotiation may change it.
+    this.server.on("secureConnection", (socket: TLSSocket) => socket.disableRenegotiation());
     this.server.timeout = o.idleTimeoutMs ?? 60_000;
     this.server.headersTimeout = 15_000;
     this.server.keepAliveTimeout = 30_000;
@@ -469,10 +471,24 @@ function openTreeFile(treeDir: string, rel: string, size: number): number | unde
   }
 }
 
+/** Each connection's peer, read from its certificate once: decoding it costs more CPU than
+ * serving a small chunk, and a connection asks for thousands. */
+const peers = new WeakMap<TLSSocket, PeerIdentity>();
+
 function peerOf(req: IncomingMessage): PeerIdentity {
-  const cert = (req.socket as TLSSocket).getPeerCertificate();
-  const subject = (cert.subject ?? {}) as unknown as Record<string, string | undefined>;
-  return { commonName: subject.CN ?? "", organization: subject.O, fingerprint256: cert.fingerprint256 ?? "" };
+  const socket = req.socket as TLSSocket;
+  let peer = peers.get(socket);
+  if (!peer) {
+    const cert = socket.getPeerCertificate();
+    const subject = (cert.subject ?? {}) as unknown as Record<string, string | undefined>;
+    peer = {
+      commonName: subject.CN ?? "",
+      organization: subject.O,
+      fingerprint256: cert.fingerprint256 ?? "",
+    };
+    peers.set(socket, peer);
+  }
+  return peer;
 }
 
 function send(res: ServerResponse, status: number, body: string | Buffer, type: string, head = false): void {
