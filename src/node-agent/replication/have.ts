@@ -24,7 +24,7 @@ export class HaveBits {
   private count = 0;
   /** Bumped by every change, so an unchanged bitmap is not encoded again for the next answer. */
   private version = 0;
-  private encoded?: { version: number; fetching?: HaveBits; fetchingVersion: number; value: string };
+  private encoded?: { key: string; fetching?: HaveBits; value: string };
 
   constructor(readonly chunks: number) {
     this.bits = new Uint8Array(Math.ceil(chunks / 8));
@@ -46,13 +46,12 @@ export class HaveBits {
   }
 
   header(chunkBytes: number, fetching?: HaveBits): string {
-    const e = this.encoded;
-    const fetchingVersion = fetching?.version ?? 0;
-    if (e?.version !== this.version || e.fetching !== fetching || e.fetchingVersion !== fetchingVersion) {
+    const key = `${chunkBytes}:${this.version}:${fetching?.version ?? 0}`;
+    if (this.encoded?.key !== key || this.encoded.fetching !== fetching) {
       const value = `${chunkBytes}:${pack(this.bits)}:${pack((fetching ?? new HaveBits(this.chunks)).bits)}`;
-      this.encoded = { version: this.version, fetching, fetchingVersion, value };
+      this.encoded = { key, fetching, value };
     }
-    return (this.encoded as { value: string }).value;
+    return this.encoded.value;
   }
 }
 
