@@ -96,7 +96,6 @@ export interface Holder extends SourceLoad {
 }
 
 const bit = (b: Uint8Array, i: number): boolean => ((b[i >> 3] ?? 0) & (1 << (i & 7))) !== 0;
-export const holds = (h: Holder, chunk: number): boolean => h.have === "all" || bit(h.have, chunk);
 
 /**
  * The next chunk to fetch and where from. A filling copy is worth asking for any queued chunk it
