@@ -42,6 +42,8 @@ export interface RuleHandle {
 export interface SeenRequest {
   method: string;
   path: string;
+  /** The query string, with its `?` (empty when none). */
+  query: string;
   /** The status sent back (injected or from the API server). */
   status: number;
   injected: boolean;
@@ -190,7 +192,7 @@ async function serve(
         ...(code === 429 ? { "retry-after": "1" } : {}),
       });
       res.end(body);
-      requests.push({ method, path, status: code, injected: true });
+      requests.push({ method, path, query: url.search, status: code, injected: true });
       return;
     }
   }
@@ -209,7 +211,7 @@ async function serve(
         agent,
       },
       (upRes) => {
-        requests.push({ method, path, status: upRes.statusCode ?? 0, injected: false });
+        requests.push({ method, path, query: url.search, status: upRes.statusCode ?? 0, injected: false });
         res.writeHead(upRes.statusCode ?? 502, upRes.headers);
         upRes.pipe(res);
         if (rule?.dropAfterMs !== undefined) {
