@@ -42,6 +42,9 @@ const { values } = parseArgs({
     "stall-s": { type: "string", default: "120" },
     modes: { type: "string", default: "origin,swarm" },
     out: { type: "string", default: ".bench/swarm" },
+    // A V8 CPU profile of every node, one folder per run (`<mode>-<N>/<node>`), for finding what
+    // a node spends its CPU on; the nodes then stop gracefully so that the profiles are written.
+    "cpu-prof": { type: "string" },
     work: { type: "string", default: "/var/tmp/warmstart-bench-swarm" },
   },
 });
@@ -57,6 +60,7 @@ const chunkBytes = Number(values["chunk-kib"]) * 1024;
 const streams = Number(values.streams);
 const stallMs = Number(values["stall-s"]) * 1000;
 const work = resolve(values.work);
+const profileDir = values["cpu-prof"] === undefined ? undefined : resolve(values["cpu-prof"]);
 /** The `ev` a line from a node that is not JSON is passed on as. */
 const GARBLED = "garbled";
 /** How long a node may take to send its figures (it answers at once unless it is stuck). */
@@ -213,10 +217,27 @@ interface NodeProc {
   send: (m: object) => void;
 }
 
+/** How long a profiled node may take to write its profile and exit once its input ends. */
+const PROFILE_EXIT_MS = 30_000;
+
+/** Ends a node: at once, or, when it is profiled, by closing its input (it then closes its server
+ * and exits, and V8 writes the profile), killed only if it does not exit in time. */
+async function stopNode(proc: ChildProcess): Promise<void> {
+  proc.stdin!.end();
+  if (profileDir && proc.exitCode === null && proc.signalCode === null) {
+    const exited = new Promise<void>((done) => proc.once("exit", () => done()));
+    const timer = setTimeout(() => proc.kill("SIGKILL"), PROFILE_EXIT_MS);
+    await exited;
+    clearTimeout(timer);
+  } else proc.kill("SIGKILL");
+  children.delete(proc);
+}
+
 /** Starts swarm-node.js in the node's namespace; resolves once its peer server listens. */
-function startNode(name: string, net: NetNode, store: string, tls: string): Promise<NodeProc> {
+function startNode(name: string, net: NetNode, store: string, tls: string, run: string): Promise<NodeProc> {
   mkdirSync(store, { recursive: true });
   const script = join(import.meta.dirname, "swarm-node.js");
+  const profile = profileDir ? ["--cpu-prof", `--cpu-prof-dir=${join(profileDir, run, name)}`] : [];
   const proc = spawn(
     "ip",
     [
@@ -224,6 +245,7 @@ function startNode(name: string, net: NetNode, store: string, tls: string): Prom
       "exec",
       net.ns,
       process.execPath,
+      ...profile,
       script,
       "--store",
       store,
@@ -328,11 +350,12 @@ async function runOnce(
     tlsFiles: string[];
   },
 ): Promise<RunResult> {
-  const runDir = join(work, "run", `${mode}-${n}`);
-  const origin = await startNode("origin", t.net[0] as NetNode, t.originStore, t.tlsFiles[0] as string);
+  const run = `${mode}-${n}`;
+  const runDir = join(work, "run", run);
+  const origin = await startNode("origin", t.net[0] as NetNode, t.originStore, t.tlsFiles[0] as string, run);
   const receivers = await Promise.all(
     Array.from({ length: n }, (_, i) =>
-      startNode(`r${i}`, t.net[i + 1] as NetNode, join(runDir, `r${i}`), t.tlsFiles[i + 1] as string),
+      startNode(`r${i}`, t.net[i + 1] as NetNode, join(runDir, `r${i}`), t.tlsFiles[i + 1] as string, run),
     ),
   );
   // CPU from here on: the fill's, not the processes' start.
@@ -383,11 +406,7 @@ async function runOnce(
     });
   });
   const usage = await Promise.all([origin, ...receivers].map(stats));
-  for (const p of [origin, ...receivers]) {
-    p.proc.stdin!.end();
-    p.proc.kill("SIGKILL");
-    children.delete(p.proc);
-  }
+  await Promise.all([origin, ...receivers].map((p) => stopNode(p.proc)));
   rmSync(runDir, { recursive: true, force: true });
   const originBytes = bySource.reduce((a, b) => a + (b?.origin ?? 0), 0);
   const cpuSeconds = usage.reduce((a, u, k) => a + u.cpuSeconds - (before[k] as Usage).cpuSeconds, 0);
