@@ -1,8 +1,9 @@
 /**
  * `npm run bench -- datapath`: capture against `cp -a` (wall and CPU seconds, with capture's
  * BLAKE3 digests and with sha256 ones), durable capture against `cp -a && sync -f`, prewarm of a
- * cold tree against `find | xargs cat`, prewarm of a tree already in memory against reading it,
- * and capture's peak memory, all on one synthetic model tree built here (large weight shards
+ * cold tree against `find | xargs cat`, prewarm of a tree already in memory against reading it
+ * (looking at every file, and as a restore pod runs it after seed: `--seeded`, model files
+ * only), and capture's peak memory, all on one synthetic model tree built here (large weight shards
  * plus many small compile-cache files). Every figure is the median of runs taken in alternating
  * order. A cold run first drops the tree's pages from the page cache (posix_fadvise DONTNEED per
  * file, which needs no privilege; else drop_caches).
@@ -332,6 +333,8 @@ export async function runDatapathBench(): Promise<void> {
       prewarmWarm: [],
       readWarm: [],
       xargsWarm: [],
+      seededWarm: [],
+      seededReadWarm: [],
     };
     const xargs = `find '${src}' -type f -print0 | xargs -0 -P6 cat > /dev/null`;
     const xargsN = `find '${src}' -type f -print0 | xargs -0 -n 64 -P6 cat > /dev/null`;
@@ -340,7 +343,7 @@ export async function runDatapathBench(): Promise<void> {
       else if (dropHow) dropCaches();
       return timed(f);
     };
-    const reports: { cold?: PrewarmResult; warm?: PrewarmResult } = {};
+    const reports: { cold?: PrewarmResult; warm?: PrewarmResult; seeded?: PrewarmResult } = {};
     for (let r = 0; r < runs; r++) {
       const steps: [string, () => unknown][] = [
         ["prewarm", async () => void (reports.cold = await prewarm({ dir: src, parallel: 6 }))],
@@ -358,6 +361,12 @@ export async function runDatapathBench(): Promise<void> {
         ["prewarmWarm", async () => void (reports.warm = await prewarm({ dir: src, parallel: 6 }))],
         ["readWarm", () => prewarm({ dir: src, parallel: 6, residency: "none" })],
         ["xargsWarm", () => sh(xargsN)],
+        // As a restore pod runs it, after seed: only the model files seed leaves in place.
+        [
+          "seededWarm",
+          async () => void (reports.seeded = await prewarm({ dir: src, parallel: 6, seeded: true })),
+        ],
+        ["seededReadWarm", () => prewarm({ dir: src, parallel: 6, seeded: true, residency: "none" })],
       ];
       if (r % 2 === 1) steps.reverse();
       for (const [k, f] of steps) pw[k]?.push(await timed(f));
@@ -405,6 +414,18 @@ export async function runDatapathBench(): Promise<void> {
           note: "no residency lookup",
         },
         { what: "find | xargs -0 -n64 -P6 cat (in memory)", samples: pw.xargsWarm ?? [], bytes: total },
+        {
+          what: "prewarm -P6 --seeded (in memory)",
+          samples: pw.seededWarm ?? [],
+          bytes: total,
+          note: "a restore pod's: model files only",
+        },
+        {
+          what: "prewarm -P6 --seeded (in memory, read anyway)",
+          samples: pw.seededReadWarm ?? [],
+          bytes: total,
+          note: "the same files, no lookup",
+        },
       ]),
     );
     const cpuRatio = cpu(t.cap) / cpu(t.cp);
@@ -416,8 +437,10 @@ export async function runDatapathBench(): Promise<void> {
         `capture CPU vs cp -a CPU:           ${Number.isFinite(cpuRatio) ? cpuRatio.toFixed(2) : "n/a"}x: ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (goal <= 1.0x; ${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s)`,
         `prewarm cold vs find|xargs -P6 cat: ${ratio(pw.xargs, pw.prewarm)} (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)}`,
         `prewarm in memory vs reading it:    ${ratio(pw.readWarm, pw.prewarmWarm)} (goal >= 5x); vs xargs -n64 cat: ${ratio(pw.xargsWarm, pw.prewarmWarm)}`,
+        `restore pod's prewarm in memory:    ${ratio(pw.readWarm, pw.seededWarm)} vs reading the tree; ${ratio(pw.seededReadWarm, pw.seededWarm)} vs reading the files it looks at (--seeded: seed has read the rest)`,
         `prewarm's own line, cold:           ${reports.cold ? describePrewarm(reports.cold) : "n/a"}`,
         `prewarm's own line, in memory:      ${reports.warm ? describePrewarm(reports.warm) : "n/a"}`,
+        `the same, --seeded:                 ${reports.seeded ? describePrewarm(reports.seeded) : "n/a"}`,
         `capture peak RSS (CLI):             ${rss} (goal < 256 MiB; the CLI alone: ${Number.isFinite(baseKb) ? `${(baseKb / 1024).toFixed(0)} MiB` : "n/a"})`,
         `CLI start-up (prewarm --skip):      ${cliStart.wall.toFixed(2)} s, not in the prewarm figures`,
         `load average (1 min) start/end:     ${loadStart.toFixed(1)} / ${loadavg()[0]?.toFixed(1)} on ${availableParallelism()} CPUs`,

@@ -288,7 +288,7 @@ void describe("decorateRestore", () => {
     assert.equal(pre.image, IMAGE);
     assert.deepEqual(
       [...(pre.command ?? []), ...(pre.args ?? [])],
-      ["warmstart", "prewarm", DEFAULT_RO_PATH, "--parallel", "12"],
+      ["warmstart", "prewarm", DEFAULT_RO_PATH, "--seeded", "--parallel", "12"],
     );
     assert.deepEqual(pre.volumeMounts, [
       { name: RO_VOLUME, mountPath: DEFAULT_RO_PATH, readOnly: true, subPathExpr: TREE_EXPR },

@@ -241,7 +241,8 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     const init: V1Container = {
       ...base(INIT_PREWARM, [roMount]),
       command: [...cmd],
-      args: ["prewarm", ro, "--parallel", String(parallel)],
+      // After seed, which has read every file it copied: only what it left in place is looked at.
+      args: ["prewarm", ro, "--seeded", "--parallel", String(parallel)],
     };
     if (decision.runtimeEnv) {
       // Only known at run time: the init container reads the same reference and decides there.

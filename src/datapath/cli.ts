@@ -137,8 +137,15 @@ export function registerDatapathCommands(program: Command): void {
     )
     .option("--default <on|off>", "what to do when that env var is unset", "on")
     .option("--skip", "do nothing (the workload starts cold from the volume)")
+    .option(
+      "--seeded",
+      "the tree was just seeded into this pod's shadow: read only the model files seed left in place",
+    )
     .action(
-      async (dir: string, o: { parallel?: string; respectEnv?: string; default: string; skip?: boolean }) => {
+      async (
+        dir: string,
+        o: { parallel?: string; respectEnv?: string; default: string; skip?: boolean; seeded?: boolean },
+      ) => {
         const parallel = intFlag("--parallel", o.parallel, DEFAULT_PREWARM_PARALLEL);
         if (o.default !== "on" && o.default !== "off")
           throw new Error(`--default must be on or off, got "${o.default}"`);
@@ -148,6 +155,7 @@ export function registerDatapathCommands(program: Command): void {
           skip: o.skip ?? false,
           respectEnv: o.respectEnv,
           defaultOn: o.default === "on",
+          seeded: o.seeded ?? false,
         });
         process.stdout.write(`${describePrewarm(r)}\n`);
       },

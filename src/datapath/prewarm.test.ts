@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { execFileSync } from "node:child_process";
-import { closeSync, fstatSync, fsyncSync, openSync, readdirSync } from "node:fs";
+import { closeSync, fstatSync, fsyncSync, openSync, readdirSync, statSync } from "node:fs";
 import { chmod, mkdir, readdir, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
@@ -9,7 +9,16 @@ import { ENV_PREWARM } from "../core/contract.js";
 import { dropFromPageCache, missingPages } from "./native.js";
 import { listTree, loadOrder } from "./prewarm-order.js";
 import { describePrewarm, prewarm, readerCount } from "./prewarm.js";
-import { canSwitchUid, runCli, tempDir } from "../../test/support/datapath.js";
+import { capture } from "./capture.js";
+import { seed } from "./seed.js";
+import {
+  BLOB_BIG,
+  BLOB_SMALL,
+  canSwitchUid,
+  makeCacheTree,
+  runCli,
+  tempDir,
+} from "../../test/support/datapath.js";
 
 const MiB = 1 << 20;
 
@@ -339,4 +348,35 @@ void test("big files are read at most two at a time, in order, while the other r
     assert.equal(r.peakBigReaders, 2);
     assert.ok(r.peakReaders >= 3, `peak readers ${r.peakReaders}`);
   });
+});
+
+void test("after seed, prewarm --seeded reads the model files seed left in place and none it copied", async (t) => {
+  const dir = tempDir(t);
+  await makeCacheTree(join(dir, "src"));
+  const ro = join(dir, "ro");
+  await capture({ src: join(dir, "src"), dest: ro, progress: false, durable: false });
+  const seeded = await seed({ from: ro, to: join(dir, "shadow") });
+  assert.ok(seeded.linked > 0 && seeded.copied > 0, JSON.stringify(seeded));
+  const inPlace = [BLOB_BIG, BLOB_SMALL].reduce((n, rel) => n + statSync(join(ro, rel)).size, 0);
+
+  // Everything read (no lookup), so the counts say exactly which files were looked at.
+  const r = await prewarm({ dir: ro, seeded: true, residency: "none" });
+  assert.deepEqual([r.files, r.bytes, r.errorCount], [seeded.linked, inPlace, 0]);
+  assert.equal(r.seeded, true);
+  const whole = await prewarm({ dir: ro, residency: "none" });
+  assert.ok(whole.files >= seeded.linked + seeded.copied, "without --seeded, the copied files too");
+
+  const cli = runCli(["prewarm", ro, "--seeded", "--parallel", "2"]);
+  assert.equal(cli.status, 0, cli.stderr);
+  assert.match(cli.stdout, /, 0 errors; only the model files used in place \(seed read the rest\)\n$/);
+
+  // A tree with no model folder, or one whose model folder is a symlink: nothing to read, no error.
+  const bare = join(dir, "bare");
+  await mkdir(join(bare, "cache"), { recursive: true });
+  await writeFile(join(bare, "cache", "k"), "x");
+  const none = await prewarm({ dir: bare, seeded: true });
+  assert.deepEqual([none.files, none.residentFiles, none.errorCount], [0, 0, 0]);
+  await symlink(join(ro, "model"), join(bare, "model"));
+  const linked = await prewarm({ dir: bare, seeded: true });
+  assert.deepEqual([linked.files, linked.residentFiles, linked.errorCount], [0, 0, 0]);
 });

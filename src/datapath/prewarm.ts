@@ -6,10 +6,12 @@
  * (prewarm-order.ts), so what it opens first is warm first. Best effort by design: a read error
  * is counted and reported, never thrown, because a slow start beats a pod that cannot start.
  */
+import { lstatSync } from "node:fs";
 import { Worker } from "node:worker_threads";
 import { workerExecArgv } from "./copy-files.js";
+import { IN_PLACE_ROOT, usedInPlace } from "./in-place.js";
 import { useResidency, withLowIoPriority, type ResidencyMethod } from "./native.js";
-import { listTree, loadOrder } from "./prewarm-order.js";
+import { listTree, loadOrder, type Listing } from "./prewarm-order.js";
 import { planReads, type ReadPlan, type ReadTask } from "./prewarm-plan.js";
 import { BIG_TASK, packTasks, SLOTS } from "./prewarm-slots.js";
 import type { PrewarmReport, PrewarmWork } from "./prewarm-worker.js";
@@ -47,6 +49,10 @@ export interface PrewarmOptions {
   noPopulate?: boolean;
   /** Files with this much or more to read are read two at a time, in order (default 64 MiB). */
   bigBytes?: number;
+  /** `dir` is a captured tree that seed has just shadowed for this pod: only the files it left in
+   * place are looked at (in-place.ts). The ones it copied were read by it a moment ago, and the
+   * engine reads its own copies of them, so looking each one up again would be wasted. */
+  seeded?: boolean;
 }
 
 export interface PrewarmResult {
@@ -64,6 +70,8 @@ export interface PrewarmResult {
   residentBytes: number;
   /** How residency was looked up, or null when it could not be (everything was read). */
   residency: ResidencyMethod | null;
+  /** Only what seed left in place was looked at (the `seeded` option). */
+  seeded: boolean;
   /** Whether the readers run at the lower I/O priority. */
   lowPriority: boolean;
   seconds: number;
@@ -89,6 +97,7 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
     residentFiles: 0,
     residentBytes: 0,
     residency: null,
+    seeded: opts.seeded ?? false,
     lowPriority: false,
     seconds: 0,
     parallel,
@@ -121,7 +130,8 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   const mode = opts.residency ?? "auto";
   const restoreResidency = mode === "auto" ? undefined : useResidency(mode === "none" ? null : mode);
   try {
-    plan = planReads(loadOrder(listTree(opts.dir, note)), chunkBytes, note);
+    const listing = opts.seeded ? listInPlace(opts.dir, note) : listTree(opts.dir, note);
+    plan = planReads(loadOrder(listing), chunkBytes, note);
   } catch (err) {
     note(opts.dir, err);
   } finally {
@@ -172,6 +182,24 @@ export async function prewarm(opts: PrewarmOptions): Promise<PrewarmResult> {
   return result;
 }
 
+/** The files of `dir` that seed uses in place: its model folder, less what seed copies. A model
+ * folder that is missing, or is not a folder, leaves nothing to read. */
+function listInPlace(dir: string, note: (path: string, err: unknown) => void): Listing {
+  const root = `${dir}/${IN_PLACE_ROOT}`;
+  let isDir = false;
+  try {
+    isDir = lstatSync(root).isDirectory();
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT") note(root, err);
+  }
+  if (!isDir) return { files: [], aliases: new Map() };
+  const inPlace = (path: string): boolean => usedInPlace(IN_PLACE_ROOT + path.slice(root.length));
+  const all = listTree(root, note);
+  const files = all.files.filter(inPlace);
+  const aliases = new Map([...all.aliases].filter(([link, file]) => inPlace(link) && inPlace(file)));
+  return { files, aliases };
+}
+
 const EMPTY: PrewarmReport = { files: 0, bytes: 0, mappedBytes: 0, errorCount: 0, errors: [] };
 
 /** Bytes, and files, that keep one more reader busy enough to be worth its start (tens of
@@ -215,8 +243,9 @@ export function describePrewarm(r: PrewarmResult): string {
     r.residency === null
       ? "residency unknown, all read"
       : `${r.residentFiles} files and ${(r.residentBytes / 1e6).toFixed(1)} MB already in memory, not read (${r.residency})`;
+  const scope = r.seeded ? "; only the model files used in place (seed read the rest)" : "";
   return (
     `prewarm: read ${r.files} files, ${mb.toFixed(1)} MB in ${r.seconds.toFixed(2)} s ` +
-    `(${rate.toFixed(0)} MB/s, ${r.parallel} readers); ${resident}${errs}`
+    `(${rate.toFixed(0)} MB/s, ${r.parallel} readers); ${resident}${errs}${scope}`
   );
 }

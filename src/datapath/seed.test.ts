@@ -6,7 +6,8 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { READY_MARKER } from "../core/contract.js";
 import { capture } from "./capture.js";
-import { seed, usedInPlace } from "./seed.js";
+import { usedInPlace } from "./in-place.js";
+import { seed } from "./seed.js";
 import {
   BLOB_BIG,
   BLOB_SMALL,

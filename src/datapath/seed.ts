@@ -58,6 +58,7 @@ import {
 import { createDigest, digestAvailable } from "./digest.js";
 import { nameOf, parseManifest, type Manifest } from "./manifest.js";
 import { exactTimes, setFdTimesNs, setTimesNsSync } from "./native.js";
+import { usedInPlace } from "./in-place.js";
 import { isReady } from "./ready.js";
 import { isMissing, scanTree, yieldNow, type Scan, type TreeEntry } from "./tree.js";
 
@@ -89,18 +90,6 @@ export interface SeedResult {
   kept: number;
   /** Symlinks found in the shadow where the tree has a directory or a copied file: replaced. */
   replaced: number;
-}
-
-/**
- * Files under `model/` that are used in place; the rest of the tree is copied. Copied too, because
- * the hub client rewrites them: the hub cache's `.locks` and `refs`, and a local folder's own
- * download metadata (`.cache/huggingface/`, a storage initializer's `local_dir`) and lock files.
- */
-export function usedInPlace(rel: string): boolean {
-  if (!rel.startsWith("model/")) return false;
-  const parts = rel.split("/");
-  const localDirMeta = parts.some((p, i) => p === ".cache" && parts[i + 1] === "huggingface");
-  return !parts.includes(".locks") && !parts.includes("refs") && !localDirMeta && !rel.endsWith(".lock");
 }
 
 const CHUNK = 1 << 20;
