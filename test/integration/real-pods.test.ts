@@ -19,6 +19,7 @@ import {
 } from "../../src/core/contract.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
+  containerLog,
   createEngines,
   engineReport,
   hubStats,
@@ -49,6 +50,14 @@ const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN
 async function assertRestored(node: RealNode, pod: k8s.V1Pod): Promise<void> {
   const name = pod.metadata?.name;
   assert.deepEqual(initExits(pod), { [INIT_SEED]: 0, [INIT_PREWARM]: 0 }, `${name}: init containers`);
+  // Prewarm ran after seed and looked only at the model files seed left in place. (A file the
+  // hub client wrote private to the leader's UID is an error it counts and passes over.)
+  const prewarmed = await containerLog(node, pod, INIT_PREWARM);
+  assert.match(
+    prewarmed,
+    /prewarm: read \d+ files.*; only the model files used in place/,
+    `${name}: ${prewarmed}`,
+  );
   const r = await engineReport(node, pod);
   assert.equal(r.fetchedBytes, 0, `${name} fetched nothing from the hub`);
   assert.equal(r.compileCache, "hit", `${name} found its compile cache intact (${r.compileDetail ?? ""})`);
