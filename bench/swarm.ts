@@ -61,6 +61,8 @@ const streams = Number(values.streams);
 const stallMs = Number(values["stall-s"]) * 1000;
 const work = resolve(values.work);
 const profileDir = values["cpu-prof"] === undefined ? undefined : resolve(values["cpu-prof"]);
+/** How long a profiled node may take to write its profile and exit once its input ends. */
+const PROFILE_EXIT_MS = 30_000;
 /** The `ev` a line from a node that is not JSON is passed on as. */
 const GARBLED = "garbled";
 /** How long a node may take to send its figures (it answers at once unless it is stuck). */
@@ -216,9 +218,6 @@ interface NodeProc {
   off: (ev: string, f: (m: Record<string, unknown>) => void) => void;
   send: (m: object) => void;
 }
-
-/** How long a profiled node may take to write its profile and exit once its input ends. */
-const PROFILE_EXIT_MS = 30_000;
 
 /** Ends a node: at once, or, when it is profiled, by closing its input (it then closes its server
  * and exits, and V8 writes the profile), killed only if it does not exit in time. */
