@@ -21,7 +21,7 @@ import { createCA, issueCert } from "../src/common/certs.js";
 import { shortHash } from "../src/core/contract.js";
 import { capture } from "../src/datapath/capture.js";
 import { manifestDigestOf } from "../src/node-agent/replication/server.js";
-import { setup, teardown, type NetNode } from "./swarm-net.js";
+import { PREFIX, setup, teardown, type NetNode } from "./swarm-net.js";
 import { plotSwarm, printSwarm, type RunResult } from "./swarm-report.js";
 
 const MiB = 2 ** 20;
@@ -46,6 +46,9 @@ const { values } = parseArgs({
     // a node spends its CPU on; the nodes then stop gracefully so that the profiles are written.
     "cpu-prof": { type: "string" },
     work: { type: "string", default: "/var/tmp/warmstart-bench-swarm" },
+    // Another prefix (and --work) lets a second run share the machine without removing the
+    // first one's namespaces.
+    "netns-prefix": { type: "string", default: PREFIX },
   },
 });
 const counts = values.receivers.split(",").map((x) => Number(x.trim()));
@@ -60,6 +63,8 @@ const chunkBytes = Number(values["chunk-kib"]) * 1024;
 const streams = Number(values.streams);
 const stallMs = Number(values["stall-s"]) * 1000;
 const work = resolve(values.work);
+const netnsPrefix = values["netns-prefix"];
+if (!/^[a-z][a-z0-9-]{0,15}$/.test(netnsPrefix)) throw new Error(`--netns-prefix: a short lower-case name, got "${netnsPrefix}"`);
 const profileDir = values["cpu-prof"] === undefined ? undefined : resolve(values["cpu-prof"]);
 /** How long a profiled node may take to write its profile and exit once its input ends. */
 const PROFILE_EXIT_MS = 30_000;
@@ -74,7 +79,7 @@ const children = new Set<ChildProcess>();
 function cleanup(): void {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
   children.clear();
-  teardown();
+  teardown(netnsPrefix);
   // The tree, the stores and the keys: nothing of the run stays behind.
   rmSync(work, { recursive: true, force: true });
 }
@@ -95,7 +100,7 @@ async function main(): Promise<void> {
   rmSync(work, { recursive: true, force: true });
   const { hash, treeBytes, originStore, digest } = await makeTree();
   const names = ["origin", ...Array.from({ length: Math.max(...counts) }, (_, i) => `r${i}`)];
-  const net = setup(names, mbit);
+  const net = setup(names, mbit, netnsPrefix);
   const tlsFiles = await certificates(names, net);
   log(`${names.length} namespaces, links at ${mbit} Mbit/s each way`);
 

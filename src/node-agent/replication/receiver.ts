@@ -51,7 +51,8 @@ import {
   type ReplicateResult,
 } from "./options.js";
 import { SharedFiles } from "./shared-files.js";
-import { LocalIoError, pollFilling, Source, SourceError, type DropReason } from "./source.js";
+import { pollFilling } from "./polls.js";
+import { LocalIoError, Source, SourceError, type DropReason } from "./source.js";
 
 export { ReplicationError, type ReplicaSource, type ReplicateOptions, type ReplicateResult };
 

@@ -6,7 +6,8 @@ import type { ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
-import { sendRange } from "./server.js";
+import { chunkBuffers } from "./buffer-pool.js";
+import { sendRange } from "./send-range.js";
 
 const MiB = 1024 * 1024;
 
@@ -89,4 +90,36 @@ void test("a range whose writes all go out ends when its answer has finished", a
   }
   await sending;
   assert.ok(res.writableFinished);
+});
+
+void test("a finished range's buffers serve the next one; a buffer whose write failed is never reused", async (t) => {
+  const file = await fileOf(t, 2 * MiB);
+  const written: Buffer[] = [];
+  const sendOnce = async (fail: boolean): Promise<void> => {
+    const res = new HeldResponse();
+    const write = res.write.bind(res);
+    res.write = (chunk, cb) => (written.push(chunk), write(chunk, cb));
+    const sending = sendRange(file, res as unknown as ServerResponse, 0, 2 * MiB - 1, () => undefined);
+    await until("two writes out", () => res.pending.length === 2);
+    res.complete();
+    if (fail) {
+      res.complete(new Error("write EPIPE"));
+      res.emit("close");
+      await assert.rejects(sending);
+    } else {
+      res.complete();
+      await sending;
+    }
+  };
+  await sendOnce(false);
+  const first = written.splice(0).map((b) => b.buffer);
+  await sendOnce(false);
+  const second = written.splice(0).map((b) => b.buffer);
+  assert.deepEqual(new Set(second), new Set(first), "the second range read into the first one's buffers");
+  await sendOnce(true);
+  const failed = written.splice(0).map((b) => b.buffer)[1];
+  await sendOnce(false);
+  const after = written.splice(0).map((b) => b.buffer);
+  assert.ok(!after.includes(failed as ArrayBufferLike), "the buffer of the failed write did not come back");
+  assert.ok(chunkBuffers.kept <= 64 << 20);
 });

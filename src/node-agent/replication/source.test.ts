@@ -9,14 +9,8 @@ import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { createCA, issueCert } from "../../common/certs.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
-import {
-  dueForPoll,
-  NotHeldError,
-  POLLS_PER_TICK,
-  Source,
-  SourceError,
-  StalledStreamError,
-} from "./source.js";
+import { dueForPoll, POLLS_PER_TICK } from "./polls.js";
+import { NotHeldError, Source, SourceError, StalledStreamError } from "./source.js";
 
 async function tls(): Promise<{ ca: string; cert: string; key: string }> {
   const ca = await createCA("warmstart node agents");

@@ -8,6 +8,7 @@ import type { FileHandle } from "node:fs/promises";
 import type { ClientRequest, IncomingMessage } from "node:http";
 import https from "node:https";
 import type { TlsMaterial } from "./server.js";
+import { chunkBuffers } from "./buffer-pool.js";
 import { HAVE_HEADER, NOT_HELD_STATUS, parseHave, type Holder } from "./have.js";
 import { ACTIVE_STREAMS_HEADER } from "./plan.js";
 import { RangeConn } from "./range-conn.js";
@@ -328,7 +329,11 @@ export class Source implements Holder {
     return new Promise<boolean>((resolve, reject) => {
       const size = Math.min(RUN_BYTES, length);
       const free: Buffer[] = [];
-      let buf: Buffer = Buffer.allocUnsafe(size);
+      let buf: Buffer = chunkBuffers.take(size);
+      // Once the request is over and no write of it is out, its buffers serve the next one.
+      const giveBack = (): void => {
+        for (const b of [buf, ...free.splice(0)]) chunkBuffers.give(b);
+      };
       let [fill, pos, differed, done] = [0, offset, false, false];
       let writing: Promise<void> = Promise.resolve();
       const onAbort = (): void => fail(abortError());
@@ -345,11 +350,14 @@ export class Source implements Holder {
         const e = err instanceof StaleSocketError ? err : asSourceError(err, this.node);
         // Settled once no write of this request is out: its chunk may be fetched from another
         // source at once, and a late write here would land over that one's bytes.
-        void writing.finally(() => reject(e));
+        void writing.finally(() => {
+          giveBack();
+          reject(e);
+        });
       };
       const flush = (): void => {
         const [full, n, at] = [buf, fill, pos];
-        [buf, fill, pos] = [free.pop() ?? Buffer.allocUnsafe(size), 0, pos + n];
+        [buf, fill, pos] = [free.pop() ?? chunkBuffers.take(size), 0, pos + n];
         writing = writing
           .then(async () => {
             if (done) return; // failed: nothing more of this request is written
@@ -406,6 +414,7 @@ export class Source implements Holder {
             void writing.then(() => {
               if (done) return;
               settle();
+              giveBack();
               if (conn.reusable) this.idle.push(conn);
               else this.conns.delete(conn);
               resolve(differed);
@@ -429,43 +438,6 @@ export class Source implements Holder {
       );
     });
   }
-}
-
-/** Most filling sources asked per poll: what a receiver spends on polls stays flat in the swarm's size. */
-export const POLLS_PER_TICK = 4;
-
-/**
- * Every `every` ms, asks the live filling sources not heard from for that long what they hold:
- * at most `POLLS_PER_TICK`, those heard from least recently first. Asking every one of N peers
- * twice a second costs the swarm N² requests; sources a receiver fetches from answer with what
- * they hold anyway, and the rest are asked in turn.
- */
-export function pollFilling(
-  sources: readonly Source[],
-  path: string,
-  every: number,
-  failed: (s: Source, err: unknown) => void,
-): NodeJS.Timeout {
-  return setInterval(() => {
-    const now = performance.now();
-    for (const s of dueForPoll(sources, now, every)) {
-      s.heardAt = now;
-      s.poll(path).catch((err: unknown) => failed(s, err));
-    }
-  }, every);
-}
-
-/** The filling sources to ask now (see pollFilling). */
-export function dueForPoll<S extends Pick<Source, "alive" | "have" | "heardAt">>(
-  sources: readonly S[],
-  now: number,
-  every: number,
-  most = POLLS_PER_TICK,
-): S[] {
-  return sources
-    .filter((s) => s.alive && s.have !== "all" && now - s.heardAt >= every)
-    .sort((a, b) => a.heardAt - b.heardAt)
-    .slice(0, most);
 }
 
 /** Whether the bytes at `pos` of `fh` differ from `run`. */
