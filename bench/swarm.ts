@@ -40,7 +40,7 @@ const { values } = parseArgs({
     // The origin alone at N = 16 on slow links gives each request a trickle: more than the
     // receiver's default 30 s without a byte happens, and would drop the only source.
     "stall-s": { type: "string", default: "120" },
-    modes: { type: "string", default: "origin,swarm" },
+    modes: { type: "string", default: "swarm,origin" },
     out: { type: "string", default: ".bench/swarm" },
     // A V8 CPU profile of every node, one folder per run (`<mode>-<N>/<node>`), for finding what
     // a node spends its CPU on; the nodes then stop gracefully so that the profiles are written.
@@ -64,7 +64,8 @@ const streams = Number(values.streams);
 const stallMs = Number(values["stall-s"]) * 1000;
 const work = resolve(values.work);
 const netnsPrefix = values["netns-prefix"];
-if (!/^[a-z][a-z0-9-]{0,15}$/.test(netnsPrefix)) throw new Error(`--netns-prefix: a short lower-case name, got "${netnsPrefix}"`);
+if (!/^[a-z][a-z0-9-]{0,15}$/.test(netnsPrefix))
+  throw new Error(`--netns-prefix: a short lower-case name, got "${netnsPrefix}"`);
 const profileDir = values["cpu-prof"] === undefined ? undefined : resolve(values["cpu-prof"]);
 /** How long a profiled node may take to write its profile and exit once its input ends. */
 const PROFILE_EXIT_MS = 30_000;
@@ -108,8 +109,11 @@ async function main(): Promise<void> {
   const started = Date.now();
   const results: RunResult[] = [];
   const failures: { receivers: number; mode: string; error: string }[] = [];
-  for (const n of counts)
-    for (const mode of modes) {
+  // Mode by mode: the swarm's runs, which the CPUs pace, together and first (the default order),
+  // then the origin alone, paced by its link and hours long at large N: other work on the
+  // machine by then changes its figures least.
+  for (const mode of modes)
+    for (const n of counts) {
       log(`N=${n}, ${mode}`);
       try {
         const r = await runOnce(n, mode, { hash, treeBytes, originStore, digest, net, tlsFiles });
@@ -124,6 +128,7 @@ async function main(): Promise<void> {
         rmSync(join(work, "run"), { recursive: true, force: true });
       }
     }
+  results.sort((a, b) => a.receivers - b.receivers || modes.indexOf(a.mode) - modes.indexOf(b.mode));
   const machine = {
     cpus: cpus().length,
     loadBefore: loadBefore.map((x) => Number(x.toFixed(2))),
