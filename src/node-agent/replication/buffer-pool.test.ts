@@ -24,3 +24,16 @@ void test("the pool keeps no more than its limit, and nothing it did not make", 
   pool.give(Buffer.alloc(300 * 1024));
   assert.equal(pool.kept, 512 * 1024, "a buffer of no size class is not kept");
 });
+
+void test("free buffers are let go once the pool has been idle for its idle time, not before", async () => {
+  const pool = new BufferPool(1 << 20, 60);
+  pool.give(pool.take(64 * 1024));
+  await new Promise((r) => setTimeout(r, 30));
+  const b = pool.take(64 * 1024); // in use again: the idle time starts over
+  pool.give(b);
+  await new Promise((r) => setTimeout(r, 40));
+  assert.equal(pool.kept, 64 * 1024, "kept while in use");
+  await new Promise((r) => setTimeout(r, 80));
+  assert.equal(pool.kept, 0, "let go after the idle time");
+  assert.notEqual(pool.take(64 * 1024), b, "a fresh buffer after that");
+});

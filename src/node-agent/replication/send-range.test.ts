@@ -121,5 +121,5 @@ void test("a finished range's buffers serve the next one; a buffer whose write f
   await sendOnce(false);
   const after = written.splice(0).map((b) => b.buffer);
   assert.ok(!after.includes(failed as ArrayBufferLike), "the buffer of the failed write did not come back");
-  assert.ok(chunkBuffers.kept <= 64 << 20);
+  assert.ok(chunkBuffers.kept <= 32 << 20);
 });
