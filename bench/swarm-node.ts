@@ -5,7 +5,8 @@
  *
  *   {"op":"fill", ...}          replicate the tree from the given sources (replicateTree)
  *   {"op":"add","source":{...}} a copy the record now lists (as status.replicas would say)
- *   {"op":"stats"}              CPU seconds and peak RSS of this process so far
+ *   {"op":"stats"}              CPU seconds and peak RSS of this process so far, and the
+ *                               bytes its fill has fetched so far (doneBytes of totalBytes)
  *
  * and says {"ev":"ready","url"}, {"ev":"committed",...}, {"ev":"failed",...}, {"ev":"stats",...}.
  */
@@ -45,6 +46,8 @@ interface Fill {
 }
 
 const adders: ((s: ReplicaSource) => void)[] = [];
+/** The bytes the fill has fetched so far (replicateTree's onProgress). */
+const progress = { doneBytes: 0, totalBytes: 0 };
 const pending: ReplicaSource[] = [];
 
 async function fill(f: Fill): Promise<void> {
@@ -61,6 +64,7 @@ async function fill(f: Fill): Promise<void> {
       stallMs: f.stallMs,
       startAt: f.startAt,
       durable: false,
+      onProgress: (p) => Object.assign(progress, p),
       watchSources: (add) => {
         adders.push(add);
         for (const s of pending.splice(0)) add(s);
@@ -87,6 +91,7 @@ for await (const line of createInterface({ input: process.stdin })) {
       ev: "stats",
       cpuSeconds: (cpu.user + cpu.system) / 1e6,
       peakRssMiB: process.resourceUsage().maxRSS / 1024,
+      ...progress,
     });
   }
 }

@@ -72,6 +72,34 @@ export function printSwarm(rs: RunResult[]): void {
   }
 }
 
+/** Where one receiver's fill stands: the tree bytes it has fetched so far, or done. */
+export interface FillProgress {
+  doneBytes: number;
+  committed: boolean;
+}
+
+/**
+ * One line of progress for a run that may take an hour: bytes fetched over every receiver, the
+ * slowest receiver, and when the last should be done if the slowest keeps its rate so far.
+ */
+export function progressLine(
+  elapsedSeconds: number,
+  receivers: readonly FillProgress[],
+  treeBytes: number,
+): string {
+  const GiB = 2 ** 30;
+  const fraction = (p: FillProgress): number => (p.committed ? 1 : p.doneBytes / treeBytes);
+  const done = receivers.reduce((a, p) => a + fraction(p) * treeBytes, 0);
+  const filling = receivers.filter((p) => !p.committed).length;
+  const slowest = Math.min(...receivers.map(fraction));
+  const head =
+    `${elapsedSeconds.toFixed(0)} s: ${(done / GiB).toFixed(2)} of ${((receivers.length * treeBytes) / GiB).toFixed(2)} GiB fetched, ` +
+    `${filling} of ${receivers.length} filling, slowest at ${(100 * slowest).toFixed(0)}%`;
+  if (slowest <= 0 || slowest >= 1) return head;
+  const eta = (elapsedSeconds * (1 - slowest)) / slowest;
+  return `${head}, the last done in about ${eta.toFixed(0)} s at this rate`;
+}
+
 export async function plotSwarm(rs: RunResult[]): Promise<Buffer> {
   return plotByN({
     title: "N receivers filling one tree: from the origin alone vs the swarm",

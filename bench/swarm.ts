@@ -22,7 +22,7 @@ import { shortHash } from "../src/core/contract.js";
 import { capture } from "../src/datapath/capture.js";
 import { manifestDigestOf } from "../src/node-agent/replication/server.js";
 import { PREFIX, setup, teardown, type NetNode } from "./swarm-net.js";
-import { plotSwarm, printSwarm, type RunResult } from "./swarm-report.js";
+import { plotSwarm, printSwarm, progressLine, type RunResult } from "./swarm-report.js";
 
 const MiB = 2 ** 20;
 const { values } = parseArgs({
@@ -41,6 +41,8 @@ const { values } = parseArgs({
     // receiver's default 30 s without a byte happens, and would drop the only source.
     "stall-s": { type: "string", default: "120" },
     modes: { type: "string", default: "swarm,origin" },
+    // How often a run says how far its receivers are (the origin alone at N = 16 takes an hour).
+    "progress-s": { type: "string", default: "60" },
     out: { type: "string", default: ".bench/swarm" },
     // A V8 CPU profile of every node, one folder per run (`<mode>-<N>/<node>`), for finding what
     // a node spends its CPU on; the nodes then stop gracefully so that the profiles are written.
@@ -62,6 +64,8 @@ const linkBytesPerSecond = (mbit * 1e6) / 8;
 const chunkBytes = Number(values["chunk-kib"]) * 1024;
 const streams = Number(values.streams);
 const stallMs = Number(values["stall-s"]) * 1000;
+const progressMs = Number(values["progress-s"]) * 1000;
+if (!(progressMs >= 1000)) throw new Error(`--progress-s: at least 1, got "${values["progress-s"]}"`);
 const work = resolve(values.work);
 const netnsPrefix = values["netns-prefix"];
 if (!/^[a-z][a-z0-9-]{0,15}$/.test(netnsPrefix))
@@ -313,6 +317,8 @@ function startNode(name: string, net: NetNode, store: string, tls: string, run: 
 interface Usage {
   cpuSeconds: number;
   peakRssMiB: number;
+  /** The tree bytes the node's fill has fetched so far (0 for the origin). */
+  doneBytes: number;
 }
 
 /** A node's CPU seconds and peak RSS so far; fails after STATS_TIMEOUT_MS, or when the answer
@@ -326,9 +332,14 @@ function stats(n: NodeProc): Promise<Usage> {
     };
     const onStats = (m: Record<string, unknown>): void => {
       done();
-      const { cpuSeconds, peakRssMiB } = m;
-      if (typeof cpuSeconds === "number" && Number.isFinite(cpuSeconds) && typeof peakRssMiB === "number")
-        res({ cpuSeconds, peakRssMiB });
+      const { cpuSeconds, peakRssMiB, doneBytes } = m;
+      if (
+        typeof cpuSeconds === "number" &&
+        Number.isFinite(cpuSeconds) &&
+        typeof peakRssMiB === "number" &&
+        typeof doneBytes === "number"
+      )
+        res({ cpuSeconds, peakRssMiB, doneBytes });
       else rej(new Error(`${n.name} answered stats that do not parse: ${JSON.stringify(m)}`));
     };
     const onGarbled = (m: Record<string, unknown>): void => {
@@ -345,6 +356,25 @@ function stats(n: NodeProc): Promise<Usage> {
     n.on(GARBLED, onGarbled);
     n.send({ op: "stats" });
   });
+}
+
+/** Runs `tick` every `ms`, one at a time; its failures are logged, never thrown. `stop` ends it
+ * once the tick under way, if any, has ended. */
+function every(ms: number, tick: () => Promise<void>): { stop: () => Promise<void> } {
+  let running: Promise<void> = Promise.resolve();
+  let stopped = false;
+  const timer = setInterval(() => {
+    running = running.then(() =>
+      stopped ? undefined : tick().catch((err: unknown) => log(`  (no progress: ${(err as Error).message})`)),
+    );
+  }, ms);
+  return {
+    stop: () => {
+      stopped = true;
+      clearInterval(timer);
+      return running;
+    },
+  };
 }
 
 async function runOnce(
@@ -374,8 +404,19 @@ async function runOnce(
   const bySource: Record<string, number>[] = [];
   let receivedBytes = 0;
   const t0 = performance.now();
+  const committed = new Set<number>();
+  const progress = every(progressMs, async () => {
+    const fills = await Promise.all(
+      receivers.map(async (r, i) =>
+        committed.has(i)
+          ? { doneBytes: 0, committed: true }
+          : { doneBytes: (await stats(r)).doneBytes, committed: false },
+      ),
+    );
+    log(`  ${progressLine((performance.now() - t0) / 1000, fills, t.treeBytes)}`);
+  });
   const deadlineMs = Math.max(120_000, ((3 * n * t.treeBytes) / linkBytesPerSecond) * 1000);
-  await new Promise<void>((res, rej) => {
+  const filled = new Promise<void>((res, rej) => {
     let left = n;
     const timer = setTimeout(
       () => rej(new Error(`N=${n} ${mode}: ${left} not done after ${deadlineMs} ms`)),
@@ -388,6 +429,7 @@ async function runOnce(
       });
       r.on("committed", (m) => {
         fillSeconds[i] = (performance.now() - t0) / 1000;
+        committed.add(i);
         bySource[i] = m.bySource as Record<string, number>;
         receivedBytes += Number(m.receivedBytes);
         // As the record would: the committed copy is listed for everyone still filling.
@@ -414,6 +456,9 @@ async function runOnce(
       });
     });
   });
+  // No progress question may be out when the last figures are asked for: one answer would be
+  // taken for both.
+  await filled.finally(() => progress.stop());
   const usage = await Promise.all([origin, ...receivers].map(stats));
   await Promise.all([origin, ...receivers].map((p) => stopNode(p.proc)));
   rmSync(runDir, { recursive: true, force: true });

@@ -27,8 +27,13 @@ const pick = (files) =>
     .filter(hasSource)
     .filter((f) => filters.length === 0 || filters.some((x) => f.includes(x)))
     .sort();
-// Unit tests sit beside what they test: the product's under src/, the tools' under tools/.
-const unit = pick([...find(join(root, "dist/src")), ...find(join(root, "dist/tools"))]);
+// Unit tests sit beside what they test: the product's under src/, the tools' under tools/ and
+// bench/.
+const unit = pick([
+  ...find(join(root, "dist/src")),
+  ...find(join(root, "dist/tools")),
+  ...find(join(root, "dist/bench")),
+]);
 const integration = pick(find(join(root, "dist/test")));
 
 const totals = { pass: 0, fail: 0, skipped: 0 };
