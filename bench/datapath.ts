@@ -197,10 +197,16 @@ const wall = (xs: Sample[] | undefined): number => median((xs ?? []).map((x) => 
 const cpu = (xs: Sample[] | undefined): number => median((xs ?? []).map((x) => x.cpu));
 
 function table(rows: Row[]): string {
-  const head = ["", "median s", "MB/s", "CPU s", ""];
+  // The range beside the median: on a shared VM a baseline's own time can swing twofold.
+  const head = ["", "median s", "range s", "MB/s", "CPU s", ""];
+  const range = (xs: Sample[]): string =>
+    xs.length
+      ? `${Math.min(...xs.map((x) => x.wall)).toFixed(2)}-${Math.max(...xs.map((x) => x.wall)).toFixed(2)}`
+      : "n/a";
   const body = rows.map((r) => [
     r.what,
     wall(r.samples).toFixed(2),
+    range(r.samples),
     (r.bytes / 1e6 / wall(r.samples)).toFixed(0),
     Number.isFinite(cpu(r.samples)) ? cpu(r.samples).toFixed(2) : "n/a",
     r.note ?? "",
@@ -208,7 +214,7 @@ function table(rows: Row[]): string {
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => (b[i] as string).length)));
   const line = (cells: string[]): string =>
     cells
-      .map((c, i) => (i === 0 || i === 4 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number)))
+      .map((c, i) => (i === 0 || i === 5 ? c.padEnd(widths[i] as number) : c.padStart(widths[i] as number)))
       .join("  ");
   return [line(head), ...body.map(line)].join("\n");
 }
