@@ -58,6 +58,13 @@ import { recordElection } from "../../src/webhook/election.js";
 import { runWebhook } from "../../src/webhook/run.js";
 import { loadWebhookConfig } from "../../src/webhook/config.js";
 import { installPolicyCopy } from "../chart.js";
+import { MANUAL_READY } from "../agents.js";
+
+// Keeps a leader un-Ready on its simulated node. Ready, its capture would start, fail (there is
+// no cache folder there) and end the election within half a second; a pod of the same hash
+// admitted after that rightly leads the next one, and a test that counts one election's leaders
+// would see two.
+const UNREADY = { [MANUAL_READY]: "true" };
 import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../../src/core/decorate.js";
 
@@ -109,12 +116,10 @@ test("a chart's 4 GPU workers get 1 leader and 3 gated followers of one hash; it
   const ns = await tempNamespace(t, "chart");
   const { core } = await kube();
   const model = `meta-llama/Llama-3.1-8B-Instruct-${ns}`;
-  // The leader stays un-Ready: on a simulated node its capture would start, fail (no cache folder
-  // there) and re-elect while this test still looks at the first election.
   await createWorkers(ns, {
     replicas: 4,
     args: ["--model", model, "--tensor-parallel-size", "1"],
-    annotations: { "sim.warmstart.dev/manual-ready": "true" },
+    annotations: UNREADY,
   });
   await core.createNamespacedPod({
     namespace: ns,
@@ -183,7 +188,7 @@ test("a Dynamo-style prefill and decode worker pair shares one election", async 
   const { core } = await kube();
   const model = `Qwen/Qwen3-0.6B-${ns}`;
   const worker = (name: string, extra: string[], index: string): k8s.V1Pod => ({
-    metadata: { name },
+    metadata: { name, annotations: UNREADY },
     spec: {
       containers: [
         {
@@ -222,7 +227,7 @@ test("20 concurrent pods of one hash elect exactly one leader (20 trials)", asyn
         core.createNamespacedPod({
           namespace: ns,
           body: {
-            metadata: { name: `t${trial}-p${i}` },
+            metadata: { name: `t${trial}-p${i}`, annotations: UNREADY },
             spec: { containers: [gpuContainer("vllm", ["--model", model])] },
           },
         }),
@@ -250,7 +255,7 @@ test("generateName pods (no name, no UID at admission) are elected and stamped",
       core.createNamespacedPod({
         namespace: ns,
         body: {
-          metadata: { generateName: "worker-" },
+          metadata: { generateName: "worker-", annotations: UNREADY },
           spec: { containers: [gpuContainer("vllm", ["--model", model])] },
         },
       }),
@@ -282,7 +287,7 @@ test("a namespace with a compute quota admits a follower: its init containers ca
   const worker = (name: string): k8s.V1Pod => {
     const c = gpuContainer("vllm", ["--model", model]);
     c.resources = { ...c.resources, requests: { cpu: "1", memory: "1Gi" } };
-    return { metadata: { name }, spec: { containers: [c] } };
+    return { metadata: { name, annotations: UNREADY }, spec: { containers: [c] } };
   };
   const leader = await core.createNamespacedPod({ namespace: ns, body: worker("a") });
   await cleanupHash(t, leader.metadata!.labels![LABEL_HASH]!);
@@ -538,7 +543,10 @@ test("a pod that forges Warmstart's stamps gets none of them, whatever the webho
     [
       "a downloader",
       ns,
-      forged("leader", [gpuContainer("c", ["--model", model])], { [ANN_CACHE_SIZE_LIMIT]: "500Gi" }),
+      forged("leader", [gpuContainer("c", ["--model", model])], {
+        [ANN_CACHE_SIZE_LIMIT]: "500Gi",
+        ...UNREADY,
+      }),
     ],
     ["its replica", ns, forged("follower", [gpuContainer("c", ["--model", model])])],
   ];
