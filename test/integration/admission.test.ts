@@ -59,14 +59,14 @@ import { runWebhook } from "../../src/webhook/run.js";
 import { loadWebhookConfig } from "../../src/webhook/config.js";
 import { installPolicyCopy } from "../chart.js";
 import { MANUAL_READY } from "../agents.js";
+import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
+import { DEFAULT_CACHE_ENV_TEMPLATE } from "../../src/core/decorate.js";
 
 // Keeps a leader un-Ready on its simulated node. Ready, its capture would start, fail (there is
 // no cache folder there) and end the election within half a second; a pod of the same hash
 // admitted after that rightly leads the next one, and a test that counts one election's leaders
 // would see two.
 const UNREADY = { [MANUAL_READY]: "true" };
-import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
-import { DEFAULT_CACHE_ENV_TEMPLATE } from "../../src/core/decorate.js";
 
 let webhookUrl: string;
 let pkiDir: string;
