@@ -252,7 +252,14 @@ export async function runDatapathBench(): Promise<void> {
     settle();
 
     // --- capture vs cp -a (source warm in the page cache, as on a leader that just loaded it)
-    const t: Record<string, Sample[]> = { cap: [], capSha: [], cp: [], capSync: [], cpSync: [] };
+    const t: Record<string, Sample[]> = {
+      cap: [],
+      capBuffered: [],
+      capSha: [],
+      cp: [],
+      capSync: [],
+      cpSync: [],
+    };
     let method = "";
     const fresh = (name: string): string => {
       const p = join(dir, name);
@@ -264,10 +271,16 @@ export async function runDatapathBench(): Promise<void> {
       cap: async (): Promise<void> => {
         const dest = fresh("cap");
         t.cap?.push(
-          await timed(
-            async () =>
-              void (method = (await capture({ src, dest, progress: false, durable: false })).captureMethod),
-          ),
+          await timed(async () => {
+            const m = await capture({ src, dest, progress: false, durable: false });
+            method = `${m.captureMethod}${m.directBytes ? `, ${(m.directBytes / 1e9).toFixed(2)} GB O_DIRECT` : ""}`;
+          }),
+        );
+      },
+      capBuffered: async (): Promise<void> => {
+        const dest = fresh("cap");
+        t.capBuffered?.push(
+          await timed(() => capture({ src, dest, progress: false, durable: false, directIo: false })),
         );
       },
       capSha: async (): Promise<void> => {
@@ -292,8 +305,8 @@ export async function runDatapathBench(): Promise<void> {
     for (let r = 0; r < runs; r++) {
       const order =
         r % 2 === 0
-          ? [one.cap, one.cp, one.capSha, one.capSync, one.cpSync]
-          : [one.cpSync, one.capSync, one.capSha, one.cp, one.cap];
+          ? [one.cap, one.cp, one.capBuffered, one.capSha, one.capSync, one.cpSync]
+          : [one.cpSync, one.capSync, one.capSha, one.capBuffered, one.cp, one.cap];
       for (const f of order) await f();
     }
     fresh("cap");
@@ -396,6 +409,12 @@ export async function runDatapathBench(): Promise<void> {
           note: `${method}, ${DEFAULT_DIGEST} of every byte`,
         },
         {
+          what: "capture, no flush, page cache",
+          samples: t.capBuffered ?? [],
+          bytes: total,
+          note: "big files too (--no-direct)",
+        },
+        {
           what: "capture, no flush, sha256",
           samples: t.capSha ?? [],
           bytes: total,
@@ -440,7 +459,7 @@ export async function runDatapathBench(): Promise<void> {
         "",
         `capture vs cp -a:                   ${ratio(t.cp, t.cap)} (goal >= 1.0x)`,
         `durable capture vs cp -a && sync -f: ${ratio(t.cpSync, t.capSync)} (goal >= 1.0x)`,
-        `capture CPU vs cp -a CPU:           ${Number.isFinite(cpuRatio) ? cpuRatio.toFixed(2) : "n/a"}x: ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (goal <= 1.0x; ${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s)`,
+        `capture CPU vs cp -a CPU:           ${Number.isFinite(cpuRatio) ? cpuRatio.toFixed(2) : "n/a"}x: ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (goal <= 1.0x; ${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s; through the page cache: ${cpu(t.capBuffered).toFixed(2)} s)`,
         `prewarm cold vs find|xargs -P6 cat: ${ratio(pw.xargs, pw.prewarm)} (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)}`,
         `prewarm in memory vs reading it:    ${ratio(pw.readWarm, pw.prewarmWarm)} (goal >= 5x); vs xargs -n64 cat: ${ratio(pw.xargsWarm, pw.prewarmWarm)}`,
         `restore pod's prewarm in memory:    ${ratio(pw.readWarm, pw.seededWarm)} vs reading the tree; ${ratio(pw.seededReadWarm, pw.seededWarm)} vs reading the files it looks at (--seeded: seed has read the rest)`,

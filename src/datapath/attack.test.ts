@@ -19,14 +19,25 @@ import {
   symlinkSync,
   writeFileSync,
 } from "node:fs";
-import { appendFile, chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import {
+  appendFile,
+  chmod,
+  mkdir,
+  mkdtemp,
+  open,
+  readdir,
+  readFile,
+  rm,
+  stat,
+  writeFile,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { capture, CaptureStoppedError } from "./capture.js";
-import { digestOf } from "./digest.js";
+import { createDigest, digestOf } from "./digest.js";
 import { nameOf, readManifest } from "./manifest.js";
 import { isReady, waitForReady } from "./ready.js";
 import { seed } from "./seed.js";
@@ -450,6 +461,38 @@ test("a pod's credentials and set-id bits never reach the tree others start from
     assert.equal(await readFile(join(tree, "huggingface/hub/weights"), "utf8"), "w");
     assert.equal((await stat(join(tree, "cache/kernel.so"))).mode & 0o6000, 0, "no set-user-ID");
     assert.equal((await stat(join(tree, "cache/shared"))).mode & 0o6000, 0, "no set-group-ID");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("a pod's sparse file takes no more room in the tree others start from than in the pod", async () => {
+  const dir = await mkdtemp(join(tmpdir(), "ws-attack-sparse-"));
+  try {
+    const src = join(dir, "src");
+    await mkdir(join(src, "model"), { recursive: true });
+    // 1 GiB to anyone who reads it, 4 KiB on the pod's disk.
+    const fh = await open(join(src, "model/huge.bin"), "w");
+    try {
+      await fh.truncate(1 << 30);
+      await fh.write(Buffer.from("payload"), 0, 7, 512 << 20);
+    } finally {
+      await fh.close();
+    }
+    const m = await capture({ src, dest: join(dir, "tree"), progress: false, durable: false });
+    const st = await stat(join(dir, "tree/model/huge.bin"));
+    assert.equal(st.size, 1 << 30, "the same apparent size");
+    assert.ok(st.blocks * 512 <= 64 * 1024, `${st.blocks * 512} bytes on disk, not a filled GiB`);
+    // What a reader sees, digested a block of zeros at a time: 512 MiB of zeros, the payload,
+    // then zeros to 1 GiB.
+    const d = createDigest(m.digest);
+    const zeros = Buffer.alloc(16 << 20);
+    for (let n = 0; n < 32; n++) d.update(zeros);
+    d.update(Buffer.from("payload"));
+    const tail = (1 << 30) - (512 << 20) - 7;
+    for (let left = tail; left > 0; left -= zeros.length)
+      d.update(zeros.subarray(0, Math.min(left, zeros.length)));
+    assert.equal(m.files[0]?.digest, d.hex(), "the digest is of what a reader sees");
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -49,6 +49,7 @@ export function buildManifest(
     model: redactUrlCredentials(opts.model ?? ""),
     createdAt: new Date().toISOString(),
     captureMethod: c.method,
+    directBytes: c.directBytes,
     exactTimes,
     digest,
     fileCount: c.files.length,

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { existsSync, lstatSync, mkdtempSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
-import { chmod, mkdir, readdir, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdir, open, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -11,7 +12,7 @@ import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { AlreadyCapturedError, capture } from "./capture.js";
 import { DEFAULT_DIGEST, digestOf } from "./digest.js";
 import { ManifestSchema, readManifest } from "./manifest.js";
-import { exactTimes } from "./native.js";
+import { exactTimes, missingPages, pageSize } from "./native.js";
 import {
   BLOB_BIG,
   BLOB_SMALL,
@@ -32,6 +33,53 @@ import {
 } from "../../test/support/datapath.js";
 
 const RESERVED = [READY_MARKER, MANIFEST_FILE];
+const MiB = 1024 * 1024;
+
+/** A source with one big file (not a whole number of blocks) and two files with holes: a big one
+ * with two islands of data, one of them across a block boundary, ending in a hole; and a small
+ * one with a few bytes in the middle. */
+async function bigAndSparse(src: string): Promise<Map<string, Buffer>> {
+  await mkdir(join(src, "model"), { recursive: true });
+  const big = randomBytes(3 * MiB + 5);
+  await writeFile(join(src, "model/big.safetensors"), big);
+  const holes = async (rel: string, size: number, islands: [number, Buffer][]): Promise<Buffer> => {
+    const fh = await open(join(src, rel), "w");
+    try {
+      await fh.truncate(size);
+      for (const [at, bytes] of islands) await fh.write(bytes, 0, bytes.length, at);
+    } finally {
+      await fh.close();
+    }
+    const whole = Buffer.alloc(size);
+    for (const [at, bytes] of islands) bytes.copy(whole, at);
+    return whole;
+  };
+  return new Map([
+    ["model/big.safetensors", big],
+    [
+      "model/sparse.bin",
+      await holes("model/sparse.bin", 64 * MiB, [
+        [8 * MiB, randomBytes(3 * 4096)],
+        [40_000_001, randomBytes(5000)],
+      ]),
+    ],
+    ["cache/small-sparse", await holes("cache/small-sparse", 100_000, [[50_000, randomBytes(10)]])],
+  ]);
+}
+
+/** Pages of the file at `path` in the page cache, or undefined when this kernel cannot tell. */
+async function residentPages(path: string): Promise<number | undefined> {
+  const fh = await open(path, "r");
+  try {
+    const size = (await fh.stat()).size;
+    const missing = missingPages(fh.fd, 0, size);
+    return missing === undefined ? undefined : Math.ceil(size / pageSize()) - missing;
+  } finally {
+    await fh.close();
+  }
+}
+
+const allocated = async (path: string): Promise<number> => (await stat(path)).blocks * 512;
 
 /** Names in `parent` that look like a staging dir of `base`. */
 const stagingDirs = async (parent: string, base: string): Promise<string[]> =>
@@ -318,7 +366,10 @@ void test("the capture command: one-line errors for bad input, a summary on succ
 
   const ok = runCli(["capture", src, join(dir, "x"), "--hash", "d".repeat(64), "--model", "org/m"]);
   assert.equal(ok.status, 0, ok.stderr);
-  assert.match(ok.stdout, /^captured .*: 9 files, .*, (reflink|copy_file_range|copy)\)\n$/);
+  assert.match(
+    ok.stdout,
+    /^captured .*: 9 files, .*, (reflink|copy_file_range|copy)(, [\d.]+ [kMG]?B with O_DIRECT)?\)\n$/,
+  );
   assert.equal(ok.stderr, "", "no progress when stderr is not a TTY");
   const twice = runCli(["capture", src, join(dir, "x")]);
   assert.equal(twice.status, 0);
@@ -439,5 +490,73 @@ test("a model URL's credentials never reach the manifest", async () => {
     assert.match(m.model, /hub\.local\/org\/m/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+void test("a big file is written past the page cache and digested from its one read; holes stay holes", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await mkdir(join(src, "cache"), { recursive: true });
+  const files = await bigAndSparse(src);
+  const dest = join(dir, "h1");
+  const m = await capture({ src, dest, progress: false });
+  const big = files.get("model/big.safetensors") as Buffer;
+  // The big file and the data blocks of the two files with holes, nothing of the holes.
+  assert.ok((m.directBytes ?? 0) >= big.length, `directBytes ${m.directBytes}`);
+  assert.ok((m.directBytes ?? 0) <= big.length + 64 * 1024, `directBytes ${m.directBytes}`);
+  // Looked at before anything reads the copy: O_DIRECT left none of its pages in memory but
+  // the last, which cutting the file back to its size reads in to zero the padding.
+  const resident = await residentPages(join(dest, "model/big.safetensors"));
+  assert.notEqual(resident, undefined, "this kernel tells page-cache residency (cachestat or mincore)");
+  assert.ok((resident ?? 0) <= 1, `${resident} pages of the big file's copy in the page cache`);
+  assert.ok((await allocated(join(dest, "model/sparse.bin"))) <= 64 * 1024, "the holes of 64 MiB stay holes");
+  assert.ok((await allocated(join(dest, "cache/small-sparse"))) <= 8192, "a small file's holes too");
+  for (const [rel, body] of files) {
+    assert.ok((await readRel(dest, rel)).equals(body), rel);
+    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
+    assert.equal((await stat(join(dest, rel))).size, body.length, `${rel} size`);
+  }
+  const want = await snapshot(src);
+  const got = await snapshot(dest, RESERVED);
+  for (const rel of files.keys()) assert.equal(got.get(rel)?.mtimeNs, want.get(rel)?.mtimeNs, `${rel} mtime`);
+});
+
+void test("with directIo off a big file goes through the page cache, and holes still stay holes", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await mkdir(join(src, "cache"), { recursive: true });
+  const files = await bigAndSparse(src);
+  const dest = join(dir, "h1");
+  const m = await capture({ src, dest, progress: false, directIo: false, durable: false });
+  assert.equal(m.directBytes, 0);
+  const resident = await residentPages(join(dest, "model/big.safetensors"));
+  assert.ok((resident ?? 0) > 0, "the copy is in the page cache");
+  assert.ok((await allocated(join(dest, "model/sparse.bin"))) <= 64 * 1024, "the holes stay holes");
+  for (const [rel, body] of files) {
+    assert.ok((await readRel(dest, rel)).equals(body), rel);
+    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
+  }
+});
+
+void test("a store that refuses O_DIRECT (ramfs) gets the same tree through the page cache", async (t) => {
+  if (process.getuid?.() !== 0) return t.skip("mounting ramfs needs root");
+  // Its own folder, unmounted before it is removed (tempDir's cleanup would meet a mount).
+  const store = mkdtempSync(join(tmpdir(), "ws-ramfs-"));
+  t.after(() => {
+    spawnSync("umount", [store]);
+    rmSync(store, { recursive: true, force: true });
+  });
+  if (spawnSync("mount", ["-t", "ramfs", "ramfs", store]).status !== 0)
+    return t.skip("cannot mount ramfs here");
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await mkdir(join(src, "cache"), { recursive: true });
+  const files = await bigAndSparse(src);
+  const dest = join(store, "h1");
+  const m = await capture({ src, dest, progress: false });
+  assert.equal(m.directBytes, 0, "nothing written with O_DIRECT");
+  for (const [rel, body] of files) {
+    assert.ok((await readRel(dest, rel)).equals(body), rel);
+    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
   }
 });

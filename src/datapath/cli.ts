@@ -43,6 +43,10 @@ export function registerDatapathCommands(program: Command): void {
     )
     .option("--no-sync", "do not flush the copy to disk before committing (faster, not crash-safe)")
     .option(
+      "--no-direct",
+      "write big files through the page cache instead of O_DIRECT (the copy stays in memory; more CPU)",
+    )
+    .option(
       "--deadline <seconds>",
       `fail cleanly (nothing committed) after this long (default ${DEFAULT_CAPTURE_DEADLINE_MS / 1000}; 0: no limit)`,
     )
@@ -50,7 +54,14 @@ export function registerDatapathCommands(program: Command): void {
       async (
         src: string,
         dest: string,
-        o: { hash?: string; model?: string; parallel?: string; sync: boolean; deadline?: string },
+        o: {
+          hash?: string;
+          model?: string;
+          parallel?: string;
+          sync: boolean;
+          direct: boolean;
+          deadline?: string;
+        },
       ) => {
         checkHash(o.hash);
         const parallel = intFlag("--parallel", o.parallel, DEFAULT_CAPTURE_PARALLEL);
@@ -75,6 +86,7 @@ export function registerDatapathCommands(program: Command): void {
             model: o.model,
             parallel,
             durable: o.sync,
+            directIo: o.direct,
             deadlineMs: deadlineS * 1000,
             signal: ac.signal,
           });
@@ -83,7 +95,8 @@ export function registerDatapathCommands(program: Command): void {
             `captured ${dest}: ${m.fileCount} files, ${formatBytes(m.totalBytes)} ` +
               `(model ${formatBytes(m.split.model.bytes)}, cache ${formatBytes(m.split.cache.bytes)}) ` +
               `in ${secs.toFixed(2)} s (${(m.totalBytes / 1e6 / Math.max(secs, 1e-3)).toFixed(0)} MB/s, ` +
-              `${m.captureMethod})${m.skipped.length ? `, ${m.skipped.length} skipped` : ""}\n`,
+              `${m.captureMethod}${m.directBytes ? `, ${formatBytes(m.directBytes)} with O_DIRECT` : ""})` +
+              `${m.skipped.length ? `, ${m.skipped.length} skipped` : ""}\n`,
           );
         } catch (err) {
           // Already there is success for a retry: the committed tree is never touched.

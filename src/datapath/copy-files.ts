@@ -30,6 +30,8 @@ export interface CopyOptions {
   digest: DigestAlgorithm;
   /** See CopyWorkerData.durable. */
   durable: boolean;
+  /** See CopyWorkerData.direct. */
+  direct: boolean;
   stop: CaptureStop;
   noOpenat2: boolean;
   beforeOpen: ((rel: string) => void | Promise<void>) | undefined;
@@ -48,7 +50,7 @@ export async function copyFiles(
   tasks: CopyTask[],
   clone: boolean,
   o: CopyOptions,
-): Promise<{ files: CopiedFile[]; skipped: Skipped[]; digestMs: number }> {
+): Promise<{ files: CopiedFile[]; skipped: Skipped[]; digestMs: number; directBytes: number }> {
   const counters = new SharedArrayBuffer(COUNTERS.size);
   const filesDone = new Int32Array(counters, COUNTERS.files, 1);
   const stopFlag = new Int32Array(counters, COUNTERS.stop, 1);
@@ -83,6 +85,7 @@ export async function copyFiles(
     clone,
     digest: o.digest,
     durable: o.durable,
+    direct: o.direct,
     noOpenat2: o.noOpenat2,
     askBeforeOpen: o.beforeOpen !== undefined,
     counters,
@@ -145,12 +148,13 @@ export async function copyFiles(
     const results = await Promise.all(Array.from({ length: count }, run));
     o.stop.check();
     if (failure) throw failure;
-    const out = { files: [] as CopiedFile[], skipped: [] as Skipped[], digestMs: 0 };
+    const out = { files: [] as CopiedFile[], skipped: [] as Skipped[], digestMs: 0, directBytes: 0 };
     for (const r of results) {
       if (!r) throw new Error("a copy worker stopped without reporting");
       out.files.push(...r.files);
       out.skipped.push(...r.skipped);
       out.digestMs += r.digestMs;
+      out.directBytes += r.directBytes;
     }
     return out;
   } finally {

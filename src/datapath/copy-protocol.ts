@@ -33,6 +33,8 @@ export interface CopyWorkerData {
    * so the disk writes while the copy goes on and the capture's one syncfs has little left to
    * wait for; without the native helpers (no syncfs), fsync each file instead. */
   durable: boolean;
+  /** Write big files with O_DIRECT where the filesystem takes it (copy-worker.ts). */
+  direct: boolean;
   /** Walk component by component even where openat2 exists. */
   noOpenat2: boolean;
   /** Ask the main thread before opening each file (a test hook), and wait for its answer. */
@@ -55,7 +57,14 @@ export interface CopiedFile {
 export type FromWorker =
   | { kind: "more" }
   | { kind: "beforeOpen"; rel: string }
-  | { kind: "done"; files: CopiedFile[]; skipped: { path: string; reason: SkipReason }[]; digestMs: number }
+  | {
+      kind: "done";
+      files: CopiedFile[];
+      skipped: { path: string; reason: SkipReason }[];
+      digestMs: number;
+      /** Bytes this copier wrote with O_DIRECT. */
+      directBytes: number;
+    }
   | { kind: "error"; message: string }
   | { kind: "stopped" };
 

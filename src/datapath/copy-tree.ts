@@ -34,6 +34,8 @@ export interface Copied {
   skipped: Skipped[];
   method: CopyMethod;
   digestMs: number;
+  /** Bytes written with O_DIRECT (big files), past the page cache. */
+  directBytes: number;
 }
 
 export async function copyTree(
@@ -115,6 +117,7 @@ export async function copyTree(
     skipped: copied.skipped.sort(byPath),
     method,
     digestMs: copied.digestMs,
+    directBytes: copied.directBytes,
   };
 }
 

@@ -44,6 +44,8 @@ const common = {
   createdAt: z.string(),
   /** How the kernel copied the data: shared extents, in-kernel copy, or read/write. */
   captureMethod: z.enum(["reflink", "copy_file_range", "copy"]),
+  /** Bytes of big files written with O_DIRECT instead (absent in manifests from before it). */
+  directBytes: z.number().int().nonnegative().optional(),
   /** True when access and modification times were set to the nanosecond. */
   exactTimes: z.boolean(),
   /** Regular file paths, hard links included. */

@@ -52,6 +52,8 @@ export interface Libc {
   close: (fd: number) => number;
   openat: (dirFd: number, name: string, flags: number) => number;
   errno: () => number;
+  /** The address of a buffer's first byte (koffi.address). */
+  address: (b: Buffer) => bigint;
 }
 
 const AT_FDCWD = -100;
@@ -87,6 +89,7 @@ async function loadLibc(): Promise<Libc | null> {
       close: lib.func("int close(int)") as Libc["close"],
       openat: lib.func("int openat(int, const char *, int)") as Libc["openat"],
       errno: () => koffi.errno(),
+      address: (b) => koffi.address(b),
     };
   } catch {
     return null;
@@ -335,7 +338,6 @@ export function missingPages(fd: number, offset: number, len: number): number | 
 }
 
 const SEEK_END = 2;
-
 /** The size of the open file `fd` (lseek to its end: one call, no stat object built). */
 export function fileSize(fd: number): number {
   if (!libc) return fstatSync(fd).size;
