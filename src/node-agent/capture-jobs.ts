@@ -178,6 +178,7 @@ export class CaptureJobs {
           parallel: cfg.captureParallel,
           progress: false,
           durable: cfg.durable,
+          directIo: cfg.directIo,
           deadlineMs: cfg.captureDeadlineMs,
           signal,
           log,

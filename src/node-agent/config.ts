@@ -198,6 +198,13 @@ export const NODE_AGENT_OPTIONS = {
     doc: "do not flush captured data to disk before committing (throwaway stores only)",
     schema: bool,
   },
+  /** Write big files of a capture past the page cache (capture.ts, ADR 0006). */
+  directIo: {
+    flag: "--no-direct-io",
+    default: true,
+    doc: "write captured big files through the page cache, so the store's copy stays in memory for restores on this node (more CPU, a second copy in memory)",
+    schema: bool,
+  },
   resyncMs: {
     flag: "--resync <duration>",
     default: "60s",
