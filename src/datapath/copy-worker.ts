@@ -5,7 +5,7 @@
  * (device and inode) before opening it for reading, non-blocking (beneath.ts); copy and digest
  * it, then copy its user.* extended attributes (xattr.ts) and set owner, mode and nanosecond
  * times (fchown, fchmod, futimens). A big file is read once, digested from that buffer and
- * written with O_DIRECT, past the page cache, holes left as holes (copyDirect); a small one is
+ * written with O_DIRECT, past the page cache, holes left as holes (copyRanges); a small one is
  * copied by the kernel (FICLONE where the filesystem shares extents, else copy_file_range) and
  * digested from the same descriptor. A libuv thread-pool round trip per call would cost more
  * than the calls themselves on small files, and workers keep the digest off the main thread.
@@ -199,6 +199,8 @@ const alignDown = (n: number): number => Math.floor(n / DIRECT_ALIGN) * DIRECT_A
 interface Ranged {
   copied: number;
   done: Done;
+  /** Data bytes written (holes are not). */
+  wrote: number;
 }
 
 /**
@@ -228,8 +230,12 @@ function copyRanges(fd: number, out: number, size: number, direct: boolean): Ran
     zeros ??= Buffer.alloc(RANGE_CHUNK);
     while (hashed < end) feed(zeros.subarray(0, Math.min(zeros.length, end - hashed)));
   };
-  const finish = (): Ranged => ({ copied: hashed, done: { size: hashed, digest: h.hex(), digestMs } });
   let wrote = 0;
+  const finish = (): Ranged => ({
+    copied: hashed,
+    done: { size: hashed, digest: h.hex(), digestMs },
+    wrote,
+  });
   for (let r = nextDataRange(fd, 0, size); r; r = nextDataRange(fd, hashed, size)) {
     // A widened range takes in part of a hole, copied as the zeros it reads as.
     let pos = Math.max(hashed, alignDown(r[0]));
@@ -260,7 +266,6 @@ function copyRanges(fd: number, out: number, size: number, direct: boolean): Ran
   }
   holeTo(size);
   ftruncateSync(out, size);
-  if (direct) directBytes += wrote;
   return finish();
 }
 
@@ -276,7 +281,11 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
     if (direct !== undefined) {
       try {
         const r = copyRanges(fd, direct, size, true);
-        if (r) return finishFile(fd, direct, before, m, r.copied, r.done);
+        if (r) {
+          const d = finishFile(fd, direct, before, m, r.copied, r.done);
+          if (d) directBytes += r.wrote;
+          return d;
+        }
       } finally {
         closeSync(direct);
       }
