@@ -1,6 +1,7 @@
 /**
  * `npm run bench -- datapath`: capture against `cp -a` (wall and CPU seconds, with capture's
- * BLAKE3 digests and with sha256 ones), durable capture against `cp -a && sync -f`, prewarm of a
+ * BLAKE3 digests and with sha256 ones, and with its big files written through the page cache
+ * instead of O_DIRECT), durable capture against `cp -a && sync -f`, prewarm of a
  * cold tree against `find | xargs cat`, prewarm of a tree already in memory against reading it
  * (looking at every file, and as a restore pod runs it after seed: `--seeded`, model files
  * only), and capture's peak memory, all on one synthetic model tree built here (large weight shards
