@@ -258,8 +258,6 @@ function copyRanges(fd: number, out: number, size: number, direct: boolean): Ran
         }
         throw err;
       }
-      // Through the page cache, the disk starts on each chunk at once (see startWriteback).
-      if (!direct && data.durable) startWriteback(out, pos, len);
       wrote += n;
       pos += n;
       // A short read: the file ends early (it shrank). What follows would be out of alignment.
@@ -278,9 +276,7 @@ function copyRanges(fd: number, out: number, size: number, direct: boolean): Ran
 function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): Done | undefined {
   const size = Number(before.size);
   const sparse = before.blocks * 512n < before.size;
-  // Big files and files with holes are copied range by range, from one read.
-  const ranged = !data.clone && (size >= DIRECT_MIN || sparse);
-  if (ranged) {
+  if (!data.clone && (size >= DIRECT_MIN || sparse)) {
     const direct = openDirect(dst);
     if (direct !== undefined) {
       try {
@@ -300,8 +296,8 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
   try {
     let copied = 0;
     let d: Done;
-    if (ranged) {
-      // Without O_DIRECT: range by range through the page cache, the holes kept.
+    if (sparse && !data.clone) {
+      // O_DIRECT cannot be had here: range by range through the page cache, the holes kept.
       ({ copied, done: d } = copyRanges(fd, out, size, false) as Ranged);
     } else {
       const kernel = kernelCopyFd(fd, out, size, data.clone, stopped);

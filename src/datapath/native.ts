@@ -248,14 +248,13 @@ export const syncfsAvailable = (): boolean => libc !== null;
 const SYNC_FILE_RANGE_WRITE = 2;
 
 /**
- * Starts writing back a file's dirty pages ([offset, offset + len); len 0: to the end) without
- * waiting for them (sync_file_range with
+ * Starts writing back a file's dirty pages without waiting for them (sync_file_range with
  * SYNC_FILE_RANGE_WRITE alone): the disk works while the copy goes on, so the one syncfs at the
  * end has little left to wait for. It makes nothing durable by itself (no metadata, no cache
  * flush), and a failure here only means the final syncfs does all the work; so it is ignored.
  */
-export function startWriteback(fd: number, offset = 0, len = 0): void {
-  libc?.syncFileRange(fd, offset, len, SYNC_FILE_RANGE_WRITE);
+export function startWriteback(fd: number): void {
+  libc?.syncFileRange(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 }
 
 const POSIX_FADV_DONTNEED = 4; // the same on x86_64 and arm64
