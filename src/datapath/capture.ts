@@ -9,9 +9,9 @@
  * which checks a file is the one the walk saw before reading it: a big file is read once into a
  * 4 MiB buffer, digested from it and written with O_DIRECT (holes stay holes); a small one moves
  * inside the kernel (a reflink where the filesystem shares extents, copy_file_range otherwise)
- * and is digested from the same descriptor, so nothing is ever held whole in memory. A deadline or the
- * caller's signal ends a capture cleanly at any point before the commit: the copiers stop, the
- * staging directory goes, and nothing is committed.
+ * and is digested from the same descriptor, so nothing is ever held whole in memory. A deadline
+ * or the caller's signal ends a capture cleanly at any point before the commit: the copiers stop,
+ * the staging directory goes, and nothing is committed.
  *
  * The staging directory is capture-staging.ts, the copy copy-tree.ts and copy-files.ts, the
  * manifest capture-manifest.ts and the deadline capture-stop.ts.
