@@ -11,7 +11,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { AlreadyCapturedError, capture } from "./capture.js";
 import { DEFAULT_DIGEST, digestOf } from "./digest.js";
-import { ManifestSchema, readManifest } from "./manifest.js";
+import { ManifestSchema, readManifest, type Manifest } from "./manifest.js";
 import { exactTimes, missingPages, pageSize } from "./native.js";
 import {
   BLOB_BIG,
@@ -40,6 +40,7 @@ const MiB = 1024 * 1024;
  * one with a few bytes in the middle. */
 async function bigAndSparse(src: string): Promise<Map<string, Buffer>> {
   await mkdir(join(src, "model"), { recursive: true });
+  await mkdir(join(src, "cache"), { recursive: true });
   const big = randomBytes(3 * MiB + 5);
   await writeFile(join(src, "model/big.safetensors"), big);
   const holes = async (rel: string, size: number, islands: [number, Buffer][]): Promise<Buffer> => {
@@ -80,6 +81,15 @@ async function residentPages(path: string): Promise<number | undefined> {
 }
 
 const allocated = async (path: string): Promise<number> => (await stat(path)).blocks * 512;
+
+/** Every file of `files` in the captured tree with its bytes, size and manifest digest. */
+async function assertCaptured(dest: string, m: Manifest, files: Map<string, Buffer>): Promise<void> {
+  for (const [rel, body] of files) {
+    assert.ok((await readRel(dest, rel)).equals(body), rel);
+    assert.equal((await stat(join(dest, rel))).size, body.length, `${rel} size`);
+    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
+  }
+}
 
 /** Names in `parent` that look like a staging dir of `base`. */
 const stagingDirs = async (parent: string, base: string): Promise<string[]> =>
@@ -496,7 +506,6 @@ test("a model URL's credentials never reach the manifest", async () => {
 void test("a big file is written past the page cache and digested from its one read; holes stay holes", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
-  await mkdir(join(src, "cache"), { recursive: true });
   const files = await bigAndSparse(src);
   const dest = join(dir, "h1");
   const m = await capture({ src, dest, progress: false });
@@ -511,11 +520,7 @@ void test("a big file is written past the page cache and digested from its one r
   assert.ok((resident ?? 0) <= 1, `${resident} pages of the big file's copy in the page cache`);
   assert.ok((await allocated(join(dest, "model/sparse.bin"))) <= 64 * 1024, "the holes of 64 MiB stay holes");
   assert.ok((await allocated(join(dest, "cache/small-sparse"))) <= 8192, "a small file's holes too");
-  for (const [rel, body] of files) {
-    assert.ok((await readRel(dest, rel)).equals(body), rel);
-    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
-    assert.equal((await stat(join(dest, rel))).size, body.length, `${rel} size`);
-  }
+  await assertCaptured(dest, m, files);
   const want = await snapshot(src);
   const got = await snapshot(dest, RESERVED);
   for (const rel of files.keys()) assert.equal(got.get(rel)?.mtimeNs, want.get(rel)?.mtimeNs, `${rel} mtime`);
@@ -524,7 +529,6 @@ void test("a big file is written past the page cache and digested from its one r
 void test("with directIo off a big file goes through the page cache, and holes still stay holes", async (t) => {
   const dir = tempDir(t);
   const src = join(dir, "src");
-  await mkdir(join(src, "cache"), { recursive: true });
   const files = await bigAndSparse(src);
   const dest = join(dir, "h1");
   const m = await capture({ src, dest, progress: false, directIo: false, durable: false });
@@ -532,10 +536,7 @@ void test("with directIo off a big file goes through the page cache, and holes s
   const resident = await residentPages(join(dest, "model/big.safetensors"));
   assert.ok((resident ?? 0) > 0, "the copy is in the page cache");
   assert.ok((await allocated(join(dest, "model/sparse.bin"))) <= 64 * 1024, "the holes stay holes");
-  for (const [rel, body] of files) {
-    assert.ok((await readRel(dest, rel)).equals(body), rel);
-    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
-  }
+  await assertCaptured(dest, m, files);
 });
 
 void test("a store that refuses O_DIRECT (ramfs) gets the same tree through the page cache", async (t) => {
@@ -550,13 +551,9 @@ void test("a store that refuses O_DIRECT (ramfs) gets the same tree through the 
     return t.skip("cannot mount ramfs here");
   const dir = tempDir(t);
   const src = join(dir, "src");
-  await mkdir(join(src, "cache"), { recursive: true });
   const files = await bigAndSparse(src);
   const dest = join(store, "h1");
   const m = await capture({ src, dest, progress: false });
   assert.equal(m.directBytes, 0, "nothing written with O_DIRECT");
-  for (const [rel, body] of files) {
-    assert.ok((await readRel(dest, rel)).equals(body), rel);
-    assert.equal(m.files.find((f) => f.path === rel)?.digest, digestOf(m.digest, body), `${rel} digest`);
-  }
+  await assertCaptured(dest, m, files);
 });
