@@ -66,8 +66,8 @@ export interface CaptureOptions {
    * marker cannot leave files whose data never reached the disk. */
   durable?: boolean;
   /** Write big files with O_DIRECT, past the page cache (default true, where the filesystem
-   * takes it): no second copy of the model in memory, a third of the CPU, and little left for
-   * the flush. False: through the page cache, so the copy stays in memory for restores on this
+   * takes it): no second copy of the model in memory, about a third of the CPU on the bench
+   * tree, and little left for the flush. False: through the page cache, so the copy stays in memory for restores on this
    * node. */
   directIo?: boolean;
   /** Milliseconds the capture may take before it fails cleanly (default 30 min; 0: no limit). */

@@ -77,8 +77,9 @@ const myGid = BigInt(process.getgid?.() ?? -1);
 /** Files at least this big are written with O_DIRECT (copyRanges). Below it, a file is a few
  * synchronous disk writes at most, cheaper through the page cache. */
 const DIRECT_MIN = 1 << 20;
-/** copyRanges' read and write size: measured on the bench tree, 1 MiB cost a third more CPU
- * and a sixth more time than 4 MiB, and 8 or 16 MiB no less than 4. */
+/** copyRanges' read and write size: measured on the bench's four 512 MiB shards (read and
+ * O_DIRECT write alone), 1 MiB cost 30% more CPU and 16% more time than 4 MiB, and 8 or 16 MiB
+ * no less than 4. */
 const RANGE_CHUNK = 4 << 20;
 // copyRanges' buffer, aligned for O_DIRECT where it can be; allocated on first use.
 let rangeBuf: Buffer | undefined;
@@ -208,8 +209,8 @@ interface Ranged {
  * Only the ranges that hold data are read and written (SEEK_DATA, SEEK_HOLE), so holes stay
  * holes; the digest takes holes as zeros, as a reader sees them. With `direct` (`out` opened
  * O_DIRECT) the bytes go straight to the disk, with no page-cache copy to allocate, dirty and
- * write back later: on the bench tree a third of the CPU of copy_file_range plus the read for
- * the digest. Ranges are widened to whole aligned blocks, the last block is written padded, and
+ * write back later: the bench's whole capture took about a third of the CPU it took with
+ * copy_file_range and a second read for the digest. Ranges are widened to whole aligned blocks, the last block is written padded, and
  * the file is cut back to its size. Returns the bytes copied (short of `size` if the file shrank
  * meanwhile), or undefined when the first O_DIRECT write is refused (the filesystem took the
  * open but not this alignment): nothing was written, and the caller copies another way.
