@@ -1,7 +1,8 @@
 /**
  * `npm run bench -- datapath`: capture against `cp -a` (wall and CPU seconds, with capture's
  * BLAKE3 digests and with sha256 ones, and with its big files written through the page cache
- * instead of O_DIRECT), durable capture against `cp -a && sync -f`, prewarm of a
+ * instead of O_DIRECT), reading and digesting every file without copying it (what capture
+ * computes beyond a copy), durable capture against `cp -a && sync -f`, prewarm of a
  * cold tree against `find | xargs cat`, prewarm of a tree already in memory against reading it
  * (looking at every file, and as a restore pod runs it after seed: `--seeded`, model files
  * only), and capture's peak memory, all on one synthetic model tree built here (large weight shards
@@ -22,6 +23,7 @@ import {
   mkdtempSync,
   openSync,
   readFileSync,
+  readSync,
   readdirSync,
   renameSync,
   rmSync,
@@ -33,7 +35,7 @@ import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { capture } from "../src/datapath/capture.js";
-import { DEFAULT_DIGEST } from "../src/datapath/digest.js";
+import { createDigest, DEFAULT_DIGEST } from "../src/datapath/digest.js";
 import { runPool } from "./pool.js";
 import { dropFromPageCache } from "../src/datapath/native.js";
 import { describePrewarm, prewarm, type PrewarmResult } from "../src/datapath/prewarm.js";
@@ -155,6 +157,23 @@ function retire(path: string, trash: string): void {
   renameSync(path, join(trash, `${Date.now()}-${Math.random().toString(36).slice(2)}`));
 }
 
+/** Reads every file of the tree and digests it as capture does, copying nothing: the CPU a
+ * capture spends beyond a copy's. */
+function digestTree(root: string): void {
+  const buf = Buffer.allocUnsafe(4 * MiB);
+  for (const e of readdirSync(root, { withFileTypes: true, recursive: true })) {
+    if (!e.isFile()) continue;
+    const fd = openSync(join(e.parentPath, e.name), "r");
+    try {
+      const h = createDigest(DEFAULT_DIGEST);
+      for (let n = readSync(fd, buf); n > 0; n = readSync(fd, buf)) h.update(buf.subarray(0, n));
+      h.hex();
+    } finally {
+      closeSync(fd);
+    }
+  }
+}
+
 /** Flushes dirty pages so each measured run starts from the same state. */
 const settle = (): void => void sh("sync");
 
@@ -260,6 +279,7 @@ export async function runDatapathBench(): Promise<void> {
       cp: [],
       capSync: [],
       cpSync: [],
+      digest: [],
     };
     let method = "";
     const fresh = (name: string): string => {
@@ -302,12 +322,16 @@ export async function runDatapathBench(): Promise<void> {
         const dest = fresh("cp");
         t.cpSync?.push(await timed(() => sh(`cp -a '${src}' '${dest}' && sync -f '${dest}'`)));
       },
+      digest: async (): Promise<void> => {
+        settle();
+        t.digest?.push(await timed(() => digestTree(src)));
+      },
     };
     for (let r = 0; r < runs; r++) {
       const order =
         r % 2 === 0
-          ? [one.cap, one.cp, one.capBuffered, one.capSha, one.capSync, one.cpSync]
-          : [one.cpSync, one.capSync, one.capSha, one.capBuffered, one.cp, one.cap];
+          ? [one.cap, one.cp, one.digest, one.capBuffered, one.capSha, one.capSync, one.cpSync]
+          : [one.cpSync, one.capSync, one.capSha, one.capBuffered, one.digest, one.cp, one.cap];
       for (const f of order) await f();
     }
     fresh("cap");
@@ -422,6 +446,12 @@ export async function runDatapathBench(): Promise<void> {
           note: "the digest before BLAKE3",
         },
         { what: "cp -a", samples: t.cp ?? [], bytes: total },
+        {
+          what: "read and digest every file, no copy",
+          samples: t.digest ?? [],
+          bytes: total,
+          note: `${DEFAULT_DIGEST}: what capture computes beyond a copy`,
+        },
         { what: "capture (default: flushed before commit)", samples: t.capSync ?? [], bytes: total },
         { what: "cp -a && sync -f", samples: t.cpSync ?? [], bytes: total },
         { what: "prewarm -P6 (cold)", samples: pw.prewarm ?? [], bytes: total, note: coldNote },
@@ -455,12 +485,14 @@ export async function runDatapathBench(): Promise<void> {
       ]),
     );
     const cpuRatio = cpu(t.cap) / cpu(t.cp);
+    const copyCpuRatio = (cpu(t.cap) - cpu(t.digest)) / cpu(t.cp);
     console.log(
       [
         "",
         `capture vs cp -a:                   ${ratio(t.cp, t.cap)} (goal >= 1.0x)`,
         `durable capture vs cp -a && sync -f: ${ratio(t.cpSync, t.capSync)} (goal >= 1.0x)`,
         `capture CPU vs cp -a CPU:           ${Number.isFinite(cpuRatio) ? cpuRatio.toFixed(2) : "n/a"}x: ${cpu(t.cap).toFixed(2)} s vs ${cpu(t.cp).toFixed(2)} s (goal <= 1.0x; ${DEFAULT_DIGEST}; with sha256: ${cpu(t.capSha).toFixed(2)} s; through the page cache: ${cpu(t.capBuffered).toFixed(2)} s)`,
+        `capture CPU less the digest's vs cp: ${Number.isFinite(copyCpuRatio) ? copyCpuRatio.toFixed(2) : "n/a"}x: reading and digesting every byte alone took ${cpu(t.digest).toFixed(2)} CPU s`,
         `prewarm cold vs find|xargs -P6 cat: ${ratio(pw.xargs, pw.prewarm)} (goal >= 1.0x); vs -n64: ${ratio(pw.xargsN, pw.prewarm)}`,
         `prewarm in memory vs reading it:    ${ratio(pw.readWarm, pw.prewarmWarm)} (goal >= 5x); vs xargs -n64 cat: ${ratio(pw.xargsWarm, pw.prewarmWarm)}`,
         `restore pod's prewarm in memory:    ${ratio(pw.readWarm, pw.seededWarm)} vs reading the tree; ${ratio(pw.seededReadWarm, pw.seededWarm)} vs reading the files it looks at (--seeded: seed has read the rest)`,

@@ -10,7 +10,6 @@
  * Names are byte strings here: each character of a `rel` is one byte of the name (latin1), so a
  * name that is not valid UTF-8 is carried exactly; `bytes()` turns one back into a Buffer path.
  */
-import type { BigIntStats } from "node:fs";
 import {
   closeSync,
   existsSync,
@@ -21,7 +20,7 @@ import {
   readdirSync,
   readlinkSync,
 } from "node:fs";
-import { closeRawFd, openat2Beneath } from "./native.js";
+import { closeRawFd, openAtRaw, openat2Beneath, statxAt, type FileStat } from "./native-file.js";
 
 /** Open the name itself, not the file: no read, no side effect, never blocks (a FIFO, a device). */
 export const O_PATH = 0o10000000; // the same value on x86-64 and arm64; Node does not export it
@@ -78,7 +77,7 @@ export function requireProcFd(what: string): void {
   if (!existsSync(PROC_FD)) throw new Error(`${what} needs ${PROC_FD} (Linux with /proc mounted)`);
 }
 
-export function specialReason(st: BigIntStats): SkipReason {
+export function specialReason(st: FileStat): SkipReason {
   if (st.isFIFO()) return "fifo";
   if (st.isSocket()) return "socket";
   if (st.isCharacterDevice()) return "char-device";
@@ -118,7 +117,7 @@ export function closeFd(fd: number): void {
 export function openBeneath(dirFd: number, rel: string, flags: number): number {
   const f = flags | fsc.O_NOFOLLOW;
   if (rel === "") return openSync(at(dirFd), flags);
-  const viaKernel = openat2Beneath(dirFd, bytes(rel), f);
+  const viaKernel = openat2Beneath(dirFd, rel, f);
   if (viaKernel !== undefined) {
     rawFds.add(viaKernel);
     return viaKernel;
@@ -139,13 +138,31 @@ export function openBeneath(dirFd: number, rel: string, flags: number): number {
 }
 
 export type Opened =
-  { fd: number; st: BigIntStats; skip?: undefined } | { fd?: undefined; st?: undefined; skip: SkipReason };
+  { fd: number; st: FileStat; skip?: undefined } | { fd?: undefined; st?: undefined; skip: SkipReason };
+
+/** The stat of the open file `fd` (any kind, an O_PATH descriptor too). */
+export const statFd = (fd: number): FileStat => statxAt(fd, "") ?? fstatSync(fd, { bigint: true });
+
+// /proc/self/fd, held open by each thread that reopens descriptors through it (Node closes a
+// worker's when the worker ends; the main thread's lives as long as the process).
+let procFd: number | undefined;
+
+/** Opens the file that the O_PATH descriptor `pathFd` holds, with `flags`: through its magic link
+ * in /proc/self/fd, looked up in that directory held open (one name, not a path from the root).
+ * Close what it returns with closeFd. */
+function reopen(pathFd: number, flags: number): number {
+  procFd ??= openSync(PROC_FD, fsc.O_RDONLY | fsc.O_DIRECTORY);
+  const fd = openAtRaw(procFd, String(pathFd), flags);
+  if (fd === undefined) return openSync(at(pathFd), flags);
+  rawFds.add(fd);
+  return fd;
+}
 
 /**
  * Opens for reading the regular file at `rel` below `dirFd`, if it is still the one that was
  * scanned (same device and inode). It is looked up as a name only (O_PATH: nothing is opened, so
  * a FIFO or a device swapped in is never read and cannot block), checked, and only then opened
- * through that same descriptor, non-blocking.
+ * through that same descriptor, non-blocking. Close the descriptor with closeFd.
  */
 export function openScannedFile(dirFd: number, rel: string, want: { dev: bigint; ino: bigint }): Opened {
   let pathFd: number;
@@ -157,17 +174,17 @@ export function openScannedFile(dirFd: number, rel: string, want: { dev: bigint;
     throw err;
   }
   try {
-    const st = fstatSync(pathFd, { bigint: true });
+    const st = statFd(pathFd);
     if (!st.isFile()) return { skip: specialReason(st) };
     if (st.dev !== want.dev || st.ino !== want.ino) return { skip: "replaced" };
     const flags = fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY;
     let fd: number;
     try {
       // O_NOATIME leaves the source's atime alone; only its owner and root may ask for it.
-      fd = openSync(at(pathFd), flags | fsc.O_NOATIME);
+      fd = reopen(pathFd, flags | fsc.O_NOATIME);
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== "EPERM") throw err;
-      fd = openSync(at(pathFd), flags);
+      fd = reopen(pathFd, flags);
     }
     return { fd, st };
   } finally {
@@ -180,8 +197,8 @@ export const listDir = (dirFd: number): string[] =>
   readdirSync(at(dirFd), { encoding: "buffer" }).map((b) => b.toString("latin1"));
 
 /** lstat of one name in the directory held by `dirFd`. */
-export const lstatAt = (dirFd: number, name: string): BigIntStats =>
-  lstatSync(at(dirFd, name), { bigint: true });
+export const lstatAt = (dirFd: number, name: string): FileStat =>
+  statxAt(dirFd, name) ?? lstatSync(at(dirFd, name), { bigint: true });
 
 /**
  * The text of the symlink `name` in the directory held by `dirFd`, as a byte string; undefined

@@ -132,7 +132,7 @@ async function probeMethod(rootFd: number, tasks: CopyTask[], staging: string): 
     try {
       return await probeCopyMethod(o.fd, staging);
     } finally {
-      closeSync(o.fd);
+      closeFd(o.fd);
     }
   }
   return "copy";

@@ -19,14 +19,12 @@ import {
   fchmodSync,
   fchownSync,
   constants as fsc,
-  fstatSync,
   linkSync,
   lchownSync,
   lstatSync,
   openSync,
   readSync,
   writeSync,
-  type BigIntStats,
 } from "node:fs";
 import { createRequire } from "node:module";
 import { parentPort, workerData } from "node:worker_threads";
@@ -39,6 +37,7 @@ import {
   openScannedFile,
   skipReasonOf,
   specialReason,
+  statFd,
   type SkipReason,
 } from "./beneath.js";
 import {
@@ -52,7 +51,6 @@ import {
 import { createDigest } from "./digest.js";
 import { alignedBuffer, DIRECT_ALIGN, nextDataRange } from "./native-direct.js";
 import {
-  disableOpenat2,
   kernelCopyAvailable,
   kernelCopyFd,
   setFdTimesNs,
@@ -62,6 +60,7 @@ import {
 } from "./native.js";
 import { KEPT_MODE_BITS } from "./beneath.js";
 import { copyUserXattrs } from "./xattr.js";
+import { closeRawFd, createAtRaw, disableOpenat2, type FileStat } from "./native-file.js";
 
 const data = workerData as CopyWorkerData;
 if (data.noOpenat2) disableOpenat2();
@@ -111,17 +110,17 @@ interface Done {
  * Everything after the open goes through the one descriptor, so a name swapped since is never
  * followed. A file rewritten while it is copied is copied again.
  */
-function copyOne(m: CopyMember, dst: Buffer): Done | SkipReason {
+function copyOne(m: CopyMember): Done | SkipReason {
   for (let attempt = 1; ; attempt++) {
     beforeOpen(m.rel);
     const o = openScannedFile(data.rootFd, m.rel, m);
     if (o.skip) return o.skip;
     try {
-      const r = kernelCopyAvailable() ? copyByFd(o.fd, o.st, m, dst) : copyByPath(o.fd, o.st, m, dst);
+      const r = kernelCopyAvailable() ? copyByFd(o.fd, o.st, m) : copyByPath(o.fd, o.st, m, dstPath(m.rel));
       if (r) return r;
       if (attempt >= 3) throw new Error(`${m.rel} kept changing while it was copied`);
     } finally {
-      closeSync(o.fd);
+      closeFd(o.fd);
     }
   }
 }
@@ -167,26 +166,51 @@ function hash(fd: number, size: number, sink?: (chunk: Buffer) => void): Done {
 }
 
 /** Same size and mtime before and after, and every byte there: the copy holds what was hashed. */
-const unchanged = (fd: number, before: BigIntStats, copied: number, hashed: number): boolean => {
-  const after = fstatSync(fd, { bigint: true });
+const unchanged = (fd: number, before: FileStat, copied: number, hashed: number): boolean => {
+  const after = statFd(fd);
   const size = Number(before.size);
   return after.mtimeNs === before.mtimeNs && after.size === before.size && copied === size && hashed === size;
 };
 
 /** Unchanged since the walk: the walk's times (reading it, ours included, may have moved its
  * atime since). Changed: the times of the content that was copied. */
-const timesFor = (before: BigIntStats, m: CopyMember): [bigint, bigint] =>
+const timesFor = (before: FileStat, m: CopyMember): [bigint, bigint] =>
   before.mtimeNs === m.mtimeNs && before.size === m.size
     ? [m.atimeNs, m.mtimeNs]
     : [before.atimeNs, before.mtimeNs];
 
+// The staging folder of the last copy created, held open (staging is this capture's own): the
+// next copy in that folder, as most of a batch is, is created by one name, not a whole path.
+const dstDir = { rel: "", fd: -1 };
+
+/** Creates (or empties) the copy of `rel` in staging, write-only, with `flags` added; close it with
+ * closeRawFd. Only with the native helpers. */
+function createCopy(rel: string, flags: number): number {
+  const slash = rel.lastIndexOf("/");
+  const dir = rel.slice(0, slash + 1);
+  if (dstDir.fd < 0 || dir !== dstDir.rel) {
+    if (dstDir.fd >= 0) closeSync(dstDir.fd);
+    dstDir.fd = -1;
+    dstDir.fd = openSync(dir ? dstPath(dir) : bytes(data.staging), O_PATH | fsc.O_DIRECTORY);
+    dstDir.rel = dir;
+  }
+  const fd = createAtRaw(
+    dstDir.fd,
+    rel.slice(slash + 1),
+    fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | flags,
+    0o600,
+  );
+  if (fd === undefined) throw new Error("creating a copy by descriptor needs the native helpers");
+  return fd;
+}
+
 /** The destination opened for O_DIRECT writes, or undefined when this filesystem refuses them
  * (tmpfs before Linux 6.6, some FUSE filesystems) or no aligned buffer can be had. */
-function openDirect(dst: Buffer): number | undefined {
+function openDirect(rel: string): number | undefined {
   if (!directWorks) return undefined;
   try {
     rangeBuf ??= alignedBuffer(RANGE_CHUNK);
-    if (rangeBuf) return openSync(dst, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | fsc.O_DIRECT, 0o600);
+    if (rangeBuf) return createCopy(rel, fsc.O_DIRECT);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== "EINVAL") throw err;
   }
@@ -274,11 +298,11 @@ function copyRanges(fd: number, out: number, size: number, direct: boolean): Ran
  * or clone or copy_file_range and pread; flistxattr, fgetxattr and fsetxattr, fchown, fchmod,
  * futimens). A file with holes is copied range by range, so they stay holes, through the page
  * cache if O_DIRECT cannot be had (a reflink shares the holes as they are). */
-function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): Done | undefined {
+function copyByFd(fd: number, before: FileStat, m: CopyMember): Done | undefined {
   const size = Number(before.size);
   const sparse = before.blocks * 512n < before.size;
   if (!data.clone && (size >= DIRECT_MIN || sparse)) {
-    const direct = openDirect(dst);
+    const direct = openDirect(m.rel);
     if (direct !== undefined) {
       try {
         const r = copyRanges(fd, direct, size, true);
@@ -288,12 +312,12 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
           return d;
         }
       } finally {
-        closeSync(direct);
+        closeRawFd(direct);
       }
     }
   }
   // O_TRUNC: a refused O_DIRECT attempt may have left an empty file here.
-  const out = openSync(dst, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o600);
+  const out = createCopy(m.rel, 0);
   try {
     let copied = 0;
     let d: Done;
@@ -317,7 +341,7 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
     if (data.durable) startWriteback(out);
     return finishFile(fd, out, before, m, copied, d);
   } finally {
-    closeSync(out);
+    closeRawFd(out);
   }
 }
 
@@ -326,7 +350,7 @@ function copyByFd(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): 
 function finishFile(
   fd: number,
   out: number,
-  before: BigIntStats,
+  before: FileStat,
   m: CopyMember,
   copied: number,
   d: Done,
@@ -345,7 +369,7 @@ function finishFile(
 
 /** Without the native helpers: libuv's copyFile (reflink, copy_file_range or sendfile) from the
  * open descriptor (through /proc/self/fd), then times by path at microsecond precision. */
-function copyByPath(fd: number, before: BigIntStats, m: CopyMember, dst: Buffer): Done | undefined {
+function copyByPath(fd: number, before: FileStat, m: CopyMember, dst: Buffer): Done | undefined {
   copyFileSync(at(fd), dst, data.clone ? fsc.COPYFILE_FICLONE : 0);
   const d = hash(fd, Number(before.size));
   if (!unchanged(fd, before, Number(lstatSync(dst).size), d.size)) return undefined;
@@ -382,7 +406,7 @@ function stillLinked(m: CopyMember): SkipReason | undefined {
     throw err;
   }
   try {
-    const st = fstatSync(fd, { bigint: true });
+    const st = statFd(fd);
     if (!st.isFile()) return specialReason(st);
     return st.dev === m.dev && st.ino === m.ino ? undefined : "replaced";
   } finally {
@@ -394,10 +418,9 @@ function runTask(task: CopyTask): void {
   let primary: CopiedFile | undefined;
   for (const m of task) {
     if (stopped()) throw new StoppedError();
-    const dst = dstPath(m.rel);
     Atomics.add(filesDone, 0, 1);
     if (!primary) {
-      const r = copyOne(m, dst);
+      const r = copyOne(m);
       if (typeof r === "string") {
         skipped.push({ path: m.rel, reason: r });
         continue;
@@ -413,7 +436,7 @@ function runTask(task: CopyTask): void {
       skipped.push({ path: m.rel, reason: gone });
       continue;
     }
-    linkSync(dstPath(primary.path), dst);
+    linkSync(dstPath(primary.path), dstPath(m.rel));
     files.push({ ...primary, path: m.rel, linkTo: primary.path });
   }
 }

@@ -51,6 +51,10 @@ export interface Libc {
   syscall: (nr: number, ...typedArgs: unknown[]) => number | bigint;
   close: (fd: number) => number;
   openat: (dirFd: number, name: string, flags: number) => number;
+  /** openat with a mode (O_CREAT): variadic, the mode's type given with it. */
+  openatMode: (dirFd: number, name: Buffer, flags: number, modeType: "uint32_t", mode: number) => number;
+  /** Absent from a libc before glibc 2.28 (native-file.ts). */
+  statx?: (dirFd: number, name: Buffer, flags: number, mask: number, out: Buffer) => number;
   errno: () => number;
   /** The address of a buffer's first byte (koffi.address). */
   address: (b: Buffer) => bigint;
@@ -88,11 +92,24 @@ async function loadLibc(): Promise<Libc | null> {
       syscall: lib.func("long syscall(long, ...)") as Libc["syscall"],
       close: lib.func("int close(int)") as Libc["close"],
       openat: lib.func("int openat(int, const char *, int)") as Libc["openat"],
+      openatMode: lib.func("int openat(int, const void *, int, ...)") as Libc["openatMode"],
+      statx: optional(() =>
+        lib.func("int statx(int, const void *, int, unsigned int, void *)"),
+      ) as Libc["statx"],
       errno: () => koffi.errno(),
       address: (b) => koffi.address(b),
     };
   } catch {
     return null;
+  }
+}
+
+/** A function only some libcs have: undefined where the symbol is missing. */
+function optional(declare: () => unknown): unknown {
+  try {
+    return declare();
+  } catch {
+    return undefined;
   }
 }
 
@@ -157,11 +174,12 @@ export function setTimesNs(
 /** Like setTimesNsSync, on an open descriptor (futimens): no path lookup. */
 export function setFdTimesNs(fd: number, atimeNs: bigint, mtimeNs: bigint, what: string): void {
   if (!libc) throw new Error("futimens needs the native helpers");
-  const buf = Buffer.allocUnsafe(32);
-  writeTimespec(buf, 0, atimeNs);
-  writeTimespec(buf, 16, mtimeNs);
-  if (libc.futimens(fd, buf) !== 0) throw errnoError("futimens", what, libc.errno());
+  writeTimespec(timesBuf, 0, atimeNs);
+  writeTimespec(timesBuf, 16, mtimeNs);
+  if (libc.futimens(fd, timesBuf) !== 0) throw errnoError("futimens", what, libc.errno());
 }
+// Two struct timespec, reused by every call of a thread (the calls are synchronous).
+const timesBuf = Buffer.alloc(32);
 
 /** Whether the descriptor-level copy helpers below are there (koffi loaded). */
 export const kernelCopyAvailable = (): boolean => libc !== null;
@@ -412,64 +430,5 @@ export async function probeCopyMethod(srcFd: number, dir: string): Promise<CopyM
 export class StoppedError extends Error {
   constructor() {
     super("stopped");
-  }
-}
-
-const SYS_OPENAT2 = 437; // the same number on every Linux architecture
-const O_CLOEXEC = 0o2000000;
-const RESOLVE_NO_SYMLINKS = 0x04;
-const RESOLVE_BENEATH = 0x08;
-let openat2Works = libc !== null && process.env.WARMSTART_NO_OPENAT2 !== "1";
-
-/**
- * openat(2) of `name` in the folder `dirFd` (close-on-exec): one component looked up, not a whole
- * path, and none of Node's bookkeeping; close it with closeRawFd. Undefined without the native
- * helpers (the caller opens by path).
- */
-export function openAtRaw(dirFd: number, name: string, flags: number): number | undefined {
-  if (!libc) return undefined;
-  const fd = libc.openat(dirFd, name, flags | O_CLOEXEC);
-  if (fd < 0) throw errnoError("openat", name, libc.errno());
-  return fd;
-}
-
-/** Closes a descriptor openat2Beneath or openAtRaw returned. Node's fs did not open it, so its closeSync
- * would warn (in a worker thread) about a descriptor it does not track. */
-export function closeRawFd(fd: number): void {
-  libc?.close(fd);
-}
-
-/** Turns openat2 off for this thread (tests of the component-by-component walk); returns a
- * function that puts back what was there. */
-export function disableOpenat2(): () => void {
-  const was = openat2Works;
-  openat2Works = false;
-  return () => void (openat2Works = was);
-}
-
-/**
- * openat2(dirFd, rel, flags) with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS: the kernel resolves
- * `rel` below `dirFd`, failing with ELOOP on a symlink at any component and EXDEV on any way out.
- * Returns undefined when openat2 is not there (no native helpers, a kernel before 5.6, a seccomp
- * profile that refuses it), so the caller can walk component by component instead.
- */
-export function openat2Beneath(dirFd: number, rel: Buffer, flags: number): number | undefined {
-  if (!libc || !openat2Works) return undefined;
-  const how = Buffer.alloc(24);
-  how.writeBigUInt64LE(BigInt(flags | O_CLOEXEC), 0);
-  how.writeBigUInt64LE(BigInt(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), 16);
-  const path = cString(rel);
-  for (let attempt = 1; ; attempt++) {
-    const fd = Number(libc.syscall(SYS_OPENAT2, "int", dirFd, "void *", path, "void *", how, "size_t", 24));
-    if (fd >= 0) return fd;
-    const errno = libc.errno();
-    // EAGAIN: a rename raced the lookup; the kernel asks for a retry.
-    if ((errno === osConstants.errno.EINTR || errno === osConstants.errno.EAGAIN) && attempt < 16) continue;
-    // ENOSYS: no openat2 here; EPERM: a seccomp profile refuses it (flags never hold O_NOATIME).
-    if (errno === osConstants.errno.ENOSYS || errno === osConstants.errno.EPERM) {
-      openat2Works = false;
-      return undefined;
-    }
-    throw errnoError("openat2", rel.toString("latin1"), errno);
   }
 }

@@ -6,15 +6,8 @@
  * starts, so a tree that is already in memory costs no reader at all.
  */
 import { closeSync, constants as fsc, openSync } from "node:fs";
-import {
-  closeRawFd,
-  fileSize,
-  missingPages,
-  openAtRaw,
-  pageSize,
-  residencyMethod,
-  type ResidencyMethod,
-} from "./native.js";
+import { fileSize, missingPages, pageSize, residencyMethod, type ResidencyMethod } from "./native.js";
+import { closeRawFd, openAtRaw } from "./native-file.js";
 
 export interface ReadTask {
   path: string;

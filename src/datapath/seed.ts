@@ -58,6 +58,7 @@ import {
 import { createDigest, digestAvailable } from "./digest.js";
 import { nameOf, parseManifest, type Manifest } from "./manifest.js";
 import { exactTimes, setFdTimesNs, setTimesNsSync } from "./native.js";
+import type { FileStat } from "./native-file.js";
 import { usedInPlace } from "./in-place.js";
 import { isReady } from "./ready.js";
 import { isMissing, scanTree, yieldNow, type Scan, type TreeEntry } from "./tree.js";
@@ -339,7 +340,7 @@ async function build(
  * already there and kept: the same link, or a file or directory (the engine's own). A link to
  * elsewhere is replaced.
  */
-function placeLink(toFd: number, rel: string, target: string, times?: BigIntStats): boolean {
+function placeLink(toFd: number, rel: string, target: string, times?: FileStat): boolean {
   const parent = openShadowDir(toFd, parentOf(rel));
   try {
     const name = baseOf(rel);
@@ -416,7 +417,7 @@ function copyIn(
       rmSync(tmp, { force: true });
       throw err;
     } finally {
-      closeSync(src.fd);
+      closeFd(src.fd);
     }
     return st ? "replaced" : "copied";
   } finally {

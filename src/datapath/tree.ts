@@ -5,8 +5,7 @@
  * is read, so the walk itself does not move the times it records. Symlinks that lead out of the
  * tree are set aside with their reason, never followed.
  */
-import type { BigIntStats } from "node:fs";
-import { constants as fsc, fstatSync } from "node:fs";
+import { constants as fsc } from "node:fs";
 import { posix } from "node:path";
 import {
   closeFd,
@@ -19,8 +18,10 @@ import {
   readlinkAt,
   skipReasonOf,
   specialReason,
+  statFd,
   type SkipReason,
 } from "./beneath.js";
+import type { FileStat } from "./native-file.js";
 
 export type EntryKind = "dir" | "file" | "symlink" | "special";
 
@@ -28,7 +29,7 @@ export interface TreeEntry {
   /** Path relative to the root as a byte string (beneath.ts), `/`-separated; "" is the root. */
   rel: string;
   kind: EntryKind;
-  stat: BigIntStats;
+  stat: FileStat;
   /** Symlinks: the link text as stored (never resolved), a byte string. */
   target?: string;
 }
@@ -60,7 +61,7 @@ export interface ScanOptions {
   checkpoint?: () => void;
 }
 
-const sameInode = (a: BigIntStats, b: BigIntStats): boolean => a.dev === b.dev && a.ino === b.ino;
+const sameInode = (a: FileStat, b: FileStat): boolean => a.dev === b.dev && a.ino === b.ino;
 
 /**
  * Lists every entry below the directory held by `rootFd`. Entries that vanish or are replaced
@@ -72,7 +73,7 @@ const sameInode = (a: BigIntStats, b: BigIntStats): boolean => a.dev === b.dev &
  * so a server running it keeps answering.
  */
 export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<Scan> {
-  const rootStat = fstatSync(rootFd, { bigint: true });
+  const rootStat = statFd(rootFd);
   if (!rootStat.isDirectory()) throw new Error("the root of a scan must be a directory");
   const entries: TreeEntry[] = [{ rel: "", kind: "dir", stat: rootStat }];
   const skipped: Skipped[] = [];
@@ -97,7 +98,7 @@ export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<
     }
     try {
       // The directory listed must be the one whose times were recorded.
-      if (dirFd !== rootFd && !sameInode(fstatSync(dirFd, { bigint: true }), dir.stat)) {
+      if (dirFd !== rootFd && !sameInode(statFd(dirFd), dir.stat)) {
         lost("replaced");
         continue;
       }
