@@ -2,9 +2,9 @@
  * One capture copier (a worker thread). It asks for batches of files, and for each file makes
  * direct, synchronous system calls on descriptors: find the source below the tree's root
  * descriptor with no symlink anywhere on the way, check it is the regular file the walk saw
- * (device and inode) before opening it for reading, non-blocking (beneath.ts); copy and digest
- * it, then copy its user.* extended attributes (xattr.ts) and set owner, mode and nanosecond
- * times (fchown, fchmod, futimens). A big file is read once, digested from that buffer and
+ * (device and inode) before opening it for reading, non-blocking (beneath.ts); create its copy
+ * by name in its staging folder, held open; copy and digest it, then copy its user.* extended
+ * attributes (xattr.ts) and set owner, mode and nanosecond times (fchown, fchmod, futimens). A big file is read once, digested from that buffer and
  * written with O_DIRECT, past the page cache, holes left as holes (copyRanges); a small one is
  * copied by the kernel (FICLONE where the filesystem shares extents, else copy_file_range) and
  * digested from the same descriptor. A libuv thread-pool round trip per call would cost more
