@@ -1,8 +1,8 @@
 /**
  * File digests for manifests. BLAKE3 by default: a cryptographic hash like sha256 (256 bits, no
  * known way to forge a match), at about a fifth of sha256's CPU per byte on one core (measured
- * 4 GiB/s against 0.9 GiB/s in a worker thread, on a CPU with SHA extensions; on a first-generation
- * EPYC, which runs AVX2 at half width, the two cost about the same). The native
+ * 4 GiB/s against 0.9 GiB/s in a worker thread, on a CPU with SHA extensions; on a
+ * first-generation EPYC, which runs AVX2 at half width, the two cost about the same). The native
  * binding ships prebuilt in its npm package; where it cannot load, captures fall back to sha256
  * and say so in the manifest, which always names its algorithm.
  */
