@@ -171,6 +171,9 @@ export function setTimesNs(
   });
 }
 
+// Two struct timespec for futimens, reused by every call of a thread (the calls are synchronous).
+const timesBuf = Buffer.alloc(32);
+
 /** Like setTimesNsSync, on an open descriptor (futimens): no path lookup. */
 export function setFdTimesNs(fd: number, atimeNs: bigint, mtimeNs: bigint, what: string): void {
   if (!libc) throw new Error("futimens needs the native helpers");
@@ -178,8 +181,6 @@ export function setFdTimesNs(fd: number, atimeNs: bigint, mtimeNs: bigint, what:
   writeTimespec(timesBuf, 16, mtimeNs);
   if (libc.futimens(fd, timesBuf) !== 0) throw errnoError("futimens", what, libc.errno());
 }
-// Two struct timespec, reused by every call of a thread (the calls are synchronous).
-const timesBuf = Buffer.alloc(32);
 
 /** Whether the descriptor-level copy helpers below are there (koffi loaded). */
 export const kernelCopyAvailable = (): boolean => libc !== null;
