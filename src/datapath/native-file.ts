@@ -9,31 +9,31 @@
  *
  * Without the native helpers (or where statx is refused), beneath.ts asks Node's fs instead.
  */
+import type { BigIntStats } from "node:fs";
 import { constants as osConstants } from "node:os";
 import { errnoError, nativeLibc } from "./native.js";
 
-/** What the data path reads of a stat: a subset of Node's BigIntStats, which also satisfies it. */
-export interface FileStat {
-  dev: bigint;
-  ino: bigint;
-  /** Type and permission bits. */
-  mode: bigint;
-  nlink: bigint;
-  uid: bigint;
-  gid: bigint;
-  size: bigint;
-  /** 512-byte blocks allocated: fewer than the size needs means holes. */
-  blocks: bigint;
-  atimeNs: bigint;
-  mtimeNs: bigint;
-  isFile(): boolean;
-  isDirectory(): boolean;
-  isSymbolicLink(): boolean;
-  isFIFO(): boolean;
-  isSocket(): boolean;
-  isCharacterDevice(): boolean;
-  isBlockDevice(): boolean;
-}
+/** What the data path reads of a stat: a part of Node's BigIntStats, which also satisfies it. */
+export type FileStat = Pick<
+  BigIntStats,
+  | "dev"
+  | "ino"
+  | "mode"
+  | "nlink"
+  | "uid"
+  | "gid"
+  | "size"
+  | "blocks"
+  | "atimeNs"
+  | "mtimeNs"
+  | "isFile"
+  | "isDirectory"
+  | "isSymbolicLink"
+  | "isFIFO"
+  | "isSocket"
+  | "isCharacterDevice"
+  | "isBlockDevice"
+>;
 
 const S_IFMT = 0o170000;
 const NS = 1_000_000_000n;
