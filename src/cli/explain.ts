@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { FOLLOWER_MODES } from "../core/gangs.js";
 import { Option, type Command } from "commander";
 import { compare, explain, subjectsFromText, type ExplainOptions, type Subject } from "../core/explain.js";
 import { SHARING_SCOPES } from "../core/scope.js";
@@ -56,6 +57,14 @@ export function registerExplainCommands(program: Command): void {
     .option(
       "--share-group <name>",
       "that namespace's warmstart.dev/share-group label (--sharing-scope group)",
+    )
+    .addOption(
+      new Option(
+        "--follower-mode <mode>",
+        "the webhook's --follower-mode (election.followerMode): how a follower of each pod's hash waits",
+      )
+        .choices(FOLLOWER_MODES)
+        .default("auto"),
     )
     .action((file: string, file2: string | undefined, flags: ExplainOptions) => {
       if (file === "-" && file2 === "-") throw new Error("stdin can be read only once");

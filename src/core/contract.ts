@@ -13,6 +13,7 @@ export const ANN_DEADLINE = "warmstart.dev/deadline"; // on the election Lease: 
 export const ANN_LEADER_NAMESPACE = "warmstart.dev/leader-namespace"; // on the election Lease
 export const LABEL_CAPTURE = "warmstart.dev/capture"; // "true" on the leader
 export const LABEL_GATED = "warmstart.dev/gated"; // "true" on gated followers
+export const LABEL_WAITING = "warmstart.dev/waiting"; // "true" on followers that wait running (not gated)
 export const LABEL_NAMESPACE = "warmstart.dev/namespace";
 export const SCHEDULING_GATE = "warmstart.dev/cache-ready";
 export const ANN_RESTORE_FROM = "warmstart.dev/restore-from";
@@ -88,3 +89,26 @@ export const ANN_STORE_USED = "warmstart.dev/store-used";
 /** On the per-node store Lease: the node it describes, and the caches its store holds (comma-separated short hashes). */
 export const ANN_STORE_NODE = "warmstart.dev/node";
 export const ANN_STORE_CACHES = "warmstart.dev/store-caches";
+
+/**
+ * Waiting followers (SPEC 1.3 "Groups and gangs: never deadlock"): followers that something waits
+ * for (a gang, the other ranks of a group) are never gated. They run at once with the fill volume
+ * (an emptyDir their node's agent fills with the tree once the cache is Ready) and start cold past
+ * the time in ANN_WAIT_UNTIL, or when the agent writes COLD_MARKER into the volume.
+ */
+export const ANN_WAIT_UNTIL = "warmstart.dev/wait-until";
+export const FILL_VOLUME = "warmstart-fill";
+/** Inside the fill volume: the filled tree's folder, and the file that says to start cold (its text: why). */
+export const FILL_TREE = "tree";
+export const COLD_MARKER = ".warmstart-cold";
+/** On a gang member or a rank of a multi-node group: which one (kind and name), and the rank's ordinal. */
+export const ANN_GANG = "warmstart.dev/gang";
+export const ANN_GROUP = "warmstart.dev/group";
+export const ANN_RANK = "warmstart.dev/rank";
+
+/** What the seed init container reports as its termination message (one line of JSON). */
+export interface SeedOutcome {
+  outcome: "restored" | "cold";
+  reason?: string;
+  waitedMs: number;
+}

@@ -16,6 +16,7 @@ import { classifyPod, type Classification } from "./classify.js";
 import { CACHE_VOLUME, SHADOW_VOLUME } from "./contract.js";
 import { DEFAULT_CACHE_ROOT, decorateLeader, decorateRestore } from "./decorate.js";
 import { literalEnv } from "./env.js";
+import { followerWait, membershipOf } from "./gangs.js";
 import { cacheHash } from "./hash.js";
 import { normalisePath } from "./locations.js";
 
@@ -29,6 +30,12 @@ interface Expect {
   cold?: string;
   weights?: string;
   compile?: string;
+  /** The gang scheduler that places it (gangs.ts kind), if any. */
+  gang?: string;
+  /** The multi-node group it is a rank of: its kind, and its rank when the pod says it. */
+  group?: { kind: string; rank?: string };
+  /** How a follower of its hash waits under `election.followerMode: auto`. */
+  follower?: "gate" | "wait";
 }
 interface CorpusPod {
   id: string;
@@ -127,6 +134,15 @@ void describe("compatibility corpus", () => {
           const c = classifyPod(p.pod);
           const e = p.expect;
           assert.equal(c.downloader, e.downloader, `downloader (reason: ${c.reason})`);
+          const main = c.containerIndex !== undefined ? p.pod.spec?.containers[c.containerIndex] : undefined;
+          const m = membershipOf(p.pod, main);
+          if (e.gang !== undefined) assert.equal(m.gang?.kind, e.gang, `gang (${JSON.stringify(m.gang)})`);
+          if (e.group !== undefined) {
+            assert.equal(m.group?.kind, e.group.kind, `group (${JSON.stringify(m.group)})`);
+            assert.equal(m.group?.rank, e.group.rank, `rank (${JSON.stringify(m.group)})`);
+          }
+          if (e.follower !== undefined)
+            assert.equal(followerWait(m, "auto").mode, e.follower, followerWait(m, "auto").why);
           if (e.reason) assert.ok(c.reason.includes(e.reason), `reason "${c.reason}" has "${e.reason}"`);
           if (!e.downloader) return;
           if (e.model !== undefined) assert.equal(c.model, e.model, "model identity");

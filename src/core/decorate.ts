@@ -26,6 +26,11 @@ import {
   LABEL_CAPTURE,
   LABEL_GATED,
   LABEL_HASH,
+  LABEL_WAITING,
+  ANN_WAIT_UNTIL,
+  COLD_MARKER,
+  FILL_TREE,
+  FILL_VOLUME,
   RO_VOLUME,
   SCHEDULING_GATE,
   SHADOW_VOLUME,
@@ -160,41 +165,58 @@ export function decorateLeader(pod: V1Pod, opts: LeaderOptions): V1Pod {
  */
 export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
   const p = structuredClone(pod);
-  const root = opts.cacheRoot ?? DEFAULT_CACHE_ROOT;
-  const ro = opts.roPath ?? DEFAULT_RO_PATH;
-  const c = mainOf(p, opts.containerIndex);
   const { annotations } = stamp(p, opts.hash, "restore", opts.reason);
   if (opts.treePath !== undefined) annotations[ANN_TREE] = opts.treePath || ".";
-  upsertVolume(p, {
-    name: RO_VOLUME,
-    persistentVolumeClaim: { claimName: opts.claimName ?? roxClaimName(opts.hash), readOnly: true },
-  });
-  upsertVolume(p, {
-    name: SHADOW_VOLUME,
-    emptyDir: opts.shadowSizeLimit ? { sizeLimit: opts.shadowSizeLimit } : {},
-  });
+  const ro = opts.roPath ?? DEFAULT_RO_PATH;
   // Every backend shows the tree itself at the mount point: a volume that holds it in a folder
   // is mounted at that folder, named by the annotation (read when each container starts).
-  const roMount: V1VolumeMount = {
-    name: RO_VOLUME,
-    mountPath: ro,
-    readOnly: true,
-    subPathExpr: `$(${ENV_TREE})`,
-  };
   const treeEnv: V1EnvVar = {
     name: ENV_TREE,
     valueFrom: { fieldRef: { fieldPath: `metadata.annotations['${ANN_TREE}']` } },
   };
-  upsertMount(c, roMount);
+  const timeout = opts.waitTimeoutSeconds ?? DEFAULT_WAIT_TIMEOUT_SECONDS;
+  return restoreFrom(p, opts, {
+    volume: {
+      name: RO_VOLUME,
+      persistentVolumeClaim: { claimName: opts.claimName ?? roxClaimName(opts.hash), readOnly: true },
+    },
+    mount: { name: RO_VOLUME, mountPath: ro, readOnly: true, subPathExpr: `$(${ENV_TREE})` },
+    env: treeEnv,
+    tree: ro,
+    // The first init container waits for the tree's ready marker, then checks the tree's manifest
+    // names the cache this pod was admitted against (one container start, not two).
+    wait: ["--wait", String(timeout)],
+  });
+}
+
+/** How a restore reaches its tree: the volume, its mount, the env its mount reads, the seed's wait. */
+interface TreeSource {
+  volume: V1Volume;
+  mount: V1VolumeMount;
+  env?: V1EnvVar;
+  /** The tree's folder in every container that mounts it. */
+  tree: string;
+  wait: string[];
+}
+
+function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod {
+  const root = opts.cacheRoot ?? DEFAULT_CACHE_ROOT;
+  const c = mainOf(p, opts.containerIndex);
+  upsertVolume(p, source.volume);
+  upsertVolume(p, {
+    name: SHADOW_VOLUME,
+    emptyDir: opts.shadowSizeLimit ? { sizeLimit: opts.shadowSizeLimit } : {},
+  });
+  upsertMount(c, source.mount);
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
   // The pod's own containers that now see the shadow (a storage initializer filling the model
   // folder) follow its links into the read-only tree too.
   for (const other of mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME)) {
     if (other === c) continue;
-    upsertMount(other, structuredClone(roMount));
-    upsertEnv(other, structuredClone(treeEnv));
+    upsertMount(other, structuredClone(source.mount));
+    if (source.env) upsertEnv(other, structuredClone(source.env));
   }
-  upsertEnv(c, treeEnv);
+  if (source.env) upsertEnv(c, source.env);
   injectCacheEnv(c, renderCacheEnv(opts.cacheEnvTemplate ?? DEFAULT_CACHE_ENV_TEMPLATE, root));
 
   const cmd = opts.warmstartCommand ?? ["warmstart"];
@@ -204,31 +226,27 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     image: opts.image,
     imagePullPolicy: opts.imagePullPolicy ?? "IfNotPresent",
     volumeMounts: mounts,
-    env: [structuredClone(treeEnv)],
+    env: source.env ? [structuredClone(source.env)] : [],
     securityContext: initSecurityContext(identity),
     terminationMessagePolicy: "FallbackToLogsOnError",
     ...(opts.initResources ? { resources: structuredClone(opts.initResources) } : {}),
   });
-  const timeout = opts.waitTimeoutSeconds ?? DEFAULT_WAIT_TIMEOUT_SECONDS;
 
   const inits: V1Container[] = [
     {
-      ...base(INIT_SEED, [roMount, { name: SHADOW_VOLUME, mountPath: root }]),
+      ...base(INIT_SEED, [structuredClone(source.mount), { name: SHADOW_VOLUME, mountPath: root }]),
       command: [...cmd],
-      // The first init container: it waits for the tree's ready marker, then checks the tree's
-      // manifest names the cache this pod was admitted against (one container start, not two).
       // The shadow is made writable by any UID when the workload's UID is not known here (it
-      // comes from its image): only this pod's containers ever see it.
+      // comes from its image): only this pod's containers ever see the shadow.
       args: [
         "seed",
         "--from",
-        ro,
+        source.tree,
         "--to",
         root,
         "--hash",
         opts.sourceHash ?? opts.hash,
-        "--wait",
-        String(timeout),
+        ...source.wait,
         ...(identity.runAsUser === undefined ? ["--any-uid"] : []),
       ],
     },
@@ -239,10 +257,10 @@ export function decorateRestore(pod: V1Pod, opts: RestoreOptions): V1Pod {
     const parallel = Number.isFinite(n) && n >= 1 ? Math.floor(n) : DEFAULT_PREWARM_PARALLELISM;
     // `warmstart prewarm` is best effort by contract: it exits 0 whatever it could not read.
     const init: V1Container = {
-      ...base(INIT_PREWARM, [roMount]),
+      ...base(INIT_PREWARM, [structuredClone(source.mount)]),
       command: [...cmd],
       // After seed, which has read every file it copied: only what it left in place is looked at.
-      args: ["prewarm", ro, "--seeded", "--parallel", String(parallel)],
+      args: ["prewarm", source.tree, "--seeded", "--parallel", String(parallel)],
     };
     if (decision.runtimeEnv) {
       // Only known at run time: the init container reads the same reference and decides there.
@@ -299,6 +317,51 @@ export function decorateFollower(pod: V1Pod, opts: FollowerOptions): V1Pod {
   const gates = spec.schedulingGates ?? [];
   if (!gates.some((g) => g.name === SCHEDULING_GATE)) gates.push({ name: SCHEDULING_GATE });
   spec.schedulingGates = gates;
+  return p;
+}
+
+export interface WaitingFollowerOptions extends FollowerOptions {
+  /** When it stops waiting and starts cold (ISO 8601): admission time plus `election.waitDeadline`. */
+  waitUntil: string;
+  /** emptyDir size limit of the fill volume (the leader's capture limit: the tree is no larger). */
+  fillSizeLimit: string;
+  fillPath?: string;
+}
+
+/** Where a waiting follower mounts the volume its node's agent fills. */
+export const DEFAULT_FILL_PATH = "/warmstart/fill";
+
+/**
+ * A follower that something waits for (a gang, the other ranks of its group): never gated, and
+ * nothing it mounts can keep it Pending. Its tree comes in an emptyDir that its node's agent fills
+ * once the cache is Ready (ADR 0012); its seed waits for that, or for the agent's cold marker, or
+ * until `waitUntil`, and starts cold then. Every container mounts the volume read-only: only the
+ * agent writes it.
+ */
+export function decorateWaitingFollower(pod: V1Pod, opts: WaitingFollowerOptions): V1Pod {
+  const p = structuredClone(pod);
+  const fill = opts.fillPath ?? DEFAULT_FILL_PATH;
+  const { labels, annotations } = stamp(p, opts.hash, "follower", opts.reason);
+  labels[LABEL_WAITING] = "true";
+  annotations[ANN_WAIT_UNTIL] = opts.waitUntil;
+  restoreFrom(p, opts, {
+    volume: { name: FILL_VOLUME, emptyDir: { sizeLimit: opts.fillSizeLimit } },
+    mount: { name: FILL_VOLUME, mountPath: fill, readOnly: true },
+    tree: `${fill}/${FILL_TREE}`,
+    wait: [
+      "--fill-until",
+      opts.waitUntil,
+      "--cold-marker",
+      `${fill}/${COLD_MARKER}`,
+      "--outcome-file",
+      "/dev/termination-log",
+    ],
+  });
+  // A container of the author's that names the volume gets it read-only too: the agent writes
+  // into this folder as root, so nothing of the pod may change it under the agent.
+  const spec = p.spec as NonNullable<V1Pod["spec"]>;
+  for (const c of [...(spec.initContainers ?? []), ...spec.containers])
+    c.volumeMounts = c.volumeMounts?.map((m) => (m.name === FILL_VOLUME ? { ...m, readOnly: true } : m));
   return p;
 }
 

@@ -80,10 +80,18 @@ function subjectsOf(doc: Record<string, unknown>, kind: string, source: string):
   // A workload's pods are created in the workload's namespace.
   const ns = isRecord(doc.metadata) ? doc.metadata.namespace : undefined;
   const namespace = typeof ns === "string" && ns ? { namespace: ns } : {};
-  const fromTemplate = (template: unknown, name: string, where: string): Subject => {
+  const fromTemplate = (template: unknown, name: string, where: string, added?: Added): Subject => {
     if (!isRecord(template)) throw new Error(`${where} has no pod template`);
     const t = template as V1PodTemplateSpec;
-    const pod = { apiVersion: "v1", kind: "Pod", metadata: t.metadata ?? {}, spec: t.spec } as V1Pod;
+    const m = t.metadata ?? {};
+    const metadata = added
+      ? {
+          ...m,
+          labels: { ...m.labels, ...added.labels },
+          annotations: { ...m.annotations, ...added.annotations },
+        }
+      : m;
+    const pod = { apiVersion: "v1", kind: "Pod", metadata, spec: t.spec } as V1Pod;
     return { kind: "pod", source, name, pod: checkPod(pod, where), ...namespace };
   };
   if (kind === "Pod") return [{ kind: "pod", source, name: label, pod: checkPod(doc, what), ...namespace }];
@@ -107,9 +115,10 @@ function subjectsOf(doc: Record<string, unknown>, kind: string, source: string):
     const lwt = isRecord(spec?.leaderWorkerTemplate) ? spec.leaderWorkerTemplate : undefined;
     if (!lwt) throw new Error(`${what} has no leaderWorkerTemplate`);
     const leader = lwt.leaderTemplate ?? lwt.workerTemplate;
+    const lws = lwsPodKeys(metaName || "lws", lwt.size);
     return [
-      fromTemplate(leader, `${label} (leader)`, `${what} (leader)`),
-      fromTemplate(lwt.workerTemplate, `${label} (worker)`, `${what} (worker)`),
+      fromTemplate(leader, `${label} (leader)`, `${what} (leader)`, lws.leader),
+      fromTemplate(lwt.workerTemplate, `${label} (worker)`, `${what} (worker)`, lws.worker),
     ];
   }
   let template: unknown;
@@ -122,6 +131,33 @@ function subjectsOf(doc: Record<string, unknown>, kind: string, source: string):
     template = spec.template; // other workload kinds
   else return [];
   return [fromTemplate(template, label, what)];
+}
+
+interface Added {
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+}
+
+/**
+ * What the LeaderWorkerSet controller puts on the first group's pods (kubernetes-sigs/lws
+ * pkg/controllers/leaderworkerset_controller.go, pod_controller.go), so that they are seen as the
+ * ranks they will be: the leader is rank 0, the first worker rank 1 (its StatefulSet counts from 1).
+ */
+function lwsPodKeys(name: string, size: unknown): { leader: Added; worker: Added } {
+  const n = typeof size === "number" && Number.isInteger(size) && size > 0 ? size : 1;
+  const p = "leaderworkerset.sigs.k8s.io/";
+  const common = { [`${p}name`]: name };
+  const annotations = { [`${p}size`]: String(n) };
+  return {
+    leader: {
+      labels: { ...common, [`${p}worker-index`]: "0", "apps.kubernetes.io/pod-index": "0" },
+      annotations,
+    },
+    worker: {
+      labels: { ...common, [`${p}group-index`]: "0", "apps.kubernetes.io/pod-index": "1" },
+      annotations: { ...annotations, [`${p}leader-name`]: `${name}-0` },
+    },
+  };
 }
 
 function checkPod(pod: V1Pod, what: string): V1Pod {

@@ -12,6 +12,14 @@ import { scopeKey } from "./scope.js";
 import { hashInputs, hashOfInputs, scopeOfInputs, sealInputs, type HashInputs } from "./hash.js";
 import { diffInputs, type Difference } from "./explain-diff.js";
 import { perRunInputs, type PerRunFlag } from "./per-run.js";
+import {
+  followerWait,
+  membershipOf,
+  type FollowerMode,
+  type FollowerWait,
+  type Gang,
+  type Group,
+} from "./gangs.js";
 import type { Subject } from "./explain-subjects.js";
 
 export { diffInputs, diffLists, type Difference } from "./explain-diff.js";
@@ -53,6 +61,15 @@ export interface Explanation {
   /** Set when the pod downloads but is admitted cold anyway (its model is on its own volume). */
   cold?: string;
   locations?: LocationsView;
+  /** The gang that places it, when a gang scheduler does (SPEC 1.3 "Groups and gangs"). */
+  gang?: Gang;
+  /** The multi-node group it is a rank of, and its rank (part of the hash). */
+  group?: Group;
+  /**
+   * How a follower of its hash waits under `election.followerMode` (auto unless told): gated
+   * (holding no node and no GPU), or running (`wait`), and why.
+   */
+  follower?: FollowerWait;
   warnings: PerRunFlag[];
 }
 
@@ -74,6 +91,7 @@ export interface ExplainOptions {
   sharingScope?: SharingScope;
   namespace?: string;
   shareGroup?: string;
+  followerMode?: FollowerMode;
 }
 
 interface Viewed {
@@ -127,6 +145,7 @@ function view(s: Subject, o: ExplainOptions): Viewed {
     })),
     skipped: plan.skipped,
   };
+  const m = membershipOf(s.pod, main);
   return {
     inputs,
     view: {
@@ -140,6 +159,9 @@ function view(s: Subject, o: ExplainOptions): Viewed {
       container: main?.name ?? null,
       ...(c.cold ? { cold: c.cold } : {}),
       ...(c.downloader && locations ? { locations } : {}),
+      ...(m.gang ? { gang: m.gang } : {}),
+      ...(m.group ? { group: m.group } : {}),
+      ...(c.downloader && !c.cold ? { follower: followerWait(m, o.followerMode ?? "auto") } : {}),
       warnings: c.downloader ? perRunInputs(inputs) : [],
     },
   };

@@ -13,6 +13,8 @@ import {
   textOf,
 } from "./env.js";
 import { takesScript } from "./argv.js";
+import { groupOf } from "./gangs.js";
+import { gpuProductsOf } from "./gpu.js";
 import { COMPILE_LOCATION_ENV, MODEL_LOCATION_ENV } from "./locations.js";
 import { isScriptOption, joinShell, looksLikeShell, splitShell, type ShellToken } from "./shell.js";
 
@@ -71,6 +73,17 @@ export interface HashInputs extends ContainerInputs {
   /** The other containers that mount the cache volume or set a cache location, in pod order. */
   containers?: OtherContainerInputs[];
   /**
+   * The rank of a multi-node group (gangs.ts): each rank compiles its own part, so rank k of a
+   * later group restores rank k's tree, and the ranks of one group never follow each other.
+   */
+  rank?: string;
+  /**
+   * The GPU products the pod selects (node selector or required affinity on
+   * `nvidia.com/gpu.product`): NIM profiles, TensorRT-LLM engines and compile caches are built
+   * per GPU. Absent when the pod selects none.
+   */
+  gpuProduct?: string[];
+  /**
    * Set on inputs kept in a record, which is readable cluster-wide: every command word, arg and
    * env value is a digest.
    */
@@ -112,8 +125,10 @@ const MULTI_VALUE_FLAGS = new Set(["--served-model-name"]);
 // decoration. WARMSTART_PREWARM only says whether a restore warms the page cache, so pods that
 // differ only in it share one cache. Every other env the author set counts, WARMSTART_* too.
 // Tracing settings (OTEL_*, e.g. each role's service name) say where spans go, nothing more.
-const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_", "LWS_", "OTEL_"];
-const KEPT_ENV_NAMES = new Set(["LWS_GROUP_SIZE"]); // a group's size is its parallel layout
+// RoleBasedGroup's RBG_* is the same wiring as LWS_* (sgl-project/rbg pkg/discovery/env_builder.go).
+const EXCLUDED_ENV_PREFIXES = ["DYN_", "DYNAMO_", "GROVE_", "LWS_", "RBG_", "OTEL_"];
+// A group's size is its parallel layout.
+const KEPT_ENV_NAMES = new Set(["LWS_GROUP_SIZE", "RBG_LWP_GROUP_SIZE"]);
 const EXCLUDED_ENV_NAMES = new Set([
   "ETCD_ENDPOINTS",
   "NATS_SERVER",
@@ -369,6 +384,8 @@ export function hashInputs(pod: V1Pod, classification?: Classification, opts: Ha
   const excluded = (name: string): boolean =>
     isExcludedEnv(name) || (fromStorage && name === SERVICE_NAME_ENV);
   const locations = (plan?.locations ?? []).map((l) => `${l.tree}=${l.path}`);
+  const rank = groupOf(pod, c)?.rank;
+  const products = gpuProductsOf(pod);
   return {
     v: 2,
     ...containerInputs(c, excluded),
@@ -377,6 +394,8 @@ export function hashInputs(pod: V1Pod, classification?: Classification, opts: Ha
     ...(locations.length ? { locations } : {}),
     ...(opts.scope && opts.scope !== CLUSTER_SCOPE_KEY ? { scope: opts.scope } : {}),
     ...(others.length ? { containers: others } : {}),
+    ...(rank !== undefined ? { rank } : {}),
+    ...(products.length ? { gpuProduct: products } : {}),
   };
 }
 

@@ -12,7 +12,9 @@ import {
 import { exactTimes } from "./native.js";
 import { DEFAULT_PREWARM_PARALLEL, describePrewarm, prewarm } from "./prewarm.js";
 import { formatBytes } from "./progress.js";
-import { waitForReady } from "./ready.js";
+import { chmod, mkdir, writeFile } from "node:fs/promises";
+import type { SeedOutcome } from "../core/contract.js";
+import { waitForFill, waitForReady } from "./ready.js";
 import { seed } from "./seed.js";
 
 function intFlag(name: string, raw: string | undefined, dflt: number, min = 1, max = 256): number {
@@ -119,9 +121,45 @@ export function registerDatapathCommands(program: Command): void {
       "--wait <seconds>",
       "first wait this long for the tree's ready marker (0: without limit); without it, a tree not ready fails at once",
     )
-    .action(async (o: { from: string; to: string; hash?: string; anyUid?: boolean; wait?: string }) => {
+    .option(
+      "--fill-until <time>",
+      "a waiting follower: wait until this time (ISO 8601) for its node's agent to fill the tree, or to write the cold marker; then start cold",
+    )
+    .option(
+      "--cold-marker <file>",
+      "with --fill-until: the file whose presence says to start cold (its text is why)",
+    )
+    .option(
+      "--outcome-file <file>",
+      "write the outcome here as one line of JSON (the pod's termination message)",
+    )
+    .action(async (o: SeedFlags) => {
       checkHash(o.hash);
-      if (o.wait !== undefined) {
+      if (o.fillUntil !== undefined) {
+        const until = Date.parse(o.fillUntil);
+        if (!Number.isFinite(until))
+          throw new Error(`--fill-until must be an ISO 8601 time, got "${o.fillUntil}"`);
+        if (!o.coldMarker) throw new Error("--fill-until needs --cold-marker");
+        const waited = await waitForFill(o.from, o.coldMarker, until, {
+          onWaiting: (s) => process.stderr.write(`still waiting for the cache to fill ${o.from} (${s}s)\n`),
+        });
+        if (waited.kind === "cold") {
+          // The shadow is the engine's cache root all the same: it downloads and compiles there.
+          await mkdir(o.to, { recursive: true, mode: o.anyUid ? 0o777 : 0o755 });
+          if (o.anyUid) await chmod(o.to, 0o777);
+          await writeOutcome(o.outcomeFile, {
+            outcome: "cold",
+            reason: waited.reason,
+            waitedMs: waited.waitedMs,
+          });
+          process.stdout.write(
+            `starting cold after ${Math.round(waited.waitedMs / 1000)}s: ${waited.reason}\n`,
+          );
+          return;
+        }
+        process.stdout.write(`${o.from} filled after ${Math.round(waited.waitedMs / 1000)}s\n`);
+        o.waitedMs = waited.waitedMs;
+      } else if (o.wait !== undefined) {
         // A restore's first init container both waits and seeds: one container start less.
         const secs = intFlag("--wait", o.wait, 3600, 0, 7 * 24 * 3600);
         await waitUntilReady(o.from, secs);
@@ -137,6 +175,7 @@ export function registerDatapathCommands(program: Command): void {
           `(${formatBytes(r.bytesCopied)}), ${r.dirs} dirs, ${r.symlinks} symlinks, ${r.kept} kept` +
           `${r.replaced ? `, ${r.replaced} symlinks in the way replaced` : ""}\n`,
       );
+      await writeOutcome(o.outcomeFile, { outcome: "restored", waitedMs: o.waitedMs ?? 0 });
     });
 
   program
@@ -182,6 +221,29 @@ export function registerDatapathCommands(program: Command): void {
     .action(async (dir: string, o: { timeout: string }) => {
       await waitUntilReady(dir, intFlag("--timeout", o.timeout, 3600, 0, 7 * 24 * 3600));
     });
+}
+
+interface SeedFlags {
+  from: string;
+  to: string;
+  hash?: string;
+  anyUid?: boolean;
+  wait?: string;
+  fillUntil?: string;
+  coldMarker?: string;
+  outcomeFile?: string;
+  waitedMs?: number;
+}
+
+/**
+ * The seed's outcome for whoever reads the pod (the release controller reads it from the init
+ * container's termination message): best effort, a file that cannot be written changes nothing.
+ */
+async function writeOutcome(file: string | undefined, outcome: SeedOutcome): Promise<void> {
+  if (!file) return;
+  await writeFile(file, JSON.stringify(outcome)).catch((err: unknown) =>
+    process.stderr.write(`could not write the outcome to ${file}: ${(err as Error).message}\n`),
+  );
 }
 
 async function waitUntilReady(dir: string, secs: number): Promise<void> {

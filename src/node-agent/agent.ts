@@ -18,6 +18,8 @@ import { StorageProfiles } from "../promote/profiles.js";
 import { removeTree, StoreBudget } from "./budget.js";
 import { cacheReconciler, cacheReconcilerDeps } from "./cache-reconciler.js";
 import { CaptureJobs } from "./capture-jobs.js";
+import { WaitingFills } from "./fills.js";
+import { LABEL_HASH, LABEL_WAITING } from "../core/contract.js";
 import { storeDriverFor } from "./csi/serve.js";
 import type { NodeAgentConfig } from "./config.js";
 import { observedMarks, type CaptureMarks } from "./marks.js";
@@ -52,6 +54,8 @@ export class NodeAgent {
   private readonly podController: Controller;
   private readonly cacheController: Controller;
   private readonly jobs: CaptureJobs;
+  private readonly fills: WaitingFills;
+  private readonly fillController: Controller;
   private readonly peers: PeerServing | undefined;
   private readonly csi: ReturnType<typeof storeDriverFor>;
   private stopped = true;
@@ -82,9 +86,16 @@ export class NodeAgent {
     const peers = (this.peers = PeerServing.from(cfg, log, metrics.replication));
     const promoter = new Promoter(p, storage);
     const busy = (short: string): boolean =>
-      this.jobs.busyWith(short) || this.cacheController.queue.isActive(short);
+      this.jobs.busyWith(short) || this.fills.busyWith(short) || this.cacheController.queue.isActive(short);
     this.budget = new StoreBudget(p, { busy, removeTree: (short, why) => this.removeTree(short, why) });
-    this.csi = storeDriverFor(p, { budget: this.budget, peers, fetched: (s) => this.cacheController.add(s) });
+    const fetched = (short: string): void => this.cacheController.add(short);
+    this.csi = storeDriverFor(p, { budget: this.budget, peers, fetched });
+    this.fills = new WaitingFills(p, {
+      budget: this.budget,
+      peers,
+      fetched,
+      ended: (podKey) => this.fillController.add(podKey),
+    });
     this.jobs = new CaptureJobs(p, {
       budget: this.budget,
       storage,
@@ -120,8 +131,19 @@ export class NodeAgent {
       ),
       2,
     );
-    this.pods.onChange((pod) => this.podController.add(`${pod.metadata?.namespace}/${pod.metadata?.name}`));
-    this.caches.onChange((c) => this.cacheController.add(c.metadata.name!));
+    this.fillController = controller("node-agent-waiting-followers", this.fills.reconcile, 2);
+    const keyOf = (pod: k8s.V1Pod): string => `${pod.metadata?.namespace}/${pod.metadata?.name}`;
+    const waiting = (pod: k8s.V1Pod): boolean => pod.metadata?.labels?.[LABEL_WAITING] === "true";
+    this.pods.onChange((pod) => {
+      this.podController.add(keyOf(pod));
+      if (waiting(pod)) this.fillController.add(keyOf(pod));
+    });
+    this.caches.onChange((c) => {
+      this.cacheController.add(c.metadata.name!);
+      // Its waiting followers on this node: the record turning Ready (or Failed) is their cue.
+      for (const pod of this.pods.list())
+        if (waiting(pod) && pod.metadata?.labels?.[LABEL_HASH] === c.metadata.name) this.fillController.add(keyOf(pod));
+    });
   }
 
   async start(): Promise<void> {
@@ -134,6 +156,7 @@ export class NodeAgent {
     this.caches.start();
     void this.podController.start();
     void this.cacheController.start();
+    void this.fillController.start();
     this.scheduleResync();
     await publishStoreQuietly(this.p);
     const { store, storeBudget: budget, warmupMs, concurrency } = this.p.cfg;
@@ -146,7 +169,13 @@ export class NodeAgent {
     this.cancelResync?.();
     await Promise.all([this.pods.stop(), this.caches.stop()]);
     // A capture in progress stops cleanly (its staging tree removed, nothing committed).
-    await Promise.all([this.podController.stop(), this.cacheController.stop(), this.jobs.stopAll()]);
+    await Promise.all([
+      this.podController.stop(),
+      this.cacheController.stop(),
+      this.fillController.stop(),
+      this.jobs.stopAll(),
+      this.fills.stopAll(),
+    ]);
     await Promise.all([this.peers?.stop(), this.csi?.stop()]);
   }
 
@@ -166,17 +195,20 @@ export class NodeAgent {
    */
   async resync(): Promise<void> {
     this.lastResync = this.p.clock.now();
-    for (const pod of this.pods.list())
+    for (const pod of this.pods.list()) {
       this.podController.add(`${pod.metadata?.namespace}/${pod.metadata?.name}`);
+      if (pod.metadata?.labels?.[LABEL_WAITING] === "true")
+        this.fillController.add(`${pod.metadata?.namespace}/${pod.metadata?.name}`);
+    }
     for (const { short } of await this.store.list()) this.cacheController.add(short);
     await publishStoreQuietly(this.p);
   }
 
   /** Until no reconcile is due now and no capture runs (tests wait on this). */
   async idle(): Promise<void> {
-    const controllers = [this.podController, this.cacheController];
-    while (!controllers.every((c) => c.queue.idle) || this.jobs.size)
-      await Promise.all([...controllers.map((c) => c.idle()), this.jobs.idle()]);
+    const controllers = [this.podController, this.cacheController, this.fillController];
+    while (!controllers.every((c) => c.queue.idle) || this.jobs.size || this.fills.size)
+      await Promise.all([...controllers.map((c) => c.idle()), this.jobs.idle(), this.fills.idle()]);
   }
 
   private removeTree(short: string, why: string, o: { unlessMounted?: boolean } = {}): Promise<void> {

@@ -8,6 +8,8 @@ export interface NodeAgentMetrics {
   captures: Counter<"result">;
   captureSeconds: Histogram;
   capturedBytes: Counter;
+  /** Waiting followers' fill volumes, by outcome (filled, cold). */
+  fills: Counter<"outcome">;
   promotes: Counter<"result">;
   promoteSeconds: Histogram;
   claims: Counter<"result">;
@@ -58,6 +60,12 @@ export function createNodeAgentMetrics(): NodeAgentMetrics {
     capturedBytes: new Counter({
       name: "warmstart_node_agent_captured_bytes_total",
       help: "Data bytes committed into the cache store",
+      registers: r,
+    }),
+    fills: new Counter({
+      name: "warmstart_node_agent_fills_total",
+      help: "Waiting followers' fill volumes by outcome (filled: the tree copied in; cold: the cold marker written)",
+      labelNames: ["outcome"],
       registers: r,
     }),
     promotes: new Counter({

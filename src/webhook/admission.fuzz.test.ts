@@ -45,7 +45,8 @@ import {
 import { DEFAULT_CACHE_ENV_TEMPLATE } from "../core/decorate.js";
 import { corrupt, holds, junk, text as hostileText, wire } from "../../test/support/fuzz.js";
 import { isRecord } from "../core/guards.js";
-import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
+import type { AdmissionDeps, ClusterView } from "./admission.js";
+import { admissionHandler, failOpen } from "./handler.js";
 import { loadWebhookConfig } from "./config.js";
 import { createWebhookMetrics } from "./metrics.js";
 import {

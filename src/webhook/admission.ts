@@ -7,13 +7,16 @@ import {
   decorateFollower,
   decorateLeader,
   decorateRestore,
-  jsonPatch,
+  decorateWaitingFollower,
   type CacheEnvTemplate,
   type RestoreOptions,
 } from "../core/decorate.js";
 import {
   ANN_CACHE_ENV,
   ANN_CACHE_SIZE_LIMIT,
+  ANN_GANG,
+  ANN_GROUP,
+  ANN_RANK,
   LABEL_ADMISSION_ID,
   SKIP,
   claimName,
@@ -26,9 +29,10 @@ import { scopeKey } from "../core/scope.js";
 import { captureSizeLimit } from "../core/size.js";
 import { templateFromJson } from "../core/cacheenv.js";
 import { isRecord } from "../core/guards.js";
+import { followerWait, groupKey, membershipOf, type Membership } from "../core/gangs.js";
 import { HASH_REF, restoreFromOf } from "../core/refs.js";
 import type { Logger } from "../common/log.js";
-import type { AdmissionResponse, AdmissionReview } from "./server.js";
+import type { AdmissionReview } from "./server.js";
 import type { WebhookConfig } from "./config.js";
 import type { Backend } from "../promote/profiles.js";
 import type { WebhookMetrics } from "./metrics.js";
@@ -39,7 +43,8 @@ import type { PendingEvent } from "./events.js";
 /** What the decision needs from the cluster; each call is bounded by the admission deadline. */
 export interface ClusterView {
   getModelCache(hashOrShort: string): Promise<ModelCacheObject | undefined>;
-  tryAcquire(hash: string, electionId: string, podNamespace: string): Promise<ElectionResult>;
+  /** `group`: the pod's multi-node group, recorded on the Lease it wins and compared with the one it meets. */
+  tryAcquire(hash: string, electionId: string, podNamespace: string, group?: string): Promise<ElectionResult>;
   /** Returns the cache instead when it is already Ready (the caller then restores). */
   recordElection(opts: {
     hash: string;
@@ -93,13 +98,13 @@ export interface Decision {
   admissionId?: string;
 }
 
-const mintId = (): string => randomBytes(8).toString("hex");
+export const mintId = (): string => randomBytes(8).toString("hex");
 
-const isPodCreate = (req: AdmissionReview["request"]): boolean =>
+export const isPodCreate = (req: AdmissionReview["request"]): boolean =>
   req.operation === "CREATE" && req.resource?.resource === "pods" && !req.subResource;
 
 /** The pod with the label its Event is found by (a pod whose metadata is not a map gets none). */
-function withAdmissionId(pod: V1Pod, admissionId: string): V1Pod {
+export function withAdmissionId(pod: V1Pod, admissionId: string): V1Pod {
   if (!isRecord(pod.metadata)) return pod;
   const labels = isRecord(pod.metadata.labels) ? pod.metadata.labels : {};
   return { ...pod, metadata: { ...pod.metadata, labels: { ...labels, [LABEL_ADMISSION_ID]: admissionId } } };
@@ -151,7 +156,10 @@ export async function decide(
   const scope = scopeKey(deps.cfg.sharingScope, namespace, nsLabels);
   const { hash, inputs } = cacheHash(pod, c, { scope });
   const admissionId = mintId();
-  const stamped = withAdmissionId(pod, admissionId);
+  // What waits for this pod (its gang, its group's other ranks): it is never gated behind a leader.
+  const membership = membershipOf(pod, pod.spec.containers?.[c.containerIndex ?? 0]);
+  const group = membership.group && groupKey(namespace, membership.group);
+  const stamped = stampMembership(withAdmissionId(pod, admissionId), membership, group);
   const cold = (why: string): Decision => {
     const reason = redactUrlCredentials(why);
     return { role: "cold", reason, hash, admissionId, pod: decorateCold(stamped, { hash, reason }) };
@@ -248,7 +256,7 @@ export async function decide(
   // gated behind one.
   if (profile.unshareable) return cold(profile.unshareable);
   const electionId = admissionId;
-  const result = await deps.cluster.tryAcquire(hash, electionId, namespace);
+  const result = await deps.cluster.tryAcquire(hash, electionId, namespace, group);
   if (result.role === "leader") {
     // A Lease won by a pod that is then admitted unchanged (an error below, or the answer
     // already given up on) would gate every other replica behind a leader that never comes:
@@ -301,29 +309,60 @@ export async function decide(
       throw err;
     }
   }
+  // The ranks of one group never lead and follow each other: the first group is elected as a
+  // whole, each rank capturing what it wrote (ranks the pod cannot tell apart share a hash).
+  if (group && result.leaderGroup === group)
+    return cold(
+      `another rank of its own group (${membership.group!.kind} ${membership.group!.name}) is capturing this cache`,
+    );
   // The leader's template, when its record already says it (a Failed record is the previous
   // election's, about to be reset by the new leader): the follower restores the tree it writes.
   const recorded =
     cache && cache.status?.phase !== "Failed"
       ? templateFromJson(cache.metadata?.annotations?.[ANN_CACHE_ENV])
       : undefined;
+  const wait = followerWait(membership, deps.cfg.followerMode);
+  const reason = `another pod is downloading; ${wait.mode === "gate" ? "gated" : "waits running"}: ${wait.why}`;
+  const follower = {
+    ...placement,
+    hash,
+    reason,
+    image: deps.cfg.image,
+    ...initContainers,
+    cacheRoot: deps.cfg.cacheRoot,
+    cacheEnvTemplate: recorded ?? template,
+    prewarm: profile.prewarm,
+    prewarmParallelism: profile.prewarmParallelism,
+  };
+  if (wait.mode === "gate")
+    return { role: "follower", reason, hash, admissionId, pod: decorateFollower(stamped, follower) };
   return {
     role: "follower",
-    reason: "another pod is downloading",
+    reason,
     hash,
     admissionId,
-    pod: decorateFollower(stamped, {
-      ...placement,
-      hash,
-      reason: "another pod is downloading",
-      image: deps.cfg.image,
-      ...initContainers,
-      cacheRoot: deps.cfg.cacheRoot,
-      cacheEnvTemplate: recorded ?? template,
-      prewarm: profile.prewarm,
-      prewarmParallelism: profile.prewarmParallelism,
+    pod: decorateWaitingFollower(stamped, {
+      ...follower,
+      waitUntil: new Date(Date.now() + deps.cfg.waitDeadline * 1000).toISOString(),
+      // The tree is no larger than the largest capture volume a leader may get.
+      fillSizeLimit: deps.cfg.maxCacheSizeLimit,
     }),
   };
+}
+
+/**
+ * What Warmstart found waits for the pod, on the pod (informational: `warmstart pods`, and the
+ * node agent waits for a group's rank 0 before capturing its other ranks).
+ */
+function stampMembership(pod: V1Pod, m: Membership, group: string | undefined): V1Pod {
+  if (!m.gang && !group) return pod;
+  const annotations: Record<string, string> = {
+    ...(isRecord(pod.metadata?.annotations) ? pod.metadata.annotations : {}),
+  };
+  if (m.gang) annotations[ANN_GANG] = `${m.gang.kind}/${m.gang.name}`;
+  if (group) annotations[ANN_GROUP] = group;
+  if (m.group?.rank !== undefined) annotations[ANN_RANK] = m.group.rank;
+  return { ...pod, metadata: { ...pod.metadata, annotations } };
 }
 
 /** The init containers' pull secrets and resources, from the webhook's settings. */
@@ -347,131 +386,8 @@ function initContainerOptions(
 const isDeleting = (cache: ModelCacheObject | undefined): boolean =>
   Boolean(cache?.metadata?.deletionTimestamp);
 
-const podName = (pod: V1Pod | undefined): string => {
+export const podName = (pod: V1Pod | undefined): string => {
   const m = isRecord(pod?.metadata) ? pod.metadata : undefined;
   const n = m?.name ?? m?.generateName;
   return typeof n === "string" ? n : "";
 };
-
-const toPatch = (original: V1Pod, admitted: V1Pod): Pick<AdmissionResponse, "patch" | "patchType"> => {
-  const patch = jsonPatch(original, admitted);
-  return patch.length
-    ? { patchType: "JSONPatch", patch: Buffer.from(JSON.stringify(patch)).toString("base64") }
-    : {};
-};
-
-/** The AdmissionReview handler: decide within the deadline, or admit with the stamps removed and say why. */
-export function admissionHandler(
-  deps: AdmissionDeps,
-): (review: AdmissionReview) => Promise<AdmissionResponse> {
-  // Stay inside the API server's timeout so our fail-open answer is the one that counts.
-  const budgetMs = Math.max(200, deps.cfg.timeoutSeconds * 1000 - 750);
-  return async (review) => {
-    const started = process.hrtime.bigint();
-    const uid = review.request.uid;
-    const original = review.request.object as V1Pod | undefined;
-    const namespace = review.request.namespace ?? "default";
-    const name = podName(original);
-    const observe = (outcome: string): void => {
-      deps.metrics.latency.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9);
-    };
-    let timer: NodeJS.Timeout | undefined;
-    let expired = false;
-    try {
-      const decision = await Promise.race([
-        decide(review, deps, () => expired),
-        new Promise<never>((_, reject) => {
-          timer = setTimeout(() => {
-            expired = true;
-            reject(new Error(`no decision within ${budgetMs} ms`));
-          }, budgetMs);
-        }),
-      ]);
-      deps.metrics.decisions.inc({
-        role: decision.role,
-        reason: decision.role === "pass" ? decision.reason : decision.role,
-      });
-      const patch = decision.pod && original ? toPatch(original, decision.pod) : {};
-      const event = (ev: Omit<PendingEvent, "namespace" | "name" | "admissionId">): void => {
-        if (decision.admissionId && !review.request.dryRun)
-          deps.recordEvent({
-            namespace,
-            name: original?.metadata?.name,
-            admissionId: decision.admissionId,
-            ...ev,
-          });
-      };
-      if (decision.role === "pass") {
-        // Left alone: said in the log (at info for GPU pods, which get an Event too).
-        deps.log[decision.admissionId ? "info" : "debug"](
-          { namespace, pod: name, reason: decision.reason },
-          "left alone",
-        );
-        event({ type: "Normal", reason: "WarmstartLeftAlone", message: `left alone: ${decision.reason}` });
-        observe("pass");
-        return { uid, allowed: true, ...patch };
-      }
-      const short = decision.hash ? shortHash(decision.hash) : "-";
-      deps.log.info(
-        { namespace, pod: name, role: decision.role, reason: decision.reason, hash: short },
-        "admission decision",
-      );
-      event({
-        shortHash: decision.hash && short,
-        type: "Normal",
-        reason: `Warmstart${decision.role[0]!.toUpperCase()}${decision.role.slice(1)}`,
-        message: `${decision.role}: ${decision.reason} (cache ${short})`,
-      });
-      observe(decision.role);
-      return { uid, allowed: true, ...patch };
-    } catch (err) {
-      observe("fail-open");
-      return failOpen(deps, err, review);
-    } finally {
-      clearTimeout(timer);
-    }
-  };
-}
-
-/**
- * Admit without a decision, and say why in the log, the metrics and an Event. The author's stamps
- * are removed all the same: that needs no API call, so no error can stop it short of a request
- * that holds no pod at all.
- */
-export function failOpen(deps: AdmissionDeps, err: unknown, review: AdmissionReview): AdmissionResponse {
-  const message = redactUrlCredentials(err instanceof Error ? err.message : String(err));
-  const req = review.request;
-  const namespace = req.namespace ?? "default";
-  const original = req.object as V1Pod | undefined;
-  deps.metrics.failOpen.inc({ cause: /within \d+ ms/.test(message) ? "timeout" : "error" });
-  deps.log.warn(
-    { namespace, pod: podName(original), err: message },
-    "admitted without a decision (fail open)",
-  );
-  let patch: Pick<AdmissionResponse, "patch" | "patchType"> = {};
-  try {
-    if (isPodCreate(req) && isRecord(original)) {
-      const { pod } = stripStamps(original);
-      const admissionId = mintId();
-      const admitted = withAdmissionId(pod, admissionId);
-      patch = toPatch(original, admitted);
-      if (admitted !== pod && !req.dryRun)
-        deps.recordEvent({
-          namespace,
-          name: isRecord(original.metadata) ? (original.metadata.name as string | undefined) : undefined,
-          admissionId,
-          type: "Warning",
-          reason: "WarmstartFailOpen",
-          message: `admitted without a cache decision: ${message}`,
-        });
-    }
-  } catch (stripErr) {
-    deps.log.error({ err: stripErr, namespace }, "could not even remove the stamps; admitted as written");
-  }
-  return {
-    uid: req.uid,
-    allowed: true,
-    ...patch,
-    warnings: [`warmstart: admitted without a cache decision: ${message}`.slice(0, 250)],
-  };
-}

@@ -4,6 +4,7 @@ import { defineOptions, listOption, type OptionDef } from "../common/options.js"
 import { cpuQuantity, durationSeconds, kubeQuantity, quantityBytes } from "../common/units.js";
 import { HOST_PATH_PROVISIONER } from "../core/contract.js";
 import { SHARING_SCOPES } from "../core/scope.js";
+import { FOLLOWER_MODES } from "../core/gangs.js";
 
 const bool = z
   .union([z.boolean(), z.enum(["true", "false", "1", "0"])])
@@ -89,6 +90,26 @@ export const WEBHOOK_OPTIONS = {
     env: "WARMSTART_ELECTION_DEADLINE",
     default: "60m",
     doc: "how long an election may take before it is retired",
+    schema: durationSeconds,
+  }),
+  /**
+   * How followers wait (SPEC 1.3 "Groups and gangs"): `auto` gates them where nothing waits for
+   * them and lets gang members and ranks of multi-node groups wait running; `wait` lets every
+   * follower wait running (storage that refuses a read-only attach while a writer holds it);
+   * `gate` gates every follower but gang members.
+   */
+  followerMode: opt({
+    flag: "--follower-mode <mode>",
+    env: "WARMSTART_FOLLOWER_MODE",
+    default: "auto",
+    doc: "how followers wait: auto (gated unless something waits for them), wait (never gated), gate (gated, but gang members)",
+    schema: z.enum(FOLLOWER_MODES as unknown as ["auto", "gate", "wait"]),
+  }),
+  waitDeadline: opt({
+    flag: "--wait-deadline <duration>",
+    env: "WARMSTART_WAIT_DEADLINE",
+    default: "20m",
+    doc: "how long a follower that waits running waits for the cache before it starts cold",
     schema: durationSeconds,
   }),
   /**

@@ -2,6 +2,7 @@ import * as k8s from "@kubernetes/client-node";
 import {
   ANN_CACHE_ENV,
   ANN_DEADLINE,
+  ANN_GROUP,
   ANN_HASH,
   ANN_LEADER_NAMESPACE,
   LABEL_HASH,
@@ -17,7 +18,10 @@ import { redactUrlCredentials } from "../core/env.js";
 import type { CacheEnvTemplate } from "../core/decorate.js";
 import { isAlreadyExists, apiError, isConflict, isNotFound } from "../common/kube.js";
 
-export type ElectionResult = { role: "leader"; leaseUid: string } | { role: "follower" };
+export type ElectionResult =
+  | { role: "leader"; leaseUid: string }
+  /** `leaderGroup`: the multi-node group of the leader, looked up for a follower that is a rank of one. */
+  | { role: "follower"; leaderGroup?: string };
 
 /**
  * The API server is the lock: the first pod of a hash to create Lease `warmstart-capture-<short>`
@@ -32,6 +36,8 @@ export async function tryAcquire(
     electionId: string;
     deadlineSeconds: number;
     podNamespace: string;
+    /** The pod's multi-node group (gangs.ts groupKey): a rank never follows its own group. */
+    group?: string;
   },
 ): Promise<ElectionResult> {
   const now = new Date();
@@ -44,6 +50,7 @@ export async function tryAcquire(
         [ANN_HASH]: opts.hash,
         [ANN_DEADLINE]: new Date(now.getTime() + opts.deadlineSeconds * 1000).toISOString(),
         [ANN_LEADER_NAMESPACE]: opts.podNamespace,
+        ...(opts.group ? { [ANN_GROUP]: opts.group } : {}),
       },
     },
     spec: {
@@ -57,8 +64,21 @@ export async function tryAcquire(
     const created = await coordination.createNamespacedLease({ namespace: opts.namespace, body: lease });
     return { role: "leader", leaseUid: created.metadata!.uid! };
   } catch (err) {
-    if (isAlreadyExists(err)) return { role: "follower" };
-    throw apiError(`creating Lease ${lease.metadata!.name}`, err);
+    if (!isAlreadyExists(err)) throw apiError(`creating Lease ${lease.metadata!.name}`, err);
+  }
+  if (!opts.group) return { role: "follower" };
+  // Only a rank asks whose group leads: one GET, for the pods that may be in the leader's group.
+  try {
+    const held = await coordination.readNamespacedLease({
+      name: leaseName(opts.hash),
+      namespace: opts.namespace,
+    });
+    const leaderGroup = held.metadata?.annotations?.[ANN_GROUP];
+    return { role: "follower", ...(leaderGroup ? { leaderGroup } : {}) };
+  } catch (err) {
+    // Retired meanwhile: this pod follows no one's group; the next pod of the hash leads.
+    if (isNotFound(err)) return { role: "follower" };
+    throw apiError(`reading Lease ${lease.metadata!.name}`, err);
   }
 }
 

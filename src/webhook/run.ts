@@ -10,7 +10,8 @@ import { startAdmissionServer, type RunningServer } from "./server.js";
 import { PodEventRecorder } from "./events.js";
 import { recordElection, releaseLease, tryAcquire } from "./election.js";
 import { getModelCache } from "../common/modelcache.js";
-import { admissionHandler, failOpen, type AdmissionDeps, type ClusterView } from "./admission.js";
+import type { AdmissionDeps, ClusterView } from "./admission.js";
+import { admissionHandler, failOpen } from "./handler.js";
 import { registerWebhook, webhookConfiguration } from "./registration.js";
 import { retry } from "../promote/promote.js";
 import { promotion } from "../promote/webhook.js";
@@ -60,13 +61,14 @@ export async function runWebhook(
     namespaceLabels: (ns) => namespaces.get(ns),
     cacheEnvTemplate: () => cacheEnv.template(),
     getModelCache: (h) => getModelCache(custom, h),
-    tryAcquire: (hash, electionId, podNamespace) =>
+    tryAcquire: (hash, electionId, podNamespace, group) =>
       tryAcquire(coordination, {
         namespace: cfg.systemNamespace,
         hash,
         electionId,
         deadlineSeconds: cfg.electionDeadline,
         podNamespace,
+        ...(group ? { group } : {}),
       }),
     recordElection: (o) => recordElection(custom, o),
     releaseLease: (hash, uid) => releaseLease(coordination, cfg.systemNamespace, hash, uid),

@@ -29,7 +29,7 @@ import {
   stopContainers,
   unmountUnder,
 } from "./realnode.js";
-import { PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
+import { GANG_FEATURE_GATES, PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../../src/common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
 import { checkStoreDriverOptions, enableStoreDriver, type StoreDriverState } from "./store-driver.js";
@@ -257,6 +257,9 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         "--enable-priority-and-fairness=false",
         "--profiling=false",
         "--event-ttl=2h",
+        // Kubernetes' own gang scheduling (the Workload API, alpha in 1.35): SPEC 5 "Gangs".
+        `--feature-gates=${GANG_FEATURE_GATES}`,
+        "--runtime-config=scheduling.k8s.io/v1alpha1=true",
         "--v=0",
       ]);
       await waitHttp(`${state.apiServer}/readyz`, "kube-apiserver", state, 120_000, pki);
@@ -276,6 +279,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         "--use-service-account-credentials=false",
         // Pre-bound claims made just before their volume otherwise wait for the 15 s resync.
         "--pvclaimbinder-sync-period=2s",
+        `--feature-gates=${GANG_FEATURE_GATES}`,
         "--v=0",
       ]);
       await launch("kube-scheduler", [
@@ -285,6 +289,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         `--secure-port=${schedPort}`,
+        `--feature-gates=${GANG_FEATURE_GATES}`,
         "--v=0",
       ]);
       const kwokHome = join(dir, "kwok-home");

@@ -11,6 +11,13 @@ export const VERSIONS = {
   helm: "v3.22.0",
 } as const;
 
+/**
+ * Kubernetes' own gang scheduling in 1.35 (k8s.io/kubernetes v1.35.4, pkg/features/kube_features.go):
+ * GenericWorkload serves the `scheduling.k8s.io/v1alpha1` Workload API and the pod's
+ * `spec.workloadRef`; GangScheduling (which needs it) is the scheduler's gang plugin.
+ */
+export const GANG_FEATURE_GATES = "GenericWorkload=true,GangScheduling=true";
+
 /** The package root (this file runs from dist/tools/localcluster/). */
 export const PACKAGE_ROOT = resolve(fileURLToPath(new URL(".", import.meta.url)), "../../..");
 
