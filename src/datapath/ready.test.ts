@@ -1,12 +1,13 @@
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { writeFile } from "node:fs/promises";
+import { spawn, spawnSync } from "node:child_process";
+import { lstat, mkdir, readFile, stat, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { READY_MARKER } from "../core/contract.js";
-import { isReady, waitForReady, writeReadyMarker } from "./ready.js";
-import { runCli, tempDir, WARMSTART_BIN } from "../../test/support/datapath.js";
+import { isReady, waitForFill, waitForReady, writeReadyMarker } from "./ready.js";
+import { capture } from "./capture.js";
+import { makeCacheTree, runCli, SNAP_WEIGHTS, tempDir, WARMSTART_BIN } from "../../test/support/datapath.js";
 
 void test("waitForReady times out when the marker never comes", async (t) => {
   const dir = tempDir(t);
@@ -58,4 +59,107 @@ void test("the wait-ready command: non-zero on timeout, zero when the marker app
   await writeFile(join(dir, READY_MARKER), "{}");
   assert.equal(await exited, 0);
   assert.equal(out, `${dir} is ready\n`);
+});
+
+// A waiting follower's seed (SPEC 1.3 "Groups and gangs"): its volume is filled by its node's
+// agent, or gets the agent's cold marker, or nothing comes before its deadline.
+void test("waitForFill: the filled tree, the agent's cold marker, or the deadline", async (t) => {
+  const vol = tempDir(t);
+  const tree = join(vol, "tree");
+  const marker = join(vol, ".warmstart-cold");
+  const soon = Date.now() + 10_000;
+  const filled = waitForFill(tree, marker, soon, { intervalMs: 20 });
+  await sleep(100);
+  await mkdir(tree);
+  await writeReadyMarker(tree, "{}\n");
+  assert.equal((await filled).kind, "ready");
+
+  const vol2 = tempDir(t);
+  const cold = waitForFill(join(vol2, "tree"), join(vol2, ".warmstart-cold"), soon, { intervalMs: 20 });
+  await writeFile(join(vol2, ".warmstart-cold"), "the election of cache x failed\n");
+  assert.deepEqual(
+    { ...(await cold), waitedMs: 0 },
+    { kind: "cold", reason: "the election of cache x failed", waitedMs: 0 },
+  );
+
+  const start = Date.now();
+  const late = await waitForFill(join(vol2, "none"), join(vol2, "no-marker"), Date.now() + 300, {
+    intervalMs: 20,
+  });
+  assert.equal(late.kind, "cold");
+  assert.match(late.kind === "cold" ? late.reason : "", /no cache within the wait deadline/);
+  assert.ok(Date.now() - start >= 290, "waited until the deadline");
+});
+
+void test("attacker: a cold marker that is a symlink or a FIFO is not followed or opened to block; the pod starts cold", async (t) => {
+  const vol = tempDir(t);
+  await writeFile(join(vol, "secret"), "not a reason");
+  await symlink(join(vol, "secret"), join(vol, ".warmstart-cold"));
+  const r = await waitForFill(join(vol, "tree"), join(vol, ".warmstart-cold"), Date.now() + 5000, {
+    intervalMs: 20,
+  });
+  assert.equal(r.kind, "cold");
+  assert.doesNotMatch(r.kind === "cold" ? r.reason : "", /not a reason/);
+  const vol2 = tempDir(t);
+  assert.equal(spawnSync("mkfifo", [join(vol2, ".warmstart-cold")]).status, 0);
+  const f = await waitForFill(join(vol2, "tree"), join(vol2, ".warmstart-cold"), Date.now() + 5000, {
+    intervalMs: 20,
+  });
+  assert.equal(f.kind, "cold", "answered at once, not blocked on the FIFO");
+});
+
+void test("seed --fill-until: a filled tree is seeded and the outcome reported; past the deadline the shadow is made and the pod starts cold", async (t) => {
+  const dir = tempDir(t);
+  const src = join(dir, "src");
+  await makeCacheTree(src);
+  const vol = join(dir, "vol");
+  await mkdir(vol);
+  const hash = "e".repeat(64);
+  // What the node agent does: a capture of the committed tree into the pod's fill volume.
+  await capture({ src, dest: join(vol, "tree"), hash, durable: false, progress: false });
+  const outcome = join(dir, "outcome");
+  const until = new Date(Date.now() + 60_000).toISOString();
+  const ok = runCli([
+    "seed",
+    "--from",
+    join(vol, "tree"),
+    "--to",
+    join(dir, "shadow"),
+    "--hash",
+    hash,
+    "--fill-until",
+    until,
+    "--cold-marker",
+    join(vol, ".warmstart-cold"),
+    "--outcome-file",
+    outcome,
+  ]);
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /filled after \d+s[\s\S]*seeded/);
+  assert.equal(JSON.parse(await readFile(outcome, "utf8")).outcome, "restored");
+  assert.ok((await lstat(join(dir, "shadow", SNAP_WEIGHTS))).isSymbolicLink(), "the model is used in place");
+
+  const past = runCli([
+    "seed",
+    "--from",
+    join(dir, "none", "tree"),
+    "--to",
+    join(dir, "shadow2"),
+    "--hash",
+    hash,
+    "--fill-until",
+    new Date(Date.now() - 1000).toISOString(),
+    "--cold-marker",
+    join(dir, "none", "m"),
+    "--outcome-file",
+    outcome,
+    "--any-uid",
+  ]);
+  assert.equal(past.status, 0, past.stderr);
+  assert.match(past.stdout, /starting cold after 0s: no cache within the wait deadline/);
+  assert.equal(JSON.parse(await readFile(outcome, "utf8")).outcome, "cold");
+  assert.equal((await stat(join(dir, "shadow2"))).mode & 0o777, 0o777, "the engine's cache root, writable");
+  const bad = runCli(["seed", "--from", "x", "--to", "y", "--fill-until", "soon", "--cold-marker", "m"]);
+  assert.notEqual(bad.status, 0);
+  assert.match(bad.stderr, /--fill-until must be an ISO 8601 time/);
 });

@@ -677,3 +677,117 @@ test("stores whose storage cannot share one tree (per-pod clones, a shared volum
   );
   assert.equal(elected.role, "leader");
 });
+
+// SPEC 1.3 "Groups and gangs: never deadlock": a follower something waits for is never gated.
+const follower = (extra: Partial<ClusterView> = {}): Partial<ClusterView> => ({
+  tryAcquire: () => Promise.resolve({ role: "follower" }),
+  ...extra,
+});
+const gated = (p: V1Pod | undefined): boolean =>
+  (p?.spec?.schedulingGates ?? []).some((g) => g.name === "warmstart.dev/cache-ready");
+
+test("a plain follower on the default scheduler is gated; a gang member waits running, even under followerMode=gate", async () => {
+  const plain = await decide(review(gpuPod()), deps(follower()));
+  assert.equal(plain.role, "follower");
+  assert.ok(gated(plain.pod), "gated: nothing waits for it");
+  assert.equal(plain.pod?.metadata?.labels?.["warmstart.dev/gated"], "true");
+  assert.match(plain.reason, /gated: nothing waits for it/);
+
+  const member = gpuPod();
+  (member.spec as unknown as Record<string, unknown>).workloadRef = { name: "engines", podGroup: "all" };
+  for (const mode of ["auto", "gate", "wait"]) {
+    const d = await decide(review(member), deps(follower(), { followerMode: mode }));
+    assert.equal(d.role, "follower", mode);
+    assert.ok(!gated(d.pod), `${mode}: a gang member is never gated`);
+    assert.equal(d.pod?.metadata?.labels?.["warmstart.dev/waiting"], "true");
+    assert.equal(d.pod?.metadata?.labels?.["warmstart.dev/gated"], undefined);
+    assert.equal(d.pod?.metadata?.annotations?.["warmstart.dev/gang"], "workload/engines/all");
+    if (mode === "gate") assert.match(d.reason, /refused for gang members/);
+  }
+});
+
+test("a waiting follower mounts nothing that can keep it Pending, and stops waiting at its deadline", async () => {
+  const before = Date.now();
+  const d = await decide(review(gpuPod()), deps(follower(), { followerMode: "wait", waitDeadline: "7m" }));
+  const spec = d.pod!.spec!;
+  assert.ok(!spec.volumes?.some((v) => v.persistentVolumeClaim), "no claim (rox-<short> does not exist yet)");
+  assert.ok(spec.volumes?.some((v) => v.name === "warmstart-fill" && v.emptyDir?.sizeLimit));
+  const until = Date.parse(d.pod!.metadata!.annotations!["warmstart.dev/wait-until"]!);
+  assert.ok(
+    until >= before + 7 * 60_000 && until <= Date.now() + 7 * 60_000,
+    "admission time plus the wait deadline",
+  );
+  const seed = spec.initContainers?.find((c) => c.name === "warmstart-seed-cache");
+  assert.deepEqual(
+    seed?.args?.slice(seed.args.indexOf("--fill-until"), seed.args.indexOf("--fill-until") + 2),
+    ["--fill-until", new Date(until).toISOString()],
+  );
+  assert.ok(
+    [...(spec.initContainers ?? []), ...spec.containers].every((c) =>
+      (c.volumeMounts ?? []).every((m) => m.name !== "warmstart-fill" || m.readOnly === true),
+    ),
+    "every container mounts the fill volume read-only",
+  );
+});
+
+test("a pod's own container that names the fill volume gets it read-only (only the agent writes it)", async () => {
+  const pod = gpuPod();
+  pod.spec!.containers.push({
+    name: "sneaky",
+    image: "busybox",
+    volumeMounts: [{ name: "warmstart-fill", mountPath: "/x" }],
+  });
+  const d = await decide(review(pod), deps(follower(), { followerMode: "wait" }));
+  const sneaky = d.pod!.spec!.containers.find((c) => c.name === "sneaky")!;
+  assert.equal(sneaky.volumeMounts?.[0]?.readOnly, true);
+});
+
+const lwsRank = (rank: number): V1Pod => {
+  const p = gpuPod();
+  p.metadata!.labels = {
+    "leaderworkerset.sigs.k8s.io/name": "sglang",
+    "apps.kubernetes.io/pod-index": String(rank),
+    "leaderworkerset.sigs.k8s.io/group-index": "0",
+  };
+  p.metadata!.annotations = {
+    "leaderworkerset.sigs.k8s.io/size": "2",
+    ...(rank > 0 ? { "leaderworkerset.sigs.k8s.io/leader-name": "sglang-0" } : {}),
+  };
+  return p;
+};
+
+test("ranks of one group hash apart, and a rank the pod cannot tell apart never follows its own group", async () => {
+  const groups: string[] = [];
+  const a = await decide(
+    review(lwsRank(0)),
+    deps({
+      tryAcquire: (_h, _e, _n, g) => (
+        groups.push(g ?? ""),
+        Promise.resolve({ role: "leader", leaseUid: "x" })
+      ),
+    }),
+  );
+  const b = await decide(review(lwsRank(1)), deps({}));
+  assert.notEqual(a.hash, b.hash, "rank 0 and rank 1 are two caches");
+  assert.deepEqual(groups, ["ns/lws/sglang/0"], "the Lease records the leader's group");
+  assert.equal(a.pod?.metadata?.annotations?.["warmstart.dev/rank"], "0");
+
+  // Two Ray workers of one cluster hash equal: the second is never the first's follower.
+  const ray = (): V1Pod => {
+    const p = gpuPod();
+    p.metadata!.labels = { "ray.io/cluster": "c", "ray.io/node-type": "worker", "ray.io/group": "g" };
+    return p;
+  };
+  const same = await decide(
+    review(ray()),
+    deps(follower({ tryAcquire: () => Promise.resolve({ role: "follower", leaderGroup: "ns/ray/c" }) })),
+  );
+  assert.equal(same.role, "cold");
+  assert.match(same.reason, /another rank of its own group \(ray c\)/);
+  const other = await decide(
+    review(ray()),
+    deps(follower({ tryAcquire: () => Promise.resolve({ role: "follower", leaderGroup: "ns/ray/other" }) })),
+  );
+  assert.equal(other.role, "follower", "a rank of another group follows");
+  assert.ok(!gated(other.pod), "and waits running");
+});

@@ -6,8 +6,6 @@ import {
   ANN_DEADLINE,
   CACHE_VOLUME,
   ANN_ELECTION_ID,
-  ANN_RESTORE_RECORDED,
-  ANN_ROLE,
   ANN_TREE,
   FINALIZER_CLEANUP,
   LABEL_GATED,
@@ -15,7 +13,7 @@ import {
   SCHEDULING_GATE,
   leaseName,
 } from "../../core/contract.js";
-import { restoredFrom } from "../../core/refs.js";
+import { recordRestores, settleWaiting } from "./restores.js";
 import { sourceOf, treeSubPath } from "../../promote/source.js";
 import { deleteCachePass } from "../../promote/rollback.js";
 import {
@@ -28,10 +26,8 @@ import {
 } from "../../common/modelcache.js";
 import { CacheRecords } from "../../common/cache-record.js";
 import { transition } from "../../api/transitions.js";
-import { readySeconds } from "../dashboard/views.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
-const mergePatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
 
 export interface ReleaseDeps {
   core: k8s.CoreV1Api;
@@ -48,6 +44,8 @@ export interface ReleaseDeps {
   /** An election retired: why, as its record says it (a bounded set), and as the log says it. */
   onRetire?: (short: string, reason: ElectionEnd["reason"], message: string) => void;
   onEvict?: (short: string, pods: number) => void;
+  /** A waiting follower that started cold (its wait ended without a cache). */
+  onWaitingCold?: (short: string) => void;
   onRestore?: (short: string, restores: RestoreRecord[]) => void;
   /** Tests: runs right after the pass listed the pods (to create a pod the list cannot hold). */
   afterPodsListed?: () => Promise<void>;
@@ -59,15 +57,16 @@ export interface ReconcileResult {
   requeueAfterMs?: number;
 }
 
-const COMPONENT = "warmstart-server";
+export const COMPONENT = "warmstart-server";
 
-const isGated = (p: k8s.V1Pod): boolean =>
+export const isGated = (p: k8s.V1Pod): boolean =>
   (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
 const hasController = (p: k8s.V1Pod): boolean =>
   (p.metadata?.ownerReferences ?? []).some((o) => o.controller);
-const isTerminated = (p: k8s.V1Pod): boolean =>
+export const isTerminated = (p: k8s.V1Pod): boolean =>
   Boolean(p.metadata?.deletionTimestamp) || p.status?.phase === "Failed" || p.status?.phase === "Succeeded";
-const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date(t).getTime() : undefined);
+export const toMs = (t: Date | string | undefined): number | undefined =>
+  t ? new Date(t).getTime() : undefined;
 
 /**
  * One level-based pass over one cache hash: it reads the world (pods first, then the Lease, then
@@ -110,6 +109,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   }
 
   await recordRestores(d, short, pods, log);
+  await settleWaiting(d, short, pods, log);
 
   if (phase === "Ready") {
     // Released at once, whether the claims are Bound yet or not: the scheduler's volume binder
@@ -256,101 +256,6 @@ async function recordLeader(
   }
   const claim = await new CacheRecords(d.custom).claimLeader(short, holder, wearing[0]!.metadata!.uid!);
   if (!claim.ok) log.info({ why: claim.why }, "leader not recorded");
-}
-
-const RECENT_RESTORES = 20;
-
-/**
- * Counts the benefit of each restore that turned Ready on its cache's record, so the numbers
- * outlive the pods: bytes it did not download, its time to Ready, the seconds it saved
- * against the leader's. A pod is counted once: the record keeps the last few UIDs and the pod
- * gets an annotation once counted.
- */
-async function recordRestores(d: ReleaseDeps, short: string, pods: k8s.V1Pod[], log: Logger): Promise<void> {
-  const bySource = new Map<string, k8s.V1Pod[]>();
-  for (const p of pods) {
-    const role = p.metadata?.annotations?.[ANN_ROLE];
-    if (role !== "restore" && role !== "follower") continue;
-    if (p.metadata?.annotations?.[ANN_RESTORE_RECORDED] || isGated(p) || isTerminated(p)) continue;
-    if (readySeconds(p) === undefined) continue;
-    // The cache it restored from: the claim admission mounted (an annotation can change later).
-    const source = restoredFrom(p);
-    if (!source) continue;
-    bySource.set(source, [...(bySource.get(source) ?? []), p]);
-  }
-  const records = new CacheRecords(d.custom);
-  for (const [source, restored] of bySource) {
-    const counted: RestoreRecord[] = [];
-    const r = await records.transition(source, (c) => {
-      counted.length = 0;
-      const s = c.status ?? {};
-      if (s.phase !== "Ready" || c.metadata.deletionTimestamp) return undefined;
-      const recent = s.recentRestores ?? [];
-      const known = new Set(recent.map((x) => x.uid));
-      for (const p of restored) {
-        if (known.has(p.metadata!.uid!)) continue;
-        counted.push({
-          namespace: p.metadata!.namespace!,
-          name: p.metadata!.name!,
-          uid: p.metadata!.uid!,
-          role: p.metadata!.annotations![ANN_ROLE]!,
-          readySeconds: readySeconds(p)!,
-          at: new Date(
-            toMs(p.status?.conditions?.find((x) => x.type === "Ready")?.lastTransitionTime) ?? d.now(),
-          ).toISOString(),
-        });
-      }
-      if (!counted.length) return undefined;
-      const leader = typeof s.leaderReadySeconds === "number" ? s.leaderReadySeconds : undefined;
-      const bytes = Number(s.modelBytes ?? s.sizeBytes ?? 0);
-      const round = (x: number): number => Math.round(x * 10) / 10;
-      return {
-        restores: (s.restores ?? 0) + counted.length,
-        savedBytes: (s.savedBytes ?? 0) + bytes * counted.length,
-        savedSeconds: round(
-          (s.savedSeconds ?? 0) +
-            (leader === undefined
-              ? 0
-              : counted.reduce((n, x) => n + Math.max(0, leader - x.readySeconds), 0)),
-        ),
-        restoredReadySecondsTotal: round(
-          (s.restoredReadySecondsTotal ?? 0) + counted.reduce((n, x) => n + x.readySeconds, 0),
-        ),
-        lastRestoredAt: counted
-          .map((x) => x.at)
-          .sort()
-          .at(-1)!,
-        recentRestores: [...recent, ...counted].slice(-RECENT_RESTORES),
-      };
-    });
-    if (r?.written && counted.length) {
-      log.info(
-        { cache: source, restores: counted.map((x) => `${x.namespace}/${x.name} ${x.readySeconds}s`) },
-        "restores counted",
-      );
-      d.onRestore?.(source, counted);
-    }
-    // Counted now or before (a pass that died after the record was written): never again.
-    const onRecord = new Set([
-      ...(r?.cache.status?.recentRestores ?? []).map((x) => x.uid),
-      ...counted.map((x) => x.uid),
-    ]);
-    for (const p of restored) {
-      if (!onRecord.has(p.metadata!.uid!)) continue;
-      await d.core
-        .patchNamespacedPod(
-          {
-            name: p.metadata!.name!,
-            namespace: p.metadata!.namespace!,
-            body: { metadata: { annotations: { [ANN_RESTORE_RECORDED]: "true" } } },
-          },
-          mergePatch,
-        )
-        .catch((err: unknown) => {
-          if (!isNotFound(err)) log.warn({ err }, "could not mark a restore as counted");
-        });
-    }
-  }
 }
 
 async function readLease(d: ReleaseDeps, name: string): Promise<k8s.V1Lease | undefined> {
