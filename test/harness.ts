@@ -3,12 +3,14 @@
  * throwaway namespaces cleaned up after each test, and waits on conditions instead of sleeps.
  */
 import { spawn } from "node:child_process";
+import * as https from "node:https";
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { TestContext } from "node:test";
 import * as k8s from "@kubernetes/client-node";
 import { readState, status as clusterStatus, type ClusterState } from "../tools/localcluster/cluster.js";
-import { isNotFound } from "../src/common/kube.js";
+import { SYSTEM_NAMESPACE, isNotFound } from "../src/common/kube.js";
+import { LABEL_HASH, MODELCACHE } from "../src/core/contract.js";
 
 export interface Kube {
   kc: k8s.KubeConfig;
@@ -180,5 +182,63 @@ export function runToEnd(
     child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
     child.on("error", reject);
     child.on("close", (status) => resolve({ status, stdout, stderr }));
+  });
+}
+
+/** Leases and caches a test created in cluster scope are removed with it. */
+export async function cleanupHash(
+  t: { after: (fn: () => Promise<void>) => void },
+  short: string,
+): Promise<void> {
+  const { coordination, custom, core } = await kube();
+  t.after(async () => {
+    const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+    for (const pv of pvs.items) await core.deletePersistentVolume({ name: pv.metadata!.name! });
+    await coordination
+      .deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE })
+      .catch((err: unknown) => {
+        if (!isNotFound(err)) throw err;
+      });
+    await custom
+      .deleteClusterCustomObject({
+        group: MODELCACHE.group,
+        version: MODELCACHE.version,
+        plural: MODELCACHE.plural,
+        name: short,
+      })
+      .catch((err: unknown) => {
+        if (!isNotFound(err)) throw err;
+      });
+  });
+}
+
+/**
+ * Creates an object from its JSON as written, past the client's typed models: they drop fields
+ * newer than the client (a pod's `workloadRef`, Kubernetes 1.35), which the API server and the
+ * webhook must see.
+ */
+export async function createRaw<T>(path: string, body: object): Promise<T> {
+  const { kc } = await kube();
+  const url = new URL(`${kc.getCurrentCluster()!.server}${path}`);
+  const opts: https.RequestOptions = {
+    method: "POST",
+    hostname: url.hostname,
+    port: url.port,
+    path: url.pathname,
+    headers: { "Content-Type": "application/json" },
+  };
+  await kc.applyToHTTPSOptions(opts);
+  return new Promise<T>((resolve, reject) => {
+    const req = https.request(opts, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (d: string) => (text += d));
+      res.on("end", () => {
+        if ((res.statusCode ?? 500) >= 300) reject(new Error(`POST ${path}: ${res.statusCode} ${text}`));
+        else resolve(JSON.parse(text) as T);
+      });
+    });
+    req.on("error", reject);
+    req.end(JSON.stringify(body));
   });
 }

@@ -197,8 +197,12 @@ export async function containerLog(node: RealNode, pod: k8s.V1Pod, container: st
   return (await Promise.all(files.map((f) => readFile(join(dir, f), "utf8")))).join("");
 }
 
-export async function engineReport(node: RealNode, pod: k8s.V1Pod): Promise<EngineReport> {
-  const log = await containerLog(node, pod, "engine");
+export async function engineReport(
+  node: RealNode,
+  pod: k8s.V1Pod,
+  container = "engine",
+): Promise<EngineReport> {
+  const log = await containerLog(node, pod, container);
   const report = parseEngineReport(log);
   if (!report) throw new Error(`no engine report in the log of ${pod.metadata?.name}:\n${log.slice(-2000)}`);
   return report;

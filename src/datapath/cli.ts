@@ -12,7 +12,7 @@ import {
 import { exactTimes } from "./native.js";
 import { DEFAULT_PREWARM_PARALLEL, describePrewarm, prewarm } from "./prewarm.js";
 import { formatBytes } from "./progress.js";
-import { chmod, mkdir, writeFile } from "node:fs/promises";
+import { chmod, mkdir, stat, writeFile } from "node:fs/promises";
 import type { SeedOutcome } from "../core/contract.js";
 import { waitForFill, waitForReady } from "./ready.js";
 import { seed } from "./seed.js";
@@ -146,7 +146,8 @@ export function registerDatapathCommands(program: Command): void {
         if (waited.kind === "cold") {
           // The shadow is the engine's cache root all the same: it downloads and compiles there.
           await mkdir(o.to, { recursive: true, mode: o.anyUid ? 0o777 : 0o755 });
-          if (o.anyUid) await chmod(o.to, 0o777);
+          // The kubelet makes an emptyDir 0777 already; a folder this process made it opens up itself.
+          if (o.anyUid && ((await stat(o.to)).mode & 0o777) !== 0o777) await chmod(o.to, 0o777);
           await writeOutcome(o.outcomeFile, {
             outcome: "cold",
             reason: waited.reason,

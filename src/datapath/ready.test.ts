@@ -1,13 +1,20 @@
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { lstat, mkdir, readFile, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, lstat, mkdir, readFile, stat, symlink, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { READY_MARKER } from "../core/contract.js";
 import { isReady, waitForFill, waitForReady, writeReadyMarker } from "./ready.js";
 import { capture } from "./capture.js";
-import { makeCacheTree, runCli, SNAP_WEIGHTS, tempDir, WARMSTART_BIN } from "../../test/support/datapath.js";
+import {
+  canSwitchUid,
+  makeCacheTree,
+  runCli,
+  SNAP_WEIGHTS,
+  tempDir,
+  WARMSTART_BIN,
+} from "../../test/support/datapath.js";
 
 void test("waitForReady times out when the marker never comes", async (t) => {
   const dir = tempDir(t);
@@ -162,4 +169,33 @@ void test("seed --fill-until: a filled tree is seeded and the outcome reported; 
   const bad = runCli(["seed", "--from", "x", "--to", "y", "--fill-until", "soon", "--cold-marker", "m"]);
   assert.notEqual(bad.status, 0);
   assert.match(bad.stderr, /--fill-until must be an ISO 8601 time/);
+});
+
+void test("seed --fill-until going cold as a non-root UID leaves the kubelet's 0777 shadow as it is", async (t) => {
+  if (!canSwitchUid()) return t.skip("needs root and setpriv to run as another UID");
+  const dir = tempDir(t);
+  const shadow = join(dir, "shadow");
+  // As the kubelet makes an emptyDir: owned by root, open to all.
+  await mkdir(shadow);
+  await chmod(shadow, 0o777);
+  await chmod(dir, 0o755);
+  const r = runCli(
+    [
+      "seed",
+      "--from",
+      join(dir, "fill", "tree"),
+      "--to",
+      shadow,
+      "--hash",
+      "e".repeat(64),
+      "--fill-until",
+      new Date(Date.now() - 1).toISOString(),
+      "--cold-marker",
+      join(dir, "fill", "m"),
+      "--any-uid",
+    ],
+    { uid: 1000 },
+  );
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /starting cold/);
 });

@@ -8,6 +8,7 @@ import { createServer as createTcpServer, type Socket } from "node:net";
 import { request } from "node:https";
 import * as k8s from "@kubernetes/client-node";
 import {
+  cleanupHash,
   gpuContainer,
   kube,
   listPods,
@@ -32,6 +33,8 @@ import {
   LABEL_ADMISSION_ID,
   SKIP,
   LABEL_CAPTURE,
+  LABEL_WAITING,
+  FILL_VOLUME,
   LABEL_GATED,
   LABEL_HASH,
   ANN_CACHE_SOURCE,
@@ -87,30 +90,6 @@ async function apiServerClientCert(): Promise<{ cert: string; key: string }> {
 }
 
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
-
-/** Leases and caches a test created in cluster scope are removed with it. */
-async function cleanupHash(t: { after: (fn: () => Promise<void>) => void }, short: string): Promise<void> {
-  const { coordination, custom, core } = await kube();
-  t.after(async () => {
-    const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
-    for (const pv of pvs.items) await core.deletePersistentVolume({ name: pv.metadata!.name! });
-    await coordination
-      .deleteNamespacedLease({ name: `warmstart-capture-${short}`, namespace: SYSTEM_NAMESPACE })
-      .catch((err: unknown) => {
-        if (!isNotFound(err)) throw err;
-      });
-    await custom
-      .deleteClusterCustomObject({
-        group: MODELCACHE.group,
-        version: MODELCACHE.version,
-        plural: MODELCACHE.plural,
-        name: short,
-      })
-      .catch((err: unknown) => {
-        if (!isNotFound(err)) throw err;
-      });
-  });
-}
 
 test("a chart's 4 GPU workers get 1 leader and 3 gated followers of one hash; its frontend is untouched", async (t) => {
   const ns = await tempNamespace(t, "chart");
@@ -737,7 +716,13 @@ async function allowPodEdits(
     namespace,
     body: {
       metadata: { name: "pod-editor" },
-      rules: [{ apiGroups: [""], resources: ["pods", "pods/status"], verbs: ["get", "patch", "update"] }],
+      rules: [
+        {
+          apiGroups: [""],
+          resources: ["pods", "pods/status", "pods/ephemeralcontainers"],
+          verbs: ["get", "patch", "update"],
+        },
+      ],
     },
   });
   await rbac.createNamespacedRoleBinding({
@@ -846,6 +831,40 @@ test("the stamps policy refuses a later change of a stamp by anyone but Warmstar
     (await core.readNamespacedPod({ name: "target", namespace: ns })).metadata?.labels?.[LABEL_CAPTURE],
     "true",
   );
+
+  // Attacker: a debug container added later that mounts a waiting follower's fill volume
+  // writable, to swap what the node agent writes there as root.
+  await core.createNamespacedPod({
+    namespace: ns,
+    body: {
+      metadata: { name: "filled" },
+      spec: {
+        containers: [gpuContainer("c", ["--port", "1"])],
+        volumes: [{ name: FILL_VOLUME, emptyDir: {} }],
+      },
+    },
+  });
+  const debug = (readOnly: boolean): Promise<k8s.V1Pod> =>
+    as(mallory).patchNamespacedPodEphemeralcontainers(
+      {
+        name: "filled",
+        namespace: ns,
+        body: {
+          spec: {
+            ephemeralContainers: [
+              {
+                name: readOnly ? "look" : "swap",
+                image: "busybox",
+                volumeMounts: [{ name: FILL_VOLUME, mountPath: "/fill", readOnly }],
+              },
+            ],
+          },
+        },
+      },
+      k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.StrategicMergePatch),
+    );
+  await assert.rejects(debug(false), /warmstart-fill volume is mounted read-only/);
+  await debug(true);
 });
 
 test("the release controller's pod patches are held to what it does: release a follower, mark a restore, nothing else", async (t) => {
@@ -971,6 +990,35 @@ test("the release controller's pod patches are held to what it does: release a f
   );
   assert.equal(after.spec?.containers[0]?.image, "vllm/vllm-openai:v0.6.3");
   assert.equal(after.metadata?.labels?.[LABEL_GATED], undefined, "released");
+
+  // A follower that waits running (another scheduler may place it with others): once its wait
+  // ended cold, its decision says so. Only then, and only that.
+  const waiting = await core.createNamespacedPod({
+    namespace: ns,
+    body: worker("waiting", { schedulerName: "elsewhere" }),
+  });
+  assert.equal(waiting.metadata?.labels?.[LABEL_WAITING], "true");
+  const esc = (k: string): string => k.replace("/", "~1");
+  const decide = (value: string): object[] => [
+    { op: "replace", path: `/metadata/annotations/${esc(ANN_ROLE)}`, value },
+    { op: "add", path: `/metadata/annotations/${esc(ANN_REASON)}`, value: "waited 1200s, then started cold" },
+  ];
+  await assert.rejects(
+    asServer.patchNamespacedPod({ namespace: ns, name: "follower", body: decide("cold") }, json),
+    /only writes/,
+    "a gated follower's decision is not rewritten",
+  );
+  await assert.rejects(
+    asServer.patchNamespacedPod({ namespace: ns, name: "waiting", body: decide("leader") }, json),
+    /only writes/,
+    "a waiting follower never becomes a leader",
+  );
+  await asServer.patchNamespacedPod({ namespace: ns, name: "waiting", body: decide("cold") }, json);
+  await assert.rejects(
+    asServer.patchNamespacedPod({ namespace: ns, name: "waiting", body: decide("restore") }, json),
+    /only writes/,
+    "settled once",
+  );
 });
 
 test("resetting a failed record for a new election never overwrites a Ready written meanwhile", async (t) => {
