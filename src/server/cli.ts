@@ -121,6 +121,15 @@ function render(view: View, s: Snapshot): void {
     for (const p of s.pods)
       if (p.startup?.cause)
         process.stdout.write(`compile cache missed on ${p.namespace}/${p.name}: ${p.startup.cause}\n`);
+    for (const p of s.pods) {
+      const w = p.waitsFor;
+      if (!w) continue;
+      const leader = w.leader ? `leader ${w.leader}, ` : "";
+      process.stdout.write(
+        `${p.namespace}/${p.name} ${w.gated ? "gated, waits" : "waits running"} for cache ${w.cache} (${leader}${w.phase})` +
+          `${w.until ? `; starts cold at ${w.until}` : ""}\n`,
+      );
+    }
     const cold = s.pods
       .filter((p) => p.role === "leader" || p.role === "cold")
       .map((p) => p.readySeconds)

@@ -165,3 +165,38 @@ void test("each pod's start comes from the record's startups by UID; a cache sho
   assert.deepEqual(row.restoredStart, { download: 0, weightLoad: 10, compile: 42 });
   assert.deepEqual(row.compileCache, { hits: 1, misses: 1 });
 });
+
+void test("a follower still waiting shows what it waits for, how far its leader has got, and when it starts cold", () => {
+  const waiting = pod("follower", [["PodScheduled", "2026-01-01T00:00:01Z"]]);
+  waiting.metadata!.labels!["warmstart.dev/waiting"] = "true";
+  waiting.metadata!.annotations!["warmstart.dev/wait-until"] = "2026-01-01T00:20:00.000Z";
+  const gatedPod = pod("follower", []);
+  gatedPod.metadata!.name = "gated";
+  gatedPod.spec!.schedulingGates = [{ name: "warmstart.dev/cache-ready" }];
+  const started = pod("follower", [["PodScheduled", "2026-01-01T00:00:01Z"]]);
+  started.metadata!.name = "started";
+  started.metadata!.labels!["warmstart.dev/waiting"] = "true";
+  started.status!.initContainerStatuses = [
+    {
+      name: "warmstart-seed-cache",
+      image: "w",
+      imageID: "",
+      ready: false,
+      restartCount: 0,
+      state: { terminated: { exitCode: 0, message: '{"outcome":"restored","waitedMs":1}' } },
+    },
+  ];
+  const c = cache({ phase: "Capturing" });
+  c.spec.leader = { namespace: "ns", name: "leader-0" };
+  const s = buildSnapshot([c], [], [waiting, gatedPod, started]);
+  const by = new Map(s.pods.map((p) => [p.name, p.waitsFor]));
+  assert.deepEqual(by.get("follower"), {
+    cache: SHORT,
+    leader: "ns/leader-0",
+    phase: "Capturing",
+    gated: false,
+    until: "2026-01-01T00:20:00.000Z",
+  });
+  assert.equal(by.get("gated")?.gated, true);
+  assert.equal(by.get("started"), null, "its wait is over");
+});

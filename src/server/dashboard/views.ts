@@ -10,7 +10,9 @@ import {
   LABEL_HASH,
   LABEL_STORE,
   MODELCACHE,
+  SCHEDULING_GATE,
 } from "../../core/contract.js";
+import { isWaitingFollower, seedOutcome, waitUntilOf } from "../../core/waiting.js";
 import { liveReplicas } from "../../api/modelcache.js";
 import { type ModelCacheObject, type StartupRecord } from "../../common/modelcache.js";
 import { ENGINE_PHASES, type EnginePhase } from "../../core/engine-log.js";
@@ -78,6 +80,19 @@ export interface PodRow {
   node: string;
   /** Its start as its engine's log told it, once its node agent recorded it. */
   startup: PodStartup | null;
+  /** A follower still waiting: for which cache, how far its leader has got, gated or running. */
+  waitsFor: WaitsFor | null;
+}
+
+export interface WaitsFor {
+  cache: string;
+  /** The election's leader pod (`namespace/name`), as its record names it. */
+  leader: string;
+  /** The cache's phase (Electing, Capturing, Promoting, Ready, Failed). */
+  phase: string;
+  /** Gated (holding no node and no GPU), or running until its wait deadline. */
+  gated: boolean;
+  until: string | null;
 }
 
 export interface PodStartup {
@@ -136,6 +151,26 @@ export function podRow(p: k8s.V1Pod, startups: ReadonlyMap<string, StartupRecord
     readySeconds: readySeconds(p) ?? null,
     node: p.spec?.nodeName ?? "",
     startup: podStartup(startups.get(p.metadata?.uid ?? "")),
+    waitsFor: null,
+  };
+}
+
+/** What a follower that has not started yet waits for (null for any other pod). */
+function waitsFor(p: k8s.V1Pod, caches: ReadonlyMap<string, ModelCacheObject>): WaitsFor | null {
+  if (p.metadata?.annotations?.[ANN_ROLE] !== "follower" || p.metadata.deletionTimestamp) return null;
+  const gated = (p.spec?.schedulingGates ?? []).some((g) => g.name === SCHEDULING_GATE);
+  const waiting = isWaitingFollower(p) && !seedOutcome(p);
+  if (!gated && !waiting) return null;
+  const short = p.metadata.labels?.[LABEL_HASH] ?? "";
+  const c = caches.get(short);
+  const leader = c?.spec.leader;
+  const until = waiting ? waitUntilOf(p) : undefined;
+  return {
+    cache: short,
+    leader: leader?.name ? `${leader.namespace}/${leader.name}` : (leader?.namespace ?? ""),
+    phase: c?.status?.phase ?? "Electing",
+    gated,
+    until: until !== undefined ? new Date(until).toISOString() : null,
   };
 }
 
@@ -160,7 +195,8 @@ export function buildSnapshot(
   storeLeases: k8s.V1Lease[] = [],
 ): Snapshot {
   const startups = new Map(caches.flatMap((c) => (c.status?.startups ?? []).map((e) => [e.uid, e] as const)));
-  const podRows = pods.map((p) => podRow(p, startups));
+  const byName = new Map(caches.map((c) => [c.metadata.name ?? "", c]));
+  const podRows = pods.map((p) => ({ ...podRow(p, startups), waitsFor: waitsFor(p, byName) }));
   // The benefit of each cache is what its record counted as its restores turned Ready, so it
   // outlives the pods; live pods only fill in a leader time the record lacks.
   const cacheRows = caches.map((c): CacheRow => {
