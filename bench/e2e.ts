@@ -11,9 +11,13 @@
  * folder. N=1 is one restore alone: the leader first, then one replica more once its cache is
  * Ready, so no other replica contends with it. Election on runs `--repeat` times per N (a fresh
  * model each time): one restore and one floor are single samples on a shared machine, so the goal
- * is judged on the median of the runs' ratios, shown with their range.
+ * is judged on the median of the runs' ratios, shown with their range. `--follower-mode gate,wait`
+ * runs election on once per follower mode (the webhook restarted with it): gated followers hold
+ * no node and no GPU while they wait; waiting followers run at once and hold theirs, and the
+ * table shows those GPU-seconds beside what each mode costs in time.
  */
 import { execFile } from "node:child_process";
+import { request as httpsRequest } from "node:https";
 import { randomBytes } from "node:crypto";
 import { mkdir, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { cpus, loadavg } from "node:os";
@@ -23,7 +27,13 @@ import * as k8s from "@kubernetes/client-node";
 import Table from "cli-table3";
 import { getModelCache } from "../src/common/modelcache.js";
 import { ANN_ROLE, INIT_PREWARM, SKIP } from "../src/core/contract.js";
-import { up, type ClusterState } from "../tools/localcluster/cluster.js";
+import { seedOutcome } from "../src/core/waiting.js";
+import {
+  startClusterProcessAgain,
+  stopClusterProcess,
+  up,
+  type ClusterState,
+} from "../tools/localcluster/cluster.js";
 import { containerLogDir, engineDeployment, parseEngineReport } from "../tools/localcluster/engine-chart.js";
 import { setNodeGpus } from "../tools/localcluster/nodes.js";
 import { processStartTime } from "../tools/localcluster/processes.js";
@@ -39,8 +49,13 @@ const { values } = parseArgs({
     out: { type: "string", default: ".bench/e2e" },
     "compile-seconds": { type: "string", default: "2" },
     repeat: { type: "string", default: "3" },
+    "follower-mode": { type: "string", default: "gate" },
   },
 });
+const followerModes = values["follower-mode"].split(",").map((x) => x.trim());
+for (const m of followerModes)
+  if (m !== "gate" && m !== "wait")
+    throw new Error(`--follower-mode: expected gate, wait or both, got "${m}"`);
 const repeat = Number(values.repeat);
 if (!Number.isInteger(repeat) || repeat < 1)
   throw new Error(`--repeat: expected 1 or more, got "${values.repeat}"`);
@@ -51,6 +66,7 @@ const counts = values.replicas
 if (counts.length === 0) throw new Error(`--replicas: expected a list like 2,4,8, got "${values.replicas}"`);
 
 type Mode = "off" | "on";
+type FollowerMode = "gate" | "wait";
 
 interface RoleUsage {
   cpuSeconds: number;
@@ -62,6 +78,10 @@ interface RunResult {
   election: Mode;
   /** Which of the `--repeat` runs of this N with election on (0 with election off). */
   run: number;
+  /** With election on: how its followers waited. */
+  followerMode?: FollowerMode;
+  /** GPU-seconds followers held while they waited for the cache (0 when gated: no GPU held). */
+  waitGpuSeconds: number;
   modelBytes: number;
   hubBytes: number;
   firstReadySeconds: number;
@@ -114,11 +134,15 @@ for (const n of counts) {
   await setNodeGpus(core, node.name, Math.max(n, 4));
   log(`${n} replicas, election off`);
   results.push(await runOnce(n, "off", 0));
-  for (let r = 0; r < repeat; r++) {
-    log(`${n} replicas, election on${repeat > 1 ? ` (run ${r + 1} of ${repeat})` : ""}`);
-    results.push(await runOnce(n, "on", r));
+  for (const fm of followerModes as FollowerMode[]) {
+    await webhookFollowerMode(fm);
+    for (let r = 0; r < repeat; r++) {
+      log(`${n} replicas, election on, followers ${fm}${repeat > 1 ? ` (run ${r + 1} of ${repeat})` : ""}`);
+      results.push(await runOnce(n, "on", r, fm));
+    }
   }
 }
+await webhookFollowerMode(undefined);
 await setNodeGpus(core, node.name, 4);
 const loadAfter = loadavg();
 
@@ -141,7 +165,27 @@ process.stdout.write(
 );
 process.exit(0);
 
-async function runOnce(n: number, mode: Mode, run: number): Promise<RunResult> {
+/** The cluster's webhook restarted with this follower mode (undefined: its own default). */
+async function webhookFollowerMode(fm: FollowerMode | undefined): Promise<void> {
+  await stopClusterProcess("webhook");
+  await startClusterProcessAgain("webhook", undefined, { WARMSTART_FOLLOWER_MODE: fm });
+  await until("the webhook healthy", () => healthz(state.roles.webhook!));
+}
+
+function healthz(url: string): Promise<true | undefined> {
+  return new Promise((resolve) => {
+    // Our own child on loopback: the API server checks its certificate, not this probe.
+    const req = httpsRequest(`${url}/healthz`, { rejectUnauthorized: false, timeout: 2000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode === 200 || undefined);
+    });
+    req.on("error", () => resolve(undefined));
+    req.on("timeout", () => req.destroy());
+    req.end();
+  });
+}
+
+async function runOnce(n: number, mode: Mode, run: number, followerMode?: FollowerMode): Promise<RunResult> {
   const tag = randomBytes(3).toString("hex");
   const ns = `bench-${mode}-${n}-${tag}`;
   const model = `synthetic/bench-${n}-${mode}-${tag}`;
@@ -219,6 +263,9 @@ async function runOnce(n: number, mode: Mode, run: number): Promise<RunResult> {
     replicas: n,
     election: mode,
     run,
+    ...(followerMode ? { followerMode } : {}),
+    // One GPU each: a waiting follower holds its GPU from its start until its seed stops waiting.
+    waitGpuSeconds: restored.reduce((a, e) => a + (seedOutcome(e.pod)?.waitedMs ?? 0) / 1000, 0),
     modelBytes,
     hubBytes: hubStats.repos[model]?.bytes ?? 0,
     firstReadySeconds: readyAt[0]! / 1000,
@@ -400,6 +447,10 @@ function median(xs: number[]): number | undefined {
   return s.length % 2 ? s[m] : (s[m - 1]! + s[m]!) / 2;
 }
 
+/** off, or on with its follower mode (`on` alone when the run set only one). */
+const label = (r: RunResult): string =>
+  r.election === "off" ? "off" : followerModes.length > 1 ? `on, ${r.followerMode}` : "on";
+
 function printTable(rs: RunResult[]): void {
   const t = new Table({
     head: [
@@ -408,6 +459,7 @@ function printTable(rs: RunResult[]): void {
       "hub MiB",
       "first Ready s",
       "all Ready s",
+      "GPU-s waiting",
       "restore s (mean)",
       "floor s (engine's own restart s)",
       "restore / floor",
@@ -426,10 +478,11 @@ function printTable(rs: RunResult[]): void {
     const limit = storageLimitSeconds(r);
     t.push([
       r.replicas,
-      r.election === "on" && repeat > 1 ? `on (run ${r.run + 1})` : r.election,
+      label(r) + (r.election === "on" && repeat > 1 ? ` (run ${r.run + 1})` : ""),
       fmt(r.hubBytes / MiB, 0),
       fmt(r.firstReadySeconds),
       fmt(r.allReadySeconds),
+      r.election === "on" ? fmt(r.waitGpuSeconds) : "-",
       fmt(mean(r.restoreSeconds)),
       `${fmt(r.floorSeconds)} (${fmt(r.engineRestartSeconds)})`,
       ratio(floorRatio(r)),
@@ -467,9 +520,10 @@ async function plot(rs: RunResult[]): Promise<Buffer> {
     xTitle: "replicas",
     series: "election",
     // One point per N and mode: the median of its runs.
-    rows: [...new Set(rs.map((r) => `${r.replicas} ${r.election}`))].flatMap((key) => {
-      const runs = rs.filter((r) => `${r.replicas} ${r.election}` === key);
-      const { replicas: N, election } = runs[0]!;
+    rows: [...new Set(rs.map((r) => `${r.replicas} ${label(r)}`))].flatMap((key) => {
+      const runs = rs.filter((r) => `${r.replicas} ${label(r)}` === key);
+      const N = runs[0]!.replicas;
+      const election = label(runs[0]!);
       const at = (f: (r: RunResult) => number): number => median(runs.map(f))!;
       return [
         { N, election, metric: "hub MiB served", value: at((r) => r.hubBytes / MiB) },

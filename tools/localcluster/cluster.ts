@@ -397,13 +397,23 @@ export async function stopClusterProcess(name: string, dir = stateDir()): Promis
   await stopProcess(rec);
 }
 
-/** Starts a stopped process of the cluster again (a no-op when it runs) and records its new pid. */
-export async function startClusterProcessAgain(name: string, dir = stateDir()): Promise<ProcessRecord> {
+/**
+ * Starts a stopped process of the cluster again (a no-op when it runs) and records its new pid.
+ * `env` changes its environment from now on (a key set to undefined is removed): a benchmark runs
+ * a role in another mode this way (`WARMSTART_FOLLOWER_MODE=wait` for the webhook).
+ */
+export async function startClusterProcessAgain(
+  name: string,
+  dir = stateDir(),
+  env: Record<string, string | undefined> = {},
+): Promise<ProcessRecord> {
   return withLock(dir, async () => {
     const state = await readState(dir);
     const i = state?.processes.findIndex((p) => p.name === name) ?? -1;
     if (!state || i < 0) throw new Error(`no process ${name} in the local cluster`);
-    const rec = await startAgain(state.processes[i]!);
+    const merged = { ...state.processes[i]!.env, ...env };
+    for (const [k, v] of Object.entries(merged)) if (v === undefined) delete merged[k];
+    const rec = await startAgain({ ...state.processes[i]!, env: merged as Record<string, string> });
     state.processes[i] = rec;
     await writeState(state);
     return rec;
