@@ -538,6 +538,24 @@ void describe("explain: the workloads real charts ship", () => {
     const [leader, worker] = subjects.map((s) => explain(s));
     assert.equal(leader?.model, "org/big");
     assert.equal(worker?.downloader, false, "the worker names no model: it joins the leader's group");
+    // Seen as the LeaderWorkerSet controller will create them: rank 0 and rank 1 of group 0.
+    assert.deepEqual([leader?.group?.kind, leader?.group?.rank], ["lws", "0"]);
+    assert.deepEqual([worker?.group?.kind, worker?.group?.rank], ["lws", "1"]);
+    assert.equal(leader?.follower?.mode, "wait", "a rank is never gated");
+    assert.match(leader?.follower?.why ?? "", /rank 0 of multi-node group lws vllm\/0/);
+  });
+
+  void test("explain shows a pod's gang and the follower mode the webhook's --follower-mode gives it", () => {
+    const plain = single(podYaml());
+    assert.equal(plain.gang, undefined);
+    assert.equal(plain.follower?.mode, "gate");
+    const kueue = single(
+      podYaml().replace("  name: worker", "  name: worker\n  labels: {kueue.x-k8s.io/queue-name: q}"),
+    );
+    assert.equal(kueue.gang?.kind, "kueue");
+    assert.equal(kueue.follower?.mode, "wait");
+    const subject = subjectFromText(podYaml(), "pod.yaml");
+    assert.equal(explain(subject, { followerMode: "wait" }).follower?.mode, "wait");
   });
 
   void test("a multi-document file: every workload, each named; the command prints them all", () => {
