@@ -585,3 +585,53 @@ void describe("cacheHash: sharing scope", () => {
     assert.equal(scopeOfInputs({ image: "x" }), "cluster");
   });
 });
+
+void describe("cacheHash: groups and GPU products (SPEC 1.3)", () => {
+  const base = { args: ["--model", "org/m"] };
+  void test("the GPU product a pod selects is in the hash, by node selector or required affinity", () => {
+    const plain = pod(base);
+    const h100 = pod(base);
+    h100.spec!.nodeSelector = { "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3" };
+    const a100 = pod(base);
+    a100.spec!.nodeSelector = { "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB" };
+    const byAffinity = pod(base);
+    byAffinity.spec!.affinity = {
+      nodeAffinity: {
+        requiredDuringSchedulingIgnoredDuringExecution: {
+          nodeSelectorTerms: [
+            {
+              matchExpressions: [
+                { key: "nvidia.com/gpu.product", operator: "In", values: ["NVIDIA-H100-80GB-HBM3"] },
+              ],
+            },
+          ],
+        },
+      },
+    };
+    assert.notEqual(hashOf(h100), hashOf(a100));
+    assert.notEqual(hashOf(h100), hashOf(plain));
+    assert.equal(hashOf(byAffinity), hashOf(h100), "the same product, chosen either way");
+    assert.equal(inputsOf(plain).gpuProduct, undefined, "a pod that chooses none keeps its hash");
+  });
+
+  void test("RoleBasedGroup's RBG_ wiring env is left out, its group size kept", () => {
+    const rbg = (instance: string, size: string): V1Pod =>
+      pod({
+        ...base,
+        env: [
+          { name: "RBG_GROUP_NAME", value: instance },
+          { name: "RBG_ROLE_INSTANCE_NAME", value: `${instance}-prefill-0` },
+          { name: "RBG_LWP_GROUP_SIZE", value: size },
+        ],
+      });
+    assert.equal(hashOf(rbg("a", "1")), hashOf(rbg("b", "1")));
+    assert.notEqual(hashOf(rbg("a", "1")), hashOf(rbg("a", "2")));
+  });
+
+  void test("the rank of a multi-node group is an input of its own", () => {
+    const rank = (r: string): V1Pod => pod({ args: ["--model", "org/m", "--nnodes", "2", "--node-rank", r] });
+    assert.equal(inputsOf(rank("1")).rank, "1");
+    assert.notEqual(hashOf(rank("0")), hashOf(rank("1")));
+    assert.equal(inputsOf(pod(base)).rank, undefined);
+  });
+});

@@ -20,7 +20,7 @@ import {
 } from "../../src/core/contract.js";
 import { seedOutcome } from "../../src/core/waiting.js";
 import { engineDeployment } from "../../tools/localcluster/engine-chart.js";
-import { REAL_NODE_TAINT } from "../../tools/localcluster/realnode.js";
+import { REAL_NODE_LABEL, REAL_NODE_TAINT } from "../../tools/localcluster/realnode.js";
 import {
   cleanupHash,
   createRaw,
@@ -32,7 +32,16 @@ import {
   uniqueName,
   waitFor,
 } from "../harness.js";
-import { engineReport, hubStats, initExits, modelBytes, realNodeOrSkip, type RealNode } from "../realnode.js";
+import {
+  engineReport,
+  hubStats,
+  initExits,
+  modelBytes,
+  realNodeOrSkip,
+  realNodesOrSkip,
+  serveStoreDriver,
+  type RealNode,
+} from "../realnode.js";
 
 const READY_MS = 300_000;
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
@@ -147,6 +156,47 @@ test("a gang of 3 engines of one model (Kubernetes' Workload API) starts on a re
     await modelBytes(node, model),
     "the hub served one model",
   );
+});
+
+test("a gang spread over three real nodes: the followers' nodes fill the tree from the leader's node, and nothing comes from the hub twice", async (t) => {
+  const nodes = await realNodesOrSkip(t, 3);
+  if (!nodes) return;
+  await serveStoreDriver(t, nodes, { peers: true });
+  const ns = await tempNamespace(t, "gang-spread");
+  const admitted = await admittedPods(t, ns);
+  const model = `synthetic/${uniqueName("spread")}`;
+  await gangWorkload(ns, "engines", 3);
+  const body = engineDeployment({
+    replicas: 3,
+    model,
+    node: nodes[0]!.name,
+    hub: nodes[0]!.hub,
+    image: nodes[0]!.images.engine,
+    compileSeconds: 1,
+  });
+  const spec = body.spec!.template.spec as k8s.V1PodSpec & Record<string, unknown>;
+  spec.workloadRef = { name: "engines", podGroup: "engines" };
+  spec.nodeSelector = { [REAL_NODE_LABEL]: "true" };
+  // One per node, as a chart's topology spread puts them.
+  spec.topologySpreadConstraints = [
+    {
+      maxSkew: 1,
+      topologyKey: "kubernetes.io/hostname",
+      whenUnsatisfiable: "DoNotSchedule",
+      labelSelector: { matchLabels: { app: "engine" } },
+    },
+  ];
+  await createRaw(`/apis/apps/v1/namespaces/${ns}/deployments`, body);
+  const pods = await readyPods(ns, "app=engine", 3);
+  for (const p of admitted.values()) assert.ok(!gated(p), `${p.metadata?.name} was never gated`);
+  assert.equal(new Set(pods.map((p) => p.spec?.nodeName)).size, 3, "one per node");
+  const leader = pods.find((p) => role(p) === "leader")!;
+  for (const f of pods.filter((p) => p !== leader)) {
+    const node = nodes.find((n) => n.name === f.spec?.nodeName)!;
+    assert.notEqual(node.name, leader.spec?.nodeName);
+    await assertFilled(node, f);
+  }
+  assert.equal((await hubStats(nodes[0]!)).repos[model]?.bytes, await modelBytes(nodes[0]!, model));
 });
 
 test("a 2-rank SGLang group (LWS) never waits on itself; a second group's ranks wait running and restore rank by rank", async (t) => {
