@@ -448,8 +448,9 @@ function median(xs: number[]): number | undefined {
 }
 
 /** off, or on with its follower mode (`on` alone when the run set only one). */
-const label = (r: RunResult): string =>
-  r.election === "off" ? "off" : followerModes.length > 1 ? `on, ${r.followerMode}` : "on";
+function label(r: RunResult): string {
+  return r.election === "off" ? "off" : followerModes.length > 1 ? `on, ${r.followerMode}` : "on";
+}
 
 function printTable(rs: RunResult[]): void {
   const t = new Table({
