@@ -94,7 +94,8 @@ export class NodeAgent {
       budget: this.budget,
       peers,
       fetched,
-      ended: (podKey) => this.fillController.add(podKey),
+      ended: (podKey, retryMs) =>
+        retryMs ? this.fillController.addAfter(podKey, retryMs) : this.fillController.add(podKey),
     });
     this.jobs = new CaptureJobs(p, {
       budget: this.budget,
@@ -142,7 +143,8 @@ export class NodeAgent {
       this.cacheController.add(c.metadata.name!);
       // Its waiting followers on this node: the record turning Ready (or Failed) is their cue.
       for (const pod of this.pods.list())
-        if (waiting(pod) && pod.metadata?.labels?.[LABEL_HASH] === c.metadata.name) this.fillController.add(keyOf(pod));
+        if (waiting(pod) && pod.metadata?.labels?.[LABEL_HASH] === c.metadata.name)
+          this.fillController.add(keyOf(pod));
     });
   }
 

@@ -15,10 +15,15 @@ import type { Logger } from "../common/log.js";
 import { ANN_HASH, COLD_MARKER, FILL_TREE, FILL_VOLUME, READY_MARKER, shortHash } from "../core/contract.js";
 import { capture, CaptureStoppedError } from "../datapath/capture.js";
 import { formatBytes } from "../datapath/progress.js";
+import { status } from "@grpc/grpc-js";
 import { fetchTree, type FillDeps } from "./csi/fill.js";
+import { CsiError } from "./csi/request.js";
 import { decideFill } from "./fill-decide.js";
 import { podEvent, type AgentParts } from "./parts.js";
 import { emptyDirPath } from "./store.js";
+
+/** How soon a fill whose tree is not reachable yet is tried again. */
+const RETRY_MS = 2000;
 
 interface Job {
   uid: string;
@@ -32,7 +37,8 @@ export class WaitingFills {
 
   constructor(
     private readonly p: AgentParts,
-    private readonly deps: FillDeps & { ended(podKey: string): void },
+    /** `ended`: look at the pod again, now or after `retryMs` (its tree is not reachable yet). */
+    private readonly deps: FillDeps & { ended(podKey: string, retryMs?: number): void },
   ) {}
 
   /** Whether a fill reads this cache's tree now (the store budget leaves it alone). */
@@ -88,21 +94,28 @@ export class WaitingFills {
       uid: pod.metadata!.uid!,
       short,
       abort,
-      done: this.fill(pod, hash, vol, abort.signal, log).finally(() => {
-        this.jobs.delete(key);
-        this.deps.ended(key);
-      }),
+      done: this.fill(pod, hash, vol, abort.signal, log).then(
+        (retryMs) => {
+          this.jobs.delete(key);
+          this.deps.ended(key, retryMs);
+        },
+        () => {
+          this.jobs.delete(key);
+          this.deps.ended(key);
+        },
+      ),
     };
     this.jobs.set(key, job);
   }
 
+  /** Fills the volume, or writes the cold marker; returns when to try again if the tree is not reachable yet. */
   private async fill(
     pod: k8s.V1Pod,
     hash: string,
     vol: string,
     signal: AbortSignal,
     log: Logger,
-  ): Promise<void> {
+  ): Promise<number | undefined> {
     const short = shortHash(hash);
     const t0 = performance.now();
     try {
@@ -134,7 +147,16 @@ export class WaitingFills {
     } catch (err) {
       if (err instanceof CaptureStoppedError || signal.aborted) {
         log.info({ why: (signal.reason as Error | undefined)?.message }, "fill stopped");
-        return;
+        return undefined;
+      }
+      // The record turns Ready a moment before the leader's node records its copy, and a full
+      // store frees room as restores end: tried again until the pod's deadline.
+      if (
+        err instanceof CsiError &&
+        (err.code === status.UNAVAILABLE || err.code === status.RESOURCE_EXHAUSTED)
+      ) {
+        log.info({ why: err.message }, "the tree is not reachable yet; trying again");
+        return RETRY_MS;
       }
       await this.cold(
         pod,
