@@ -4,7 +4,7 @@ import { chmod, lstat, mkdir, readFile, stat, symlink, writeFile } from "node:fs
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { READY_MARKER } from "../core/contract.js";
+import { READY_MARKER, type SeedOutcome } from "../core/contract.js";
 import { isReady, waitForFill, waitForReady, writeReadyMarker } from "./ready.js";
 import { capture } from "./capture.js";
 import {
@@ -143,7 +143,7 @@ void test("seed --fill-until: a filled tree is seeded and the outcome reported; 
   ]);
   assert.equal(ok.status, 0, ok.stderr);
   assert.match(ok.stdout, /filled after \d+s[\s\S]*seeded/);
-  assert.equal(JSON.parse(await readFile(outcome, "utf8")).outcome, "restored");
+  assert.equal((JSON.parse(await readFile(outcome, "utf8")) as SeedOutcome).outcome, "restored");
   assert.ok((await lstat(join(dir, "shadow", SNAP_WEIGHTS))).isSymbolicLink(), "the model is used in place");
 
   const past = runCli([
@@ -164,7 +164,7 @@ void test("seed --fill-until: a filled tree is seeded and the outcome reported; 
   ]);
   assert.equal(past.status, 0, past.stderr);
   assert.match(past.stdout, /starting cold after 0s: no cache within the wait deadline/);
-  assert.equal(JSON.parse(await readFile(outcome, "utf8")).outcome, "cold");
+  assert.equal((JSON.parse(await readFile(outcome, "utf8")) as SeedOutcome).outcome, "cold");
   assert.equal((await stat(join(dir, "shadow2"))).mode & 0o777, 0o777, "the engine's cache root, writable");
   const bad = runCli(["seed", "--from", "x", "--to", "y", "--fill-until", "soon", "--cold-marker", "m"]);
   assert.notEqual(bad.status, 0);
