@@ -176,3 +176,9 @@ test("follower modes: gated only where nothing waits for the pod", () => {
   assert.equal(followerWait(other, "auto").mode, "wait");
   assert.match(followerWait(other, "auto").why, /my-scheduler/);
 });
+
+test("attacker: a huge group name in an annotation is cut, so the stamps never make the pod too large to store", () => {
+  const m = membershipOf(pod({ annotations: { "pod-group-name": "x".repeat(200_000) } }));
+  assert.equal(m.gang?.name.length, 128);
+  assert.ok(followerWait(m, "auto").why.length < 400);
+});

@@ -58,7 +58,14 @@ const labelsOf = (pod: V1Pod): Record<string, string> =>
   isRecord(pod.metadata?.labels) ? pod.metadata.labels : {};
 const annotationsOf = (pod: V1Pod): Record<string, string> =>
   isRecord(pod.metadata?.annotations) ? pod.metadata.annotations : {};
-const str = (v: unknown): string | undefined => (typeof v === "string" && v !== "" ? v : undefined);
+/**
+ * A key's value as read here: a string, cut to 128 characters. Names go into stamps, the Lease and
+ * reasons, and an annotation the author wrote may be long (a pod's annotations may total 256 KiB):
+ * copying it whole could make the admitted pod too large to store.
+ */
+const str = (v: unknown): string | undefined =>
+  typeof v === "string" && v !== "" ? v.slice(0, MAX_NAME) : undefined;
+const MAX_NAME = 128;
 
 // Kubernetes' gang policy: k8s.io/api v0.35.4 core/v1 `workloadRef`; v0.36+ `schedulingGroup`.
 const KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name";

@@ -350,10 +350,7 @@ export async function decide(
   };
 }
 
-/**
- * What Warmstart found waits for the pod, on the pod (informational: `warmstart pods`, and the
- * node agent waits for a group's rank 0 before capturing its other ranks).
- */
+/** What Warmstart found waits for the pod, on the pod, for whoever looks at it (`kubectl`, `warmstart pods`). */
 function stampMembership(pod: V1Pod, m: Membership, group: string | undefined): V1Pod {
   if (!m.gang && !group) return pod;
   const annotations: Record<string, string> = {
