@@ -323,7 +323,7 @@ export function decorateFollower(pod: V1Pod, opts: FollowerOptions): V1Pod {
 export interface WaitingFollowerOptions extends FollowerOptions {
   /** When it stops waiting and starts cold (ISO 8601): admission time plus `election.waitDeadline`. */
   waitUntil: string;
-  /** emptyDir size limit of the fill volume (the leader's capture limit: the tree is no larger). */
+  /** emptyDir size limit of the fill volume: the largest capture volume a leader may get (the tree is no larger). */
   fillSizeLimit: string;
   fillPath?: string;
 }
