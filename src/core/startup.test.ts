@@ -61,6 +61,15 @@ test("a miss is explained by the GPU product first, then the environment, then t
   assert.equal(missCause(entry({ compileCache: "hit" }), leader), undefined, "a hit needs no cause");
   assert.equal(missCause(entry({ role: "leader" }), leader), undefined, "a leader compiles: nothing to hit");
   assert.match(missCause(entry(), undefined)!, /no record of the leader's start/);
+  assert.equal(
+    missCause(
+      entry({ gpuProduct: "other" }),
+      leader,
+      "'function' object has no attribute 'finalize_loading'",
+    ),
+    "vllm says: 'function' object has no attribute 'finalize_loading'",
+    "the engine's own reason first",
+  );
   const gpu = missCause(entry({ gpuProduct: "NVIDIA-H100-80GB-HBM3" }), leader)!;
   assert.match(
     gpu,

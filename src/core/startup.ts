@@ -64,8 +64,14 @@ export function startupRecord(i: StartupInput): StartupRecord {
  * Why a restored pod's compile cache missed, by what differs from the leader's start; undefined
  * when it did not miss or is the leader (a leader compiles: nothing was there to hit).
  */
-export function missCause(entry: StartupRecord, leader: StartupRecord | undefined): string | undefined {
+export function missCause(
+  entry: StartupRecord,
+  leader: StartupRecord | undefined,
+  /** The engine's own reason, where its miss line gives one: it says more than any comparison. */
+  engineReason?: string,
+): string | undefined {
   if (entry.compileCache !== "miss" || entry.role === "leader") return undefined;
+  if (engineReason) return `${entry.engine} says: ${engineReason}`;
   if (!leader) return "no record of the leader's start to compare with";
   if ((entry.gpuProduct ?? "") !== (leader.gpuProduct ?? ""))
     return `GPU product differs from the leader's: ${entry.gpuProduct || "none"} here, ${leader.gpuProduct || "none"} on the leader's node ${leader.node}; compile caches are built per device`;

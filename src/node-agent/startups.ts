@@ -67,7 +67,7 @@ export class StartupReadings {
       factors: compileFactors(container.env),
       at: new Date(ready.lastTransitionTime ?? this.p.clock.now()).toISOString(),
     });
-    const cause = missCause(entry, leader);
+    const cause = missCause(entry, leader, reading.compileCacheReason);
     if (cause) entry.cause = cause;
     const r = await this.p.records.transition(short, (c) =>
       c.status?.startups?.some((x) => x.uid === uid)
