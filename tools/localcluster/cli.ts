@@ -19,6 +19,7 @@ function publicStatus(s: Awaited<ReturnType<typeof status>>): Record<string, unk
     nodes: st.nodes,
     roles: st.roles,
     ...(st.images ? { images: st.images } : {}),
+    ...(st.models ? { models: st.models } : {}),
     ...(st.csi ? { csi: st.csi } : {}),
     ...(st.storeDriver ? { storeDriver: st.storeDriver } : {}),
     processes: st.processes.map((p) => ({ name: p.name, pid: p.pid, log: p.log })),

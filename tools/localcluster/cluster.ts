@@ -21,6 +21,7 @@ import { ensureHostPackages } from "./host-packages.js";
 import { clearNodeLinks, realNodeAddress, shapeNodeLinks } from "./links.js";
 import { startCsi, type CsiState } from "./csi/stack.js";
 import { buildImages, writeImageArchive } from "./images/build.js";
+import { TINY_MODEL } from "./images/vllm.js";
 import {
   findTasks,
   killTasks,
@@ -75,8 +76,10 @@ export interface ClusterState {
   startedAt: string;
   nodes: NodeState[];
   roles: RoleUrls;
-  /** Images present on every real node. */
-  images?: { warmstart: string; engine: string; engineAsUser: string; pause: string };
+  /** Images present on every real node (`vllm`: real vLLM, its CPU build). */
+  images?: { warmstart: string; engine: string; engineAsUser: string; pause: string; vllm: string };
+  /** Real models the hub serves (`tiny`: one real vLLM loads and answers with). */
+  models?: { tiny: string };
   /** The CSI stack, when it runs. */
   csi?: CsiState;
   /** Warmstart's own CSI driver, when the real nodes' agents serve it (`--store-driver`). */
@@ -492,7 +495,9 @@ async function startRealNodes(
     engine: images.engine,
     engineAsUser: images.engineAsUser,
     pause: images.pause,
+    vllm: images.vllm,
   };
+  state.models = { tiny: TINY_MODEL };
 
   const hubPort = await freePort();
   const hubUrl = `http://127.0.0.1:${hubPort}`;
@@ -504,6 +509,7 @@ async function startRealNodes(
     `--port=${hubPort}`,
     `--model-mib=${opts.hubModelMiB}`,
     `--mib-s=${opts.hubMiBs}`,
+    `--repo=${TINY_MODEL}=${images.tinyModel}`,
   ]);
   await waitHttp(`${hubUrl}/healthz`, "the model hub", state, 30_000);
   state.roles.modelHub = hubUrl;

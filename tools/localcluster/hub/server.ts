@@ -1,5 +1,6 @@
 /**
- * The local model hub: synthetic repositories (any `org/name`, at any revision) served over the part of the Hugging Face Hub HTTP
+ * The local model hub: synthetic repositories (any `org/name`, at any revision), and real ones
+ * read from folders (`--repo ID=DIR`), served over the part of the Hugging Face Hub HTTP
  * API that `huggingface_hub`'s `snapshot_download` uses (revision info, tree listing, HEAD and
  * GET of `resolve` URLs with the commit, etag and size headers it reads), at one bandwidth shared
  * by every client, counting what it served per repository and per client. Clients name
@@ -15,6 +16,8 @@ export interface HubOptions {
   modelBytes: number;
   /** Bandwidth shared by all clients, bytes per second (0: unthrottled). */
   bytesPerSecond: number;
+  /** Real repositories served as they are: id to its files' bytes by path. */
+  real?: ReadonlyMap<string, ReadonlyMap<string, Buffer>>;
 }
 
 export interface Counter {
@@ -52,7 +55,7 @@ export class ModelHub {
   private readonly stats: HubStats = { bytes: 0, requests: 0, repos: {}, clients: {} };
 
   constructor(opts: HubOptions) {
-    this.repos = new SyntheticRepos(opts.modelBytes);
+    this.repos = new SyntheticRepos(opts.modelBytes, opts.real);
     this.link = new SharedLink(opts.bytesPerSecond);
   }
 

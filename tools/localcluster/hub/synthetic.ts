@@ -186,7 +186,14 @@ export class SyntheticRepos {
   /** One build per name and revision, shared by the requests that wait for it. */
   private readonly repos = new Map<string, Promise<Built>>();
 
-  constructor(private readonly modelBytes: number) {}
+  /**
+   * `real`: repositories served as they are, by id, each its files' bytes by path (a real model
+   * an engine loads, made at build time): "main" only, no other revision.
+   */
+  constructor(
+    private readonly modelBytes: number,
+    private readonly real: ReadonlyMap<string, ReadonlyMap<string, Buffer>> = new Map(),
+  ) {}
 
   /**
    * A repository at a revision ("main" when not given), or undefined when the id or the revision
@@ -198,6 +205,7 @@ export class SyntheticRepos {
   ): Promise<(Repo & { body(path: string): Body | undefined }) | undefined> {
     if (!isRepoId(id) || !isRevision(rev)) return undefined;
     const main = await this.build(id, "");
+    if (this.real.has(id) && rev !== "main" && rev !== main.sha) return undefined;
     const repo = rev === "main" || rev === main.sha ? main : await this.build(id, revisionCommit(id, rev));
     return { ...repo, body: (path: string) => repo.bodies.get(path) };
   }
@@ -213,7 +221,10 @@ export class SyntheticRepos {
   }
 
   private async digest(id: string, variant: string): Promise<Built> {
-    const bodies = layout(id, this.modelBytes, variant);
+    const real = this.real.get(id);
+    const bodies = real
+      ? new Map([...real].map(([path, bytes]) => [path, { kind: "text", bytes } as Body]))
+      : layout(id, this.modelBytes, variant);
     const files: RepoFile[] = [];
     for (const [path, body] of [...bodies].sort(([a], [b]) => a.localeCompare(b))) {
       const d = await digests(body);
@@ -222,7 +233,10 @@ export class SyntheticRepos {
         path,
         size,
         oid: d.sha1,
-        ...(body.kind === "stream" ? { lfs: { sha256: d.sha256, pointerSize: 134 } } : {}),
+        // Weights are LFS files on the Hub, whatever their size.
+        ...(body.kind === "stream" || path.endsWith(".safetensors")
+          ? { lfs: { sha256: d.sha256, pointerSize: 134 } }
+          : {}),
       });
     }
     const totalBytes = files.reduce((n, f) => n + f.size, 0);

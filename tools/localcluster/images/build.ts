@@ -11,7 +11,8 @@
  *   tools), keyed by its content: a source change rebuilds only this small layer;
  * - engine: the real `huggingface_hub` client from PyPI and the engine stand-in, under its own
  *   entry point and the real engines' (standins.ts);
- * - pause: a static sandbox process compiled from pause.c.
+ * - pause: a static sandbox process compiled from pause.c;
+ * - vllm-base and vllm: real vLLM, its CPU build (vllm.ts), as `warmstart.local/vllm`.
  *
  * Besides `warmstart.local/engine`, the base and engine layers are imported under the real
  * serving images' names (vllm/vllm-openai, lmsysorg/sglang, NIM, KServe, ...), each with the
@@ -19,7 +20,7 @@
  */
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
-import { createReadStream, existsSync } from "node:fs";
+import { existsSync } from "node:fs";
 import {
   chmod,
   cp,
@@ -36,6 +37,15 @@ import {
 import { dirname, join, relative } from "node:path";
 import { promisify } from "node:util";
 import { runStep } from "../run-step.js";
+import { debianMirror, fileKey, filesKey, sha256File } from "./inputs.js";
+import {
+  VLLM_BASE_PACKAGES,
+  VLLM_IMAGE_ENV,
+  VLLM_VERSION,
+  buildVllmLayer,
+  tinyModel,
+  vllmLayerKey,
+} from "./vllm.js";
 import { PACKAGE_ROOT, cacheDir } from "../versions.js";
 import {
   ENGINE_IMAGE_ENV,
@@ -84,6 +94,10 @@ export interface BuiltImages {
   engineAsUser: string;
   /** The engine stand-in under the real images' names (fully qualified), as REAL_IMAGES lists them. */
   standIns: string[];
+  /** Real vLLM (its CPU build). */
+  vllm: string;
+  /** The folder of the real model the hub serves as TINY_MODEL. */
+  tinyModel: string;
   /** Every image, for import. */
   refs: ImageRef[];
 }
@@ -121,6 +135,14 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     progress,
     buildPause,
   );
+  const vllmBase = await cachedLayer(
+    `vllm-base-${DEBIAN_SUITE}-${VLLM_BASE_PACKAGES.join("+")}-v1`,
+    progress,
+    (r) => buildBase(r, VLLM_BASE_PACKAGES),
+  );
+  const vllm = await cachedLayer(`vllm-${VLLM_VERSION}-${await vllmLayerKey()}`, progress, (r) =>
+    buildVllmLayer(r, progress),
+  );
 
   const tag = (layers: Layer[], extra: string): string =>
     createHash("sha256")
@@ -149,6 +171,8 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     Env: engineEnv,
     User: `${ENGINE_IMAGE_UID}:${ENGINE_IMAGE_UID}`,
   });
+  // vLLM itself, started as its official image starts (`vllm serve`, the chart gives the rest).
+  const vllmImage = image("vllm", [vllmBase, vllm], { Entrypoint: ["vllm", "serve"], Env: VLLM_IMAGE_ENV });
   // The same layers under the real names, each with its real image's entrypoint and env.
   const standIns: ImageRef[] = REAL_IMAGES.map((real) => ({
     name: qualifiedImageName(real.name),
@@ -161,7 +185,9 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     engine: engineImage.name,
     engineAsUser: engineAsUser.name,
     standIns: standIns.map((r) => r.name),
-    refs: [pauseImage, warmstartImage, engineImage, engineAsUser, ...standIns],
+    vllm: vllmImage.name,
+    tinyModel: await tinyModel([vllmBase.file, vllm.file], progress),
+    refs: [pauseImage, warmstartImage, engineImage, engineAsUser, vllmImage, ...standIns],
   };
 }
 
@@ -272,11 +298,11 @@ async function cachedLayer(
   }
 }
 
-async function buildBase(root: string): Promise<void> {
+async function buildBase(root: string, packages = BASE_PACKAGES): Promise<void> {
   const mirror = await debianMirror();
   await runStep("debootstrap", [
     "--variant=minbase",
-    `--include=${BASE_PACKAGES.join(",")}`,
+    `--include=${packages.join(",")}`,
     DEBIAN_SUITE,
     root,
     mirror,
@@ -459,42 +485,4 @@ async function buildPause(root: string): Promise<void> {
     join(PACKAGE_ROOT, "tools/localcluster/images/pause.c"),
   ]);
   await run("strip", [join(root, "pause")]).catch(() => undefined);
-}
-
-/** The Debian mirror the machine's apt uses (debootstrap reaches nothing else). */
-async function debianMirror(): Promise<string> {
-  const files = ["/etc/apt/sources.list"];
-  try {
-    for (const f of await readdir("/etc/apt/sources.list.d")) files.push(join("/etc/apt/sources.list.d", f));
-  } catch {
-    /* none */
-  }
-  for (const f of files) {
-    const text = await readFile(f, "utf8").catch(() => "");
-    const m =
-      /^URIs:\s*(\S+\/debian)\/?\s*$/m.exec(text) ??
-      /^deb\s+(?:\[[^\]]*\]\s+)?(\S+\/debian)\/?\s+\S+/m.exec(text);
-    if (m) return m[1]!;
-  }
-  return "http://deb.debian.org/debian";
-}
-
-async function sha256File(path: string): Promise<string> {
-  const h = createHash("sha256");
-  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
-  return h.digest("hex");
-}
-
-async function fileKey(path: string): Promise<string> {
-  return (await sha256File(path)).slice(0, 16);
-}
-
-/** A key over the names and bytes of a list of files. */
-async function filesKey(files: string[]): Promise<string> {
-  const h = createHash("sha256");
-  for (const f of files) {
-    h.update(relative(PACKAGE_ROOT, f)).update("\0");
-    h.update(await readFile(f)).update("\0");
-  }
-  return h.digest("hex").slice(0, 16);
 }
