@@ -72,6 +72,14 @@ export function registerClusterCommands(program: Command): void {
       false,
     )
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
+    .addOption(
+      new Option(
+        "--vllm",
+        "real vLLM (its CPU build, about 5.5 GiB an image) on every real node, and the hub's real tiny model",
+      )
+        .env("WARMSTART_VLLM")
+        .default(false),
+    )
     .action(
       async (opts: {
         nodes: number;
@@ -84,6 +92,7 @@ export function registerClusterCommands(program: Command): void {
         storeDriver: boolean;
         bare: boolean;
         sharingScope: SharingScope;
+        vllm: boolean;
       }) => {
         const state = await up({
           nodes: opts.nodes,
@@ -96,6 +105,7 @@ export function registerClusterCommands(program: Command): void {
           storeDriver: opts.storeDriver,
           bare: opts.bare,
           sharingScope: opts.sharingScope,
+          vllm: Boolean(opts.vllm),
           progress,
         });
         process.stdout.write(

@@ -53,6 +53,11 @@ export interface ClusterOptions {
   bare: boolean;
   /** The webhook's sharing scope (the product's default is `namespace`; the demo and tests share). */
   sharingScope?: SharingScope;
+  /**
+   * Real vLLM on every real node, and the hub's real tiny model (images/vllm.ts). Off by default:
+   * about 5.5 GiB an image, imported into each real node.
+   */
+  vllm?: boolean;
   progress: (line: string) => void;
 }
 
@@ -76,8 +81,8 @@ export interface ClusterState {
   startedAt: string;
   nodes: NodeState[];
   roles: RoleUrls;
-  /** Images present on every real node (`vllm`: real vLLM, its CPU build). */
-  images?: { warmstart: string; engine: string; engineAsUser: string; pause: string; vllm: string };
+  /** Images present on every real node (`vllm`: real vLLM, its CPU build, with `cluster up --vllm`). */
+  images?: { warmstart: string; engine: string; engineAsUser: string; pause: string; vllm?: string };
   /** Real models the hub serves (`tiny`: one real vLLM loads and answers with). */
   models?: { tiny: string };
   /** The CSI stack, when it runs. */
@@ -487,7 +492,7 @@ async function startRealNodes(
 ): Promise<void> {
   await ensureHostPackages(opts.progress);
   opts.progress("building the images for the real nodes (cached by content)");
-  const images = await buildImages(opts.progress);
+  const images = await buildImages(opts.progress, { vllm: Boolean(opts.vllm) });
   const archive = join(state.stateDir, "images.tar");
   await writeImageArchive(images.refs, archive);
   state.images = {
@@ -495,9 +500,9 @@ async function startRealNodes(
     engine: images.engine,
     engineAsUser: images.engineAsUser,
     pause: images.pause,
-    vllm: images.vllm,
+    ...(images.vllm ? { vllm: images.vllm } : {}),
   };
-  state.models = { tiny: TINY_MODEL };
+  if (images.tinyModel) state.models = { tiny: TINY_MODEL };
 
   const hubPort = await freePort();
   const hubUrl = `http://127.0.0.1:${hubPort}`;
@@ -509,7 +514,7 @@ async function startRealNodes(
     `--port=${hubPort}`,
     `--model-mib=${opts.hubModelMiB}`,
     `--mib-s=${opts.hubMiBs}`,
-    `--repo=${TINY_MODEL}=${images.tinyModel}`,
+    ...(images.tinyModel ? [`--repo=${TINY_MODEL}=${images.tinyModel}`] : []),
   ]);
   await waitHttp(`${hubUrl}/healthz`, "the model hub", state, 30_000);
   state.roles.modelHub = hubUrl;

@@ -94,10 +94,10 @@ export interface BuiltImages {
   engineAsUser: string;
   /** The engine stand-in under the real images' names (fully qualified), as REAL_IMAGES lists them. */
   standIns: string[];
-  /** Real vLLM (its CPU build). */
-  vllm: string;
-  /** The folder of the real model the hub serves as TINY_MODEL. */
-  tinyModel: string;
+  /** Real vLLM (its CPU build), when asked for. */
+  vllm?: string;
+  /** The folder of the real model the hub serves as TINY_MODEL, with vLLM. */
+  tinyModel?: string;
   /** Every image, for import. */
   refs: ImageRef[];
 }
@@ -107,7 +107,7 @@ type Progress = (line: string) => void;
 const imagesDir = (): string => join(cacheDir(), "images");
 
 /** Builds (or finds cached) every layer and returns the images that use them. */
-export async function buildImages(progress: Progress): Promise<BuiltImages> {
+export async function buildImages(progress: Progress, o: { vllm?: boolean } = {}): Promise<BuiltImages> {
   await mkdir(join(imagesDir(), "layers"), { recursive: true });
   const base = await cachedLayer(`base-${DEBIAN_SUITE}-${BASE_PACKAGES.join("+")}-v1`, progress, buildBase);
   const node = await cachedLayer(`node-${IMAGE_NODE_VERSION}-v1`, progress, buildNode);
@@ -135,15 +135,6 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     progress,
     buildPause,
   );
-  const vllmBase = await cachedLayer(
-    `vllm-base-${DEBIAN_SUITE}-${VLLM_BASE_PACKAGES.join("+")}-v1`,
-    progress,
-    (r) => buildBase(r, VLLM_BASE_PACKAGES),
-  );
-  const vllm = await cachedLayer(`vllm-${VLLM_VERSION}-${await vllmLayerKey()}`, progress, (r) =>
-    buildVllmLayer(r, progress),
-  );
-
   const tag = (layers: Layer[], extra: string): string =>
     createHash("sha256")
       .update(layers.map((l) => l.digest).join(",") + extra)
@@ -171,8 +162,7 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     Env: engineEnv,
     User: `${ENGINE_IMAGE_UID}:${ENGINE_IMAGE_UID}`,
   });
-  // vLLM itself, started as its official image starts (`vllm serve`, the chart gives the rest).
-  const vllmImage = image("vllm", [vllmBase, vllm], { Entrypoint: ["vllm", "serve"], Env: VLLM_IMAGE_ENV });
+  const real = o.vllm ? await vllmImage(progress, image) : undefined;
   // The same layers under the real names, each with its real image's entrypoint and env.
   const standIns: ImageRef[] = REAL_IMAGES.map((real) => ({
     name: qualifiedImageName(real.name),
@@ -185,9 +175,27 @@ export async function buildImages(progress: Progress): Promise<BuiltImages> {
     engine: engineImage.name,
     engineAsUser: engineAsUser.name,
     standIns: standIns.map((r) => r.name),
-    vllm: vllmImage.name,
-    tinyModel: await tinyModel([vllmBase.file, vllm.file], progress),
-    refs: [pauseImage, warmstartImage, engineImage, engineAsUser, vllmImage, ...standIns],
+    ...(real ? { vllm: real.image.name, tinyModel: real.tinyModel } : {}),
+    refs: [pauseImage, warmstartImage, engineImage, engineAsUser, ...(real ? [real.image] : []), ...standIns],
+  };
+}
+
+/** Real vLLM, started as its official image starts (`vllm serve`, the chart gives the rest), and its model. */
+async function vllmImage(
+  progress: Progress,
+  image: (repo: string, layers: Layer[], config: Record<string, unknown>) => ImageRef,
+): Promise<{ image: ImageRef; tinyModel: string }> {
+  const base = await cachedLayer(
+    `vllm-base-${DEBIAN_SUITE}-${VLLM_BASE_PACKAGES.join(",")}-v1`,
+    progress,
+    (r) => buildBase(r, VLLM_BASE_PACKAGES),
+  );
+  const vllm = await cachedLayer(`vllm-${VLLM_VERSION}-${await vllmLayerKey()}`, progress, (r) =>
+    buildVllmLayer(r, progress),
+  );
+  return {
+    image: image("vllm", [base, vllm], { Entrypoint: ["vllm", "serve"], Env: VLLM_IMAGE_ENV }),
+    tinyModel: await tinyModel([base.file, vllm.file], progress),
   };
 }
 
