@@ -223,7 +223,7 @@ export class SyntheticRepos {
   private async digest(id: string, variant: string): Promise<Built> {
     const real = this.real.get(id);
     const bodies = real
-      ? new Map([...real].map(([path, bytes]) => [path, { kind: "text", bytes }]))
+      ? new Map([...real].map(([path, bytes]) => [path, { kind: "text" as const, bytes }]))
       : layout(id, this.modelBytes, variant);
     const files: RepoFile[] = [];
     for (const [path, body] of [...bodies].sort(([a], [b]) => a.localeCompare(b))) {
