@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { isRepoId, revisionCommit, SyntheticRepos } from "./synthetic.js";
@@ -70,4 +71,23 @@ void test("digesting new names never stalls the hub's event loop", async () => {
   assert.ok(a && b && again);
   assert.equal(again.sha, a.sha, "one build per name, shared");
   assert.ok(longest < 250, `one turn of the event loop took ${longest.toFixed(0)} ms of CPU at most`);
+});
+
+void test("a real repository is served as its files are: main only, weights as LFS files", async () => {
+  const files = new Map([
+    ["config.json", Buffer.from('{"model_type":"llama"}')],
+    ["model.safetensors", Buffer.from("weights")],
+  ]);
+  const repos = new SyntheticRepos(2 * MiB, new Map([["warmstart/tiny-llama", files]]));
+  const repo = await repos.get("warmstart/tiny-llama");
+  assert.deepEqual(
+    repo?.files.map((f) => [f.path, f.size, Boolean(f.lfs)]),
+    [
+      ["config.json", 22, false],
+      ["model.safetensors", 7, true],
+    ],
+  );
+  assert.equal(repo?.files[1]?.lfs?.sha256, createHash("sha256").update("weights").digest("hex"));
+  assert.equal(await repos.get("warmstart/tiny-llama", "v2"), undefined, "no other revision");
+  assert.equal((await repos.get("warmstart/other"))?.files.length, 9, "any other name stays synthetic");
 });
