@@ -134,9 +134,22 @@ export async function tinyModel(layers: string[], progress: (line: string) => vo
     await mkdir(root);
     for (const l of layers) await run("tar", ["-xf", l, "-C", root], { maxBuffer: 1 << 20 });
     await cp(TINY_SCRIPT, join(root, "tiny_model.py"));
-    await runStep("chroot", [root, "/usr/bin/python3", "/tiny_model.py", "/out"], {
-      env: { HOME: "/tmp", HF_HUB_OFFLINE: "1", PYTHONDONTWRITEBYTECODE: "1" },
-    });
+    // What torch opens when it loads: the random devices, and /proc.
+    for (const [dev, minor] of [
+      ["null", 3],
+      ["zero", 5],
+      ["random", 8],
+      ["urandom", 9],
+    ] as const)
+      await run("mknod", ["-m", "666", join(root, "dev", dev), "c", "1", String(minor)]);
+    await run("mount", ["-t", "proc", "proc", join(root, "proc")]);
+    try {
+      await runStep("chroot", [root, "/usr/bin/python3", "/tiny_model.py", "/out"], {
+        env: { HOME: "/tmp", HF_HUB_OFFLINE: "1", PYTHONDONTWRITEBYTECODE: "1" },
+      });
+    } finally {
+      await run("umount", [join(root, "proc")]);
+    }
     await mkdir(join(cacheDir(), "models"), { recursive: true });
     await rm(dir, { recursive: true, force: true });
     await rename(join(root, "out"), dir);
