@@ -11,7 +11,7 @@ import { ANN_ROLE, LABEL_HASH } from "../../src/core/contract.js";
 import { getModelCache } from "../../src/common/modelcache.js";
 import { REAL_NODE_TAINT } from "../../tools/localcluster/realnode.js";
 import { isPodReady, kube, localCluster, tempNamespace, waitFor } from "../harness.js";
-import { containerLog, hubStats, realNodeOrSkip, type RealNode } from "../realnode.js";
+import { containerLog, hubStats, modelBytes, realNodeOrSkip, type RealNode } from "../realnode.js";
 
 const READY_MS = 300_000;
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
@@ -117,8 +117,7 @@ test("real vLLM: two servers of one model download once; the restored one starts
   const short = a.metadata!.labels![LABEL_HASH]!;
   const cache = await getModelCache(custom, short);
   assert.equal(cache?.status?.phase, "Ready");
-  const model = cache?.status?.modelBytes ?? 0;
-  assert.ok(model > 0, "the tree holds the model");
+  const model = await modelBytes(v.node, v.model);
   assert.equal((await hubStats(v.node)).repos[v.model]?.bytes, before + model, "the hub served one model");
   assert.ok((await completion(18102, v.model)).length > 0, "the restored server answers a completion");
 
