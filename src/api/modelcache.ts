@@ -50,6 +50,10 @@ export const startupRecordSchema = z
       .record(z.string(), z.string())
       .describe("the engine container's compile-relevant environment: name to a digest of the value")
       .optional(),
+    config: z
+      .record(z.string(), z.string().max(64))
+      .describe("the settings the engine printed that its compile cache is keyed on (vLLM's config line)")
+      .optional(),
     at: dateTime(),
   })
   .describe("one pod's start, read from its engine's log by the node agent of its node");

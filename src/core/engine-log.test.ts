@@ -441,3 +441,30 @@ void test("vLLM's CPU build: the warm-up is its compilation, and an AOT cache th
   assert.equal(aot.compileCacheReason, "'function' object has no attribute 'finalize_loading'");
   assert.equal(aot.seconds.compile, 8);
 });
+
+void test("vLLM's config line: the settings its compile cache is keyed on, as printed", () => {
+  // From the same run as vllmCpu's lines, cut after the last key read.
+  const config = readEngineLog(
+    lines(
+      "(EngineCore pid=12742) INFO 12-05 12:43:02 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/tmp/vllm/tiny', speculative_config=None, tokenizer='/tmp/vllm/tiny', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len=256, download_dir=None, load_format=auto, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1, decode_context_parallel_size=1, dcp_comm_backend=ag_rs, disable_custom_all_reduce=True, quantization=None, quantization_config=None, enforce_eager=False, aux_output_config=AuxOutputConfig(enable_return_routed_experts=False, max_bytes=None), kv_cache_dtype=auto, device_config=cpu, (cut)",
+    ),
+  ).config;
+  assert.deepEqual(config, {
+    version: "0.32.0",
+    dtype: "torch.bfloat16",
+    quantization: "None",
+    kv_cache_dtype: "auto",
+    max_seq_len: "256",
+    tensor_parallel_size: "1",
+    pipeline_parallel_size: "1",
+    enforce_eager: "False",
+    device_config: "cpu",
+  });
+  // Another engine's line, or a value past 64 characters, is not read.
+  const hostile = readEngineLog(
+    lines(
+      `(EngineCore pid=1) INFO 12-05 12:43:02 [core.py:133] Initializing a V1 LLM engine (v1) with config: dtype=${"x".repeat(65)}, max_seq_len=1`,
+    ),
+  ).config;
+  assert.deepEqual(hostile, { version: "1", max_seq_len: "1" });
+});

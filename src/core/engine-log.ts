@@ -37,6 +37,10 @@
  * - "init engine (profile, create kv cache, warmup model) took %.2f s" with an optional
  *   " (compilation: %.2f s)" (older: "took %.2f seconds"): vllm/v1/engine/core.py
  *   @00080ee13c7a451fce071ccb8d0e94d395acf5a7 (EngineCore._initialize_kv_caches)
+ * - the engine's config: "Initializing a V1 LLM engine (%s) with config: %s" (vllm/v1/engine/core.py,
+ *   EngineCore.__init__), read for the settings vLLM keys its compile cache on (ENGINE_CONFIG_KEYS);
+ *   vLLM's CPU build prints no compile-cache hit or miss line, and this is what tells a restore
+ *   made for another config
  * - ready: Uvicorn's "Application startup complete." once it listens, after the API server's
  *   "Starting vLLM API server %d on %s" (vllm/entrypoints/openai/api_server.py,
  *   run_server_worker; "Starting vLLM server on %s" in 2026-06 logs), which is the fallback
@@ -102,9 +106,34 @@ export interface EngineLogReading {
   compileCacheLine?: string;
   /** The engine's own reason for a miss, where its line gives one (vLLM's "reason: ..."). */
   compileCacheReason?: string;
+  /**
+   * The settings the engine printed at start that its compile cache is keyed on (vLLM's config
+   * line: ENGINE_CONFIG_KEYS, and `version`), values as printed, each at most 64 characters.
+   */
+  config?: Record<string, string>;
   /** Whether the text was longer than ENGINE_LOG_MAX_CHARS (only its end was read). */
   truncated: boolean;
 }
+
+/**
+ * The top-level settings of vLLM's config line that go into its compile-cache key (its model
+ * config's and parallel config's hashes): another value of any makes another compiled graph.
+ */
+export const ENGINE_CONFIG_KEYS = [
+  "dtype",
+  "quantization",
+  "kv_cache_dtype",
+  "max_seq_len",
+  "tensor_parallel_size",
+  "pipeline_parallel_size",
+  "enforce_eager",
+  "device_config",
+] as const;
+const CONFIG_LINE = "Initializing a V1 LLM engine (";
+const CONFIG_VERSION = /Initializing a V1 LLM engine \(v?([\w.+-]{1,64})\) with config: /;
+const CONFIG_VALUES = new Map(
+  ENGINE_CONFIG_KEYS.map((k) => [k, new RegExp(`(?:: |, )${k}=([\\w.'/+-]{1,64})(?:,|$)`)]),
+);
 
 type Engine = Exclude<EngineKind, "unknown">;
 /** Timestamps in ms: the CRI prefix's, and the engine's own; each the line's or the last before it. */
@@ -124,6 +153,8 @@ interface Bucket {
   marks: Map<string, { stamp: Stamp; line: string }>;
   hit?: string;
   miss?: string;
+  /** vLLM's config line, the first. */
+  config?: string;
 }
 
 const NUM = String.raw`(\d{1,10}(?:\.\d{1,9})?)`;
@@ -222,6 +253,7 @@ const RULES: Rule[] = [
     votes: true,
   },
   { engines: V, has: "Starting vLLM ", re: /Starting vLLM (?:API )?server/, mark: "apiServer", votes: true },
+  { engines: V, has: CONFIG_LINE, votes: true },
   { engines: V, has: "vLLM", votes: true },
   { engines: ["vllm", "sglang"], has: "Application startup complete.", mark: "uvicorn" },
   // SGLang
@@ -405,6 +437,7 @@ export function readEngineLog(text: string): EngineLogReading {
       if (reason) reading.compileCacheReason = reason;
     } else if (bucket.hit !== undefined)
       [reading.compileCache, reading.compileCacheLine] = ["hit", clip(bucket.hit)];
+    if (bucket.config !== undefined) reading.config = vllmConfig(bucket.config);
   }
   if (engine === "sglang") put("weightLoad", between("loadBegin", "loadEnd$"));
   if (engine === "tgi") {
@@ -424,6 +457,18 @@ export function readEngineLog(text: string): EngineLogReading {
     }
   }
   return reading;
+}
+
+/** The compile-relevant settings of vLLM's config line (bounded: fixed keys, short values). */
+function vllmConfig(line: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  const version = CONFIG_VERSION.exec(line)?.[1];
+  if (version) out.version = version;
+  for (const [key, re] of CONFIG_VALUES) {
+    const v = re.exec(line)?.[1];
+    if (v !== undefined) out[key] = v;
+  }
+  return out;
 }
 
 /**
@@ -478,6 +523,7 @@ function record(
   }
   if (rule.cache === "hit") bucket.hit ??= line;
   if (rule.cache === "miss") bucket.miss ??= line;
+  if (rule.has === CONFIG_LINE) bucket.config ??= line;
   if (!rule.phase || !m) return;
   let seconds = Number(m[1]);
   if (rule.unit) seconds *= UNIT_SECONDS[m[2]!] ?? Number.NaN;

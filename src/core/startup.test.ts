@@ -6,6 +6,7 @@ import {
   STARTUPS_KEPT,
   compileFactors,
   describeStartup,
+  judgedCompileCache,
   missCause,
   startupRecord,
   withStartup,
@@ -125,4 +126,30 @@ test("an entry from a vLLM log: phases rounded, engine and compile cache kept, d
   assert.equal(e.seconds.compile, 3.1);
   assert.equal(e.factors, undefined, "no factors, no field");
   assert.match(describeStartup(e), /^vllm: weight load 12.35s, compile 3.1s.*\(compile cache hit\)$/);
+});
+
+test("a restore its engine says nothing about is judged by the leader's start: the config vLLM printed, then the compile time", () => {
+  const config = { version: "0.32.0", dtype: "torch.bfloat16", max_seq_len: "256" };
+  const leader = entry({ role: "leader", compileCache: "unknown", seconds: { compile: 18 }, config });
+  const restore = (o: Partial<StartupRecord>): StartupRecord =>
+    entry({ compileCache: "unknown", seconds: { compile: 3 }, config, ...o });
+
+  assert.equal(judgedCompileCache(restore({}), leader), "hit", "a sixth of the leader's compile");
+  assert.equal(judgedCompileCache(restore({ seconds: { compile: 12 } }), leader), "miss");
+  const float32 = restore({ config: { ...config, dtype: "torch.float32" } });
+  assert.equal(judgedCompileCache(float32, leader), "miss", "another dtype is a miss, however quick");
+  assert.equal(
+    missCause({ ...float32, compileCache: "miss" }, leader),
+    "vllm's config differs from the leader's, and its compile cache is keyed on it: dtype torch.float32 here, torch.bfloat16 for the leader",
+  );
+  assert.match(
+    missCause(restore({ compileCache: "miss", seconds: { compile: 12 } }), leader)!,
+    /compiled for 12 s where the leader took 18 s: the restored compile cache was not used/,
+  );
+  // What the engine said stands; nothing is judged without a leader or a compile worth judging.
+  assert.equal(judgedCompileCache(restore({ compileCache: "hit", seconds: { compile: 17 } }), leader), "hit");
+  assert.equal(judgedCompileCache(restore({}), undefined), "unknown");
+  assert.equal(judgedCompileCache(restore({}), { ...leader, seconds: { compile: 1 } }), "unknown");
+  assert.equal(judgedCompileCache(restore({ seconds: {} }), leader), "unknown");
+  assert.equal(judgedCompileCache({ ...leader }, leader), "unknown", "a leader is not judged");
 });

@@ -6,7 +6,13 @@
  * its VLLM_* environment, the torch and Triton versions and the GPU's name and capability into the
  * torch.compile cache key), so a restore that misses is explained by comparing what it ran on
  * with what the leader ran on: the node's GPU product (nvidia.com/gpu.product) and the engine
- * container's compile-relevant environment, kept as digests (values may be secrets).
+ * container's compile-relevant environment, kept as digests (values may be secrets), and the
+ * settings the engine printed (vLLM's config line: dtype, quantization, ...).
+ *
+ * Where the engine prints no hit or miss line (vLLM's CPU build compiles through torch.compile
+ * alone and says neither), the restore is judged against the leader's start: a config vLLM keys its
+ * cache on that differs is a miss, by vLLM's own lines; otherwise a compile that took at least half
+ * the leader's is a miss (nothing was reused), a shorter one a hit.
  */
 import { createHash } from "node:crypto";
 import type * as k8s from "@kubernetes/client-node";
@@ -56,8 +62,37 @@ export function startupRecord(i: StartupInput): StartupRecord {
     compileCache: i.reading.compileCache,
     ...(i.gpuProduct ? { gpuProduct: i.gpuProduct.slice(0, 128) } : {}),
     ...(Object.keys(i.factors).length ? { factors: i.factors } : {}),
+    ...(i.reading.config && Object.keys(i.reading.config).length ? { config: i.reading.config } : {}),
     at: i.at,
   };
+}
+
+/** A leader's compile shorter than this says too little to judge a restore's by. */
+const JUDGED_COMPILE_SECONDS = 2;
+
+/**
+ * A restore's compile cache where its engine said neither hit nor miss, judged against the leader's
+ * start (see the file comment); the engine's own line, where there is one, stands.
+ */
+export function judgedCompileCache(
+  entry: StartupRecord,
+  leader: StartupRecord | undefined,
+): StartupRecord["compileCache"] {
+  if (entry.compileCache !== "unknown" || entry.role === "leader" || !leader) return entry.compileCache;
+  if (configDiffers(entry, leader).length) return "miss";
+  const [mine, theirs] = [entry.seconds.compile, leader.seconds.compile];
+  if (typeof mine !== "number" || typeof theirs !== "number" || theirs < JUDGED_COMPILE_SECONDS)
+    return "unknown";
+  return mine >= theirs / 2 ? "miss" : "hit";
+}
+
+/** The engine settings printed by both starts that differ, as `key value here, value for the leader`. */
+function configDiffers(entry: StartupRecord, leader: StartupRecord): string[] {
+  const [mine, theirs] = [entry.config ?? {}, leader.config ?? {}];
+  return Object.keys(mine)
+    .filter((k) => k in theirs && mine[k] !== theirs[k])
+    .sort()
+    .map((k) => `${k} ${mine[k]} here, ${theirs[k]} for the leader`);
 }
 
 /**
@@ -73,6 +108,9 @@ export function missCause(
   if (entry.compileCache !== "miss" || entry.role === "leader") return undefined;
   if (engineReason) return `${entry.engine} says: ${engineReason}`;
   if (!leader) return "no record of the leader's start to compare with";
+  const config = configDiffers(entry, leader);
+  if (config.length)
+    return `${entry.engine}'s config differs from the leader's, and its compile cache is keyed on it: ${config.slice(0, 4).join("; ")}`;
   if ((entry.gpuProduct ?? "") !== (leader.gpuProduct ?? ""))
     return `GPU product differs from the leader's: ${entry.gpuProduct || "none"} here, ${leader.gpuProduct || "none"} on the leader's node ${leader.node}; compile caches are built per device`;
   const mine = entry.factors ?? {};
@@ -84,6 +122,9 @@ export function missCause(
     return `compile-relevant environment differs from the leader's: ${differs.slice(0, 8).join(", ")}${differs.length > 8 ? ", ..." : ""}`;
   if (entry.engine !== leader.engine)
     return `engine differs from the leader's: ${entry.engine}, ${leader.engine}`;
+  const [compiled, leaderCompiled] = [entry.seconds.compile, leader.seconds.compile];
+  if (typeof compiled === "number" && typeof leaderCompiled === "number" && compiled >= leaderCompiled / 2)
+    return `compiled for ${compiled} s where the leader took ${leaderCompiled} s: the restored compile cache was not used, with the same GPU product, environment and engine config as the leader`;
   return "same GPU product and environment as the leader: the engine's version or compile settings outside the pod spec differ";
 }
 

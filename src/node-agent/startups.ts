@@ -16,7 +16,14 @@ import type { Logger } from "../common/log.js";
 import { ANN_HASH, ANN_ROLE, LABEL_HASH } from "../core/contract.js";
 import { ENGINE_LOG_MAX_CHARS, readEngineLog, type EngineLogReading } from "../core/engine-log.js";
 import { GPU_PRODUCT_LABEL } from "../core/gpu.js";
-import { compileFactors, describeStartup, missCause, startupRecord, withStartup } from "../core/startup.js";
+import {
+  compileFactors,
+  describeStartup,
+  judgedCompileCache,
+  missCause,
+  startupRecord,
+  withStartup,
+} from "../core/startup.js";
 import { podEvent, type AgentParts } from "./parts.js";
 
 const ROLES = new Set(["leader", "follower", "restore"]);
@@ -67,6 +74,7 @@ export class StartupReadings {
       factors: compileFactors(container.env),
       at: new Date(ready.lastTransitionTime ?? this.p.clock.now()).toISOString(),
     });
+    entry.compileCache = judgedCompileCache(entry, leader);
     const cause = missCause(entry, leader, reading.compileCacheReason);
     if (cause) entry.cause = cause;
     const r = await this.p.records.transition(short, (c) =>
