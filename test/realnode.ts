@@ -3,10 +3,12 @@
  * engine stand-in fetching from the local model hub), the engine's own report read from its
  * container log on the node, and the hub's counters.
  */
+import { execFile } from "node:child_process";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
+import { promisify } from "node:util";
 import * as k8s from "@kubernetes/client-node";
 import {
   containerLogDir,
@@ -15,6 +17,9 @@ import {
   type EngineReport,
 } from "../tools/localcluster/engine-chart.js";
 import assert from "node:assert/strict";
+import { getModelCache, type StartupRecord } from "../src/common/modelcache.js";
+import { LABEL_HASH } from "../src/core/contract.js";
+import { PACKAGE_ROOT } from "../tools/localcluster/versions.js";
 import { kube, localCluster, uniqueName, waitFor } from "./harness.js";
 import { takeOverRole, type RoleHandle } from "./roles.js";
 import { clearNodeLinks, realNodeAddress, shapeNodeLinks } from "../tools/localcluster/links.js";
@@ -287,4 +292,45 @@ export async function mountByHand(
   const line = (await containerLog(node, pod, "look")).split("\n").find((l) => l.includes("BYHAND "));
   assert.ok(line, `pod ${name} (${pod.status?.phase}) printed what it saw`);
   return JSON.parse(line.slice(line.indexOf("BYHAND ") + 7)) as { entries: string[]; write: string };
+}
+
+/** The record's entry for each of these pods, once every one is there. */
+export async function startupsOf(pods: k8s.V1Pod[]): Promise<Map<string, StartupRecord>> {
+  const { custom } = await kube();
+  const short = pods[0]!.metadata!.labels![LABEL_HASH]!;
+  return waitFor(
+    "every pod's start on the record",
+    async () => {
+      const list = (await getModelCache(custom, short))?.status?.startups ?? [];
+      const byUid = new Map(list.map((e) => [e.uid, e]));
+      return pods.every((p) => byUid.has(p.metadata!.uid!)) ? byUid : undefined;
+    },
+    60_000,
+  );
+}
+
+const run = promisify(execFile);
+
+/** `warmstart pods` as a user runs it: the table and its JSON. */
+export async function warmstartPods(): Promise<{
+  table: string;
+  json: { pods: { name: string; startup: unknown }[] };
+}> {
+  const cli = (args: string[]): Promise<{ stdout: string }> =>
+    run(process.execPath, [join(PACKAGE_ROOT, "bin/warmstart"), ...args], {
+      env: { ...process.env, LOG_LEVEL: "silent" },
+      timeout: 60_000,
+    });
+  const [table, json] = await Promise.all([cli(["pods"]), cli(["pods", "-o", "json"])]);
+  return {
+    table: table.stdout,
+    json: JSON.parse(json.stdout) as { pods: { name: string; startup: unknown }[] },
+  };
+}
+
+export async function eventsOf(ns: string, pod: k8s.V1Pod): Promise<k8s.CoreV1Event[]> {
+  const { core } = await kube();
+  return (await core.listNamespacedEvent({ namespace: ns })).items.filter(
+    (e) => e.involvedObject?.uid === pod.metadata?.uid,
+  );
 }

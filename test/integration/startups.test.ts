@@ -6,19 +6,14 @@
  * another product misses its compile cache, as real engines' do, and is told why.
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
-import { join } from "node:path";
 import { test } from "node:test";
-import { promisify } from "node:util";
 import * as k8s from "@kubernetes/client-node";
-import { getModelCache, type StartupRecord } from "../../src/common/modelcache.js";
+import { getModelCache } from "../../src/common/modelcache.js";
 import { ANN_ROLE, LABEL_HASH } from "../../src/core/contract.js";
 import { DEFAULT_REAL_NODE_PRODUCT, setRealNodeGpuProduct } from "../../tools/localcluster/realnode.js";
-import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { isPodReady, kube, listPods, tempNamespace, uniqueName, waitFor } from "../harness.js";
-import { createEngines, realNodeOrSkip } from "../realnode.js";
+import { createEngines, eventsOf, realNodeOrSkip, startupsOf, warmstartPods } from "../realnode.js";
 
-const run = promisify(execFile);
 const READY_MS = 240_000;
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 const role = (p: k8s.V1Pod): string => p.metadata?.annotations?.[ANN_ROLE] ?? "";
@@ -31,44 +26,6 @@ async function readyPods(ns: string, n: number): Promise<k8s.V1Pod[]> {
       return pods.length === n && pods.every(isPodReady) ? pods : undefined;
     },
     READY_MS,
-  );
-}
-
-/** The record's entry for each of these pods, once every one is there. */
-async function startupsOf(pods: k8s.V1Pod[]): Promise<Map<string, StartupRecord>> {
-  const { custom } = await kube();
-  const short = pods[0]!.metadata!.labels![LABEL_HASH]!;
-  return waitFor(
-    "every pod's start on the record",
-    async () => {
-      const list = (await getModelCache(custom, short))?.status?.startups ?? [];
-      const byUid = new Map(list.map((e) => [e.uid, e]));
-      return pods.every((p) => byUid.has(p.metadata!.uid!)) ? byUid : undefined;
-    },
-    60_000,
-  );
-}
-
-async function warmstartPods(): Promise<{
-  table: string;
-  json: { pods: { name: string; startup: unknown }[] };
-}> {
-  const cli = (args: string[]): Promise<{ stdout: string }> =>
-    run(process.execPath, [join(PACKAGE_ROOT, "bin/warmstart"), ...args], {
-      env: { ...process.env, LOG_LEVEL: "silent" },
-      timeout: 60_000,
-    });
-  const [table, json] = await Promise.all([cli(["pods"]), cli(["pods", "-o", "json"])]);
-  return {
-    table: table.stdout,
-    json: JSON.parse(json.stdout) as { pods: { name: string; startup: unknown }[] },
-  };
-}
-
-async function eventsOf(ns: string, pod: k8s.V1Pod): Promise<k8s.CoreV1Event[]> {
-  const { core } = await kube();
-  return (await core.listNamespacedEvent({ namespace: ns })).items.filter(
-    (e) => e.involvedObject?.uid === pod.metadata?.uid,
   );
 }
 

