@@ -1,5 +1,5 @@
 /**
- * `npm run bench:e2e [-- --replicas 2,4,8,16] [--out DIR]`: N replicas of one model in real
+ * `npm run bench:e2e [-- --replicas 2,4,8,16] [--engine stand-in|vllm] [--out DIR]`: N replicas of one model in real
  * containers on the local cluster's real node, fetching from the local model hub (one throttled
  * link shared by all), with Warmstart's election off (the namespace opts out: every replica
  * downloads) and on, side by side in one run. It reports bytes the hub served, time to first and
@@ -15,6 +15,11 @@
  * runs election on once per follower mode (the webhook restarted with it): gated followers hold
  * no node and no GPU while they wait; waiting followers run at once and hold theirs, and the
  * table shows those GPU-seconds beside what each mode costs in time.
+ *
+ * `--engine vllm` runs real vLLM (its CPU build, `cluster up --vllm`) serving the hub's tiny model,
+ * one pod per replica (each on its own port of the node's network); each run is its own cache (an
+ * env entry only the hash reads). A second table says where each restored replica's start went,
+ * from the engine's own lines as the node agent recorded them (download, load, compile, init).
  */
 import { execFile } from "node:child_process";
 import { request as httpsRequest } from "node:https";
@@ -28,13 +33,19 @@ import Table from "cli-table3";
 import { getModelCache } from "../src/common/modelcache.js";
 import { ANN_ROLE, INIT_PREWARM, SKIP } from "../src/core/contract.js";
 import { seedOutcome } from "../src/core/waiting.js";
+import { readEngineLog, type EnginePhase } from "../src/core/engine-log.js";
 import {
   startClusterProcessAgain,
   stopClusterProcess,
   up,
   type ClusterState,
 } from "../tools/localcluster/cluster.js";
-import { containerLogDir, engineDeployment, parseEngineReport } from "../tools/localcluster/engine-chart.js";
+import {
+  containerLogDir,
+  engineDeployment,
+  parseEngineReport,
+  vllmServerPod,
+} from "../tools/localcluster/engine-chart.js";
 import { setNodeGpus } from "../tools/localcluster/nodes.js";
 import { processStartTime } from "../tools/localcluster/processes.js";
 import { plotByN } from "./plot.js";
@@ -50,8 +61,12 @@ const { values } = parseArgs({
     "compile-seconds": { type: "string", default: "2" },
     repeat: { type: "string", default: "3" },
     "follower-mode": { type: "string", default: "gate" },
+    engine: { type: "string", default: "stand-in" },
   },
 });
+const engine = values.engine;
+if (engine !== "stand-in" && engine !== "vllm")
+  throw new Error(`--engine: expected stand-in or vllm, got "${engine}"`);
 const followerModes = values["follower-mode"].split(",").map((x) => x.trim());
 for (const m of followerModes)
   if (m !== "gate" && m !== "wait")
@@ -96,6 +111,9 @@ interface RunResult {
   /** The engine's own: that replica's engine container restarted in place, to Ready again. */
   engineRestartSeconds?: number;
   treeBytes?: number;
+  /** The first restored replica's start by phase, as its engine logged it (the record's entry). */
+  restorePhases?: Partial<Record<EnginePhase, number>>;
+  restoreCompileCache?: string;
   roles: Record<string, RoleUsage>;
 }
 
@@ -109,6 +127,7 @@ const state = await up({
   hubMiBs: 64,
   csi: false,
   bare: false,
+  vllm: engine === "vllm",
   progress: log,
 });
 const node = state.nodes.find((n) => n.real);
@@ -116,6 +135,8 @@ if (!node?.podLogsDir || !state.images || !state.roles.modelHub)
   throw new Error(
     "bench:e2e needs a local cluster with a real node (bin/warmstart cluster down, then run again)",
   );
+if (engine === "vllm" && (!state.images.vllm || !state.models?.tiny))
+  throw new Error("bench:e2e --engine vllm needs real vLLM (bin/warmstart cluster down, then run again)");
 const kc = new k8s.KubeConfig();
 kc.loadFromFile(state.kubeconfig);
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -185,18 +206,99 @@ function healthz(url: string): Promise<true | undefined> {
   });
 }
 
+/** How a run's replicas are made. */
+interface Replicas {
+  model: string;
+  create(n: number): Promise<void>;
+  /** One replica more (N=1: the restore, once its leader's cache is Ready). */
+  grow(): Promise<void>;
+  /** A deleted replica's replacement, where no controller makes one. */
+  replace?(pod: k8s.V1Pod): Promise<void>;
+}
+
+/** The stand-in's Deployment, of a model of its own. */
+function standInReplicas(ns: string, model: string): Replicas {
+  return {
+    model,
+    async create(n) {
+      await apps.createNamespacedDeployment({
+        namespace: ns,
+        body: engineDeployment({
+          replicas: n,
+          model,
+          node: node!.name,
+          hub,
+          image: state.images!.engine,
+          compileSeconds: Number(values["compile-seconds"]),
+        }),
+      });
+    },
+    async grow() {
+      await apps.patchNamespacedDeploymentScale(
+        { name: "engine", namespace: ns, body: [{ op: "replace", path: "/spec/replicas", value: 2 }] },
+        k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch),
+      );
+    },
+  };
+}
+
+/**
+ * Real vLLM servers, one pod each on its own port; the run's tag in an env entry vLLM never reads
+ * makes the run's cache its own (the model is the hub's one real model).
+ */
+function vllmReplicas(ns: string, tag: string): Replicas {
+  const server = (i: number): k8s.V1Pod =>
+    vllmServerPod({
+      name: `engine-${i}`,
+      node: node!.name,
+      image: state.images!.vllm!,
+      model: state.models!.tiny,
+      hub,
+      port: 18300 + i,
+      env: [{ name: "BENCH_RUN", value: tag }],
+    });
+  let made = 0;
+  const make = async (): Promise<void> => {
+    await core.createNamespacedPod({ namespace: ns, body: server(made++) });
+  };
+  return {
+    model: state.models!.tiny,
+    async create(n) {
+      for (let i = 0; i < n; i++) await make();
+    },
+    grow: make,
+    async replace(pod) {
+      const name = pod.metadata!.name!;
+      await until(`${ns}/${name} gone`, async () =>
+        (await core.readNamespacedPod({ name, namespace: ns }).then(
+          () => false,
+          () => true,
+        ))
+          ? true
+          : undefined,
+      );
+      await core.createNamespacedPod({ namespace: ns, body: server(Number(name.split("-")[1])) });
+    },
+  };
+}
+
 async function runOnce(n: number, mode: Mode, run: number, followerMode?: FollowerMode): Promise<RunResult> {
   const tag = randomBytes(3).toString("hex");
   const ns = `bench-${mode}-${n}-${tag}`;
-  const model = `synthetic/bench-${n}-${mode}-${tag}`;
+  const replicas =
+    engine === "vllm" ? vllmReplicas(ns, tag) : standInReplicas(ns, `synthetic/bench-${n}-${mode}-${tag}`);
+  const model = replicas.model;
   await core.createNamespace({
     body: { metadata: { name: ns, labels: mode === "off" ? { [SKIP]: "true" } : {} } },
   });
   await until("the default ServiceAccount", () =>
     core.readNamespacedServiceAccount({ name: "default", namespace: ns }),
   );
-  const files = (await (await fetch(`${hub}/api/models/${model}/tree/main`)).json()) as { size: number }[];
+  const files = (await (await fetch(`${hub}/api/models/${model}/tree/main?recursive=true`)).json()) as {
+    size: number;
+  }[];
   const modelBytes = files.reduce((a, f) => a + f.size, 0);
+  const hubBefore = (await hubServed())[model]?.bytes ?? 0;
   const sampler = sampleRoles(state, ["webhook", "server", `node-agent-${node!.name}`]);
 
   // N=1: one restore alone, after its leader (the Deployment grows to 2 once the cache is Ready).
@@ -204,17 +306,7 @@ async function runOnce(n: number, mode: Mode, run: number, followerMode?: Follow
   const target = alone ? 2 : n;
   let grown = false;
   const t0 = Date.now();
-  await apps.createNamespacedDeployment({
-    namespace: ns,
-    body: engineDeployment({
-      replicas: n,
-      model,
-      node: node!.name,
-      hub,
-      image: state.images!.engine,
-      compileSeconds: Number(values["compile-seconds"]),
-    }),
-  });
+  await replicas.create(n);
   // Observed times (ms), polled: condition timestamps only have whole seconds.
   const seen = new Map<string, { pod: k8s.V1Pod; scheduled?: number; ready?: number }>();
   const deadline = Date.now() + TIMEOUT_MS;
@@ -237,10 +329,7 @@ async function runOnce(n: number, mode: Mode, run: number, followerMode?: Follow
     if (alone && !grown && ready.length === 1) {
       const short = ready[0]!.pod.metadata?.labels?.["warmstart.dev/hash"];
       if (short && (await getModelCache(custom, short))?.status?.phase === "Ready") {
-        await apps.patchNamespacedDeploymentScale(
-          { name: "engine", namespace: ns, body: [{ op: "replace", path: "/spec/replicas", value: 2 }] },
-          k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch),
-        );
+        await replicas.grow();
         grown = true;
       }
     }
@@ -249,9 +338,7 @@ async function runOnce(n: number, mode: Mode, run: number, followerMode?: Follow
     await sleep(200);
   }
   const roles = await sampler.stop();
-  const hubStats = (await (await fetch(`${hub}/_stats`)).json()) as {
-    repos: Record<string, { bytes: number }>;
-  };
+  const served = await hubServed();
   const entries = [...seen.values()].filter((e) => e.ready !== undefined);
   const readyAt = entries.map((e) => e.ready! - t0).sort((a, b) => a - b);
 
@@ -267,7 +354,7 @@ async function runOnce(n: number, mode: Mode, run: number, followerMode?: Follow
     // One GPU each: a waiting follower holds its GPU from its start until its seed stops waiting.
     waitGpuSeconds: restored.reduce((a, e) => a + (seedOutcome(e.pod)?.waitedMs ?? 0) / 1000, 0),
     modelBytes,
-    hubBytes: hubStats.repos[model]?.bytes ?? 0,
+    hubBytes: (served[model]?.bytes ?? 0) - hubBefore,
     firstReadySeconds: readyAt[0]! / 1000,
     allReadySeconds: readyAt[readyAt.length - 1]! / 1000,
     restoreSeconds: restored.map((e) => (e.ready! - e.scheduled!) / 1000),
@@ -276,10 +363,24 @@ async function runOnce(n: number, mode: Mode, run: number, followerMode?: Follow
   };
   if (leader) {
     const report = await engineReportOf(leader.pod);
-    result.leaderFetchSeconds = report?.fetchSeconds;
+    result.leaderFetchSeconds =
+      report?.fetchSeconds ?? readEngineLog(await logOf(leader.pod, "engine")).seconds.download;
     const short = leader.pod.metadata?.labels?.["warmstart.dev/hash"];
     const cache = short ? await getModelCache(custom, short) : undefined;
     result.treeBytes = (cache?.status as { sizeBytes?: number } | undefined)?.sizeBytes;
+    const first = restored[0]?.pod.metadata?.uid;
+    // The node agent records a start shortly after Ready.
+    const entry = first
+      ? await until(
+          "the restored replica's start on the record",
+          async () =>
+            (short ? await getModelCache(custom, short) : undefined)?.status?.startups?.find(
+              (x) => x.uid === first,
+            ),
+          60_000,
+        ).catch(() => undefined)
+      : undefined;
+    if (entry) [result.restorePhases, result.restoreCompileCache] = [entry.seconds, entry.compileCache];
   }
   for (const e of restored) {
     const secs = await prewarmSeconds(e.pod);
@@ -287,7 +388,7 @@ async function runOnce(n: number, mode: Mode, run: number, followerMode?: Follow
   }
   if (restored[0]) {
     result.engineRestartSeconds = await engineRestartSeconds(restored[0].pod);
-    result.floorSeconds = await hotRestartSeconds(restored[0].pod);
+    result.floorSeconds = await hotRestartSeconds(restored[0].pod, replicas);
   }
   await core.deleteNamespace({ name: ns, gracePeriodSeconds: 0 });
   await until(
@@ -323,10 +424,11 @@ async function engineRestartSeconds(pod: k8s.V1Pod): Promise<number> {
 }
 
 /** The replica restarted on its node with the tree hot: its pod deleted, the replacement timed. */
-async function hotRestartSeconds(pod: k8s.V1Pod): Promise<number> {
+async function hotRestartSeconds(pod: k8s.V1Pod, replicas: Replicas): Promise<number> {
   const { name, namespace } = pod.metadata as { name: string; namespace: string };
   const others = new Set((await core.listNamespacedPod({ namespace })).items.map((p) => p.metadata!.uid));
   await core.deleteNamespacedPod({ name, namespace, gracePeriodSeconds: 0 });
+  await replicas.replace?.(pod);
   let scheduled: number | undefined;
   const deadline = Date.now() + 300_000;
   for (;;) {
@@ -343,6 +445,11 @@ async function hotRestartSeconds(pod: k8s.V1Pod): Promise<number> {
     if (now > deadline) throw new Error(`${namespace}: the replacement of ${name} did not turn Ready`);
     await sleep(200);
   }
+}
+
+async function hubServed(): Promise<Record<string, { bytes: number }>> {
+  return ((await (await fetch(`${hub}/_stats`)).json()) as { repos: Record<string, { bytes: number }> })
+    .repos;
 }
 
 async function engineReportOf(pod: k8s.V1Pod): Promise<ReturnType<typeof parseEngineReport>> {
@@ -493,7 +600,9 @@ function printTable(rs: RunResult[]): void {
       role("node-agent"),
     ]);
   }
-  process.stdout.write(`${t.toString()}\n\ngoals (election on):\n`);
+  process.stdout.write(`${t.toString()}\n\n`);
+  printPhases(rs);
+  process.stdout.write(`\ngoals (election on):\n`);
   for (const n of new Set(rs.map((r) => r.replicas))) {
     const runs = rs.filter((x) => x.election === "on" && x.replicas === n);
     const ratios = runs.map(floorRatio).filter((x): x is number => x !== undefined);
@@ -513,6 +622,34 @@ function printTable(rs: RunResult[]): void {
         `(${ratios.length ? `${ratio(Math.min(...ratios))} to ${ratio(Math.max(...ratios))}; ` : ""}goal: within 1.10x at N=1 and N=2)\n`,
     );
   }
+}
+
+/** Where the first restored replica's start went, by its engine's own lines. */
+function printPhases(rs: RunResult[]): void {
+  const phases: [EnginePhase, string][] = [
+    ["download", "download s"],
+    ["weightLoad", "weight load s"],
+    ["modelLoad", "model load s"],
+    ["compile", "compile s"],
+    ["cudaGraph", "CUDA graphs s"],
+    ["engineInit", "engine init s"],
+    ["ready", "log start to ready s"],
+  ];
+  const t = new Table({
+    head: ["N", "election", "restore s", ...phases.map(([, h]) => h), "compile cache"],
+    style: { head: [], border: [] },
+  });
+  for (const r of rs.filter((x) => x.restorePhases))
+    t.push([
+      r.replicas,
+      label(r) + (repeat > 1 ? ` (run ${r.run + 1})` : ""),
+      fmt(r.restoreSeconds[0]),
+      ...phases.map(([p]) => fmt(r.restorePhases![p], 2)),
+      r.restoreCompileCache ?? "-",
+    ]);
+  process.stdout.write(
+    `where the first restored replica's start went (${engine}'s own lines):\n${t.toString()}\n`,
+  );
 }
 
 async function plot(rs: RunResult[]): Promise<Buffer> {
