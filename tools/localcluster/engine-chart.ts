@@ -111,12 +111,18 @@ export function vllmServerPod(o: VllmServer): k8s.V1Pod {
             periodSeconds: 1,
             timeoutSeconds: 5,
           },
-          ...(o.configMap
-            ? { volumeMounts: [{ name: "serve", mountPath: "/etc/vllm", readOnly: true }] }
-            : {}),
+          volumeMounts: [
+            { name: "shm", mountPath: "/dev/shm" },
+            ...(o.configMap ? [{ name: "serve", mountPath: "/etc/vllm", readOnly: true }] : []),
+          ],
         },
       ],
-      ...(o.configMap ? { volumes: [{ name: "serve", configMap: { name: o.configMap } }] } : {}),
+      // vLLM's processes talk through shared memory (160 MiB here); a container's own /dev/shm
+      // is 64 MiB, so charts mount a memory emptyDir there, as this one does.
+      volumes: [
+        { name: "shm", emptyDir: { medium: "Memory", sizeLimit: "1Gi" } },
+        ...(o.configMap ? [{ name: "serve", configMap: { name: o.configMap } }] : []),
+      ],
     },
   };
 }
