@@ -71,13 +71,17 @@ void test("a committed tree is read-only on disk: no write bit anywhere, so even
   await capture({ src, dest: store.treeDir(HASH), hash: HASH, progress: false, durable: false });
   const tree = store.treeDir(HASH);
   const before = await stat(join(tree, "cache/triton/k.cubin"), { bigint: true });
+  // What vLLM writes through a temp file's rename: readable by its writer only.
+  await chmod(join(tree, "cache/triton/k.cubin"), 0o600);
+  await chmod(join(tree, "cache/triton"), 0o700);
   await store.seal(HASH);
 
   const m = await modes(tree);
   assert.ok(m.size >= 8, `walked ${m.size} entries`);
   for (const [rel, mode] of m) assert.equal(mode & 0o222, 0, `${rel} has mode ${mode.toString(8)}`);
   assert.equal(m.get("cache/run.sh"), 0o555, "an executable stays executable");
-  assert.equal(m.get("cache/triton/k.cubin"), 0o444);
+  assert.equal(m.get("cache/triton/k.cubin"), 0o444, "an owner-only file is readable by every restore's UID");
+  assert.equal(m.get("cache/triton"), 0o555);
   const after = await stat(join(tree, "cache/triton/k.cubin"), { bigint: true });
   assert.equal(after.mtimeNs, before.mtimeNs, "sealing keeps the captured times");
   assert.ok((await store.committed(HASH))?.hash === HASH, "still a committed capture");

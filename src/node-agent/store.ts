@@ -95,10 +95,16 @@ export class CacheStore {
     return bytesOf(await this.list());
   }
 
-  /** Takes the write bits off every directory and file of the committed tree (links have none). */
+  /**
+   * Takes the write bits off every directory and file of the committed tree (links have none) and
+   * gives every one read (and every directory search) to all: restores seed from it as any UID of
+   * the scope, and engines write caches owner-only (vLLM's and Python's temp-file renames are
+   * 0600), which no restore but root's could read.
+   */
   async seal(hash: string): Promise<void> {
     await walk(this.treeDir(hash), async (path, st) => {
-      if (st.mode & WRITE_BITS) await chmod(path, st.mode & ~WRITE_BITS & 0o7777);
+      const sealed = (st.mode | (st.isDirectory() ? 0o555 : 0o444)) & ~WRITE_BITS & 0o7777;
+      if (sealed !== (st.mode & 0o7777)) await chmod(path, sealed);
       return st.isDirectory();
     });
   }
