@@ -92,8 +92,8 @@ void test("the schema is structural: nothing Kubernetes refuses or prunes by sur
   walk((buildCrd().spec as { versions: unknown[] }).versions);
   assert.deepEqual(
     maps.map((m) => (m as { type: string }).type),
-    ["object", "string"],
-    "status.replicas (by node), status.startups[].factors (digest by name)",
+    ["object", "string", "string"],
+    "status.replicas (by node), status.startups[].factors (digest by name), status.startups[].config (setting by name)",
   );
 });
 

@@ -70,6 +70,10 @@
  * printing its own line) count once, the longest.
  */
 
+import { CONFIG_LINE, vllmConfig } from "./engine-config.js";
+import { ANSI, CRI, KUBECTL_TIMESTAMP, ownTime, rankOf, rfc3339 } from "./engine-log-lines.js";
+
+export { ENGINE_CONFIG_KEYS } from "./engine-config.js";
 export const ENGINE_LOG_MAX_CHARS = 4 * 1024 * 1024;
 export const ENGINE_LOG_MAX_LINE = 8 * 1024;
 /** Evidence lines are cut to this many characters. */
@@ -114,26 +118,6 @@ export interface EngineLogReading {
   /** Whether the text was longer than ENGINE_LOG_MAX_CHARS (only its end was read). */
   truncated: boolean;
 }
-
-/**
- * The top-level settings of vLLM's config line that go into its compile-cache key (its model
- * config's and parallel config's hashes): another value of any makes another compiled graph.
- */
-export const ENGINE_CONFIG_KEYS = [
-  "dtype",
-  "quantization",
-  "kv_cache_dtype",
-  "max_seq_len",
-  "tensor_parallel_size",
-  "pipeline_parallel_size",
-  "enforce_eager",
-  "device_config",
-] as const;
-const CONFIG_LINE = "Initializing a V1 LLM engine (";
-const CONFIG_VERSION = /Initializing a V1 LLM engine \(v?([\w.+-]{1,64})\) with config: /;
-const CONFIG_VALUES = new Map(
-  ENGINE_CONFIG_KEYS.map((k) => [k, new RegExp(`(?:: |, )${k}=([\\w.'/+-]{1,64})(?:,|$)`)]),
-);
 
 type Engine = Exclude<EngineKind, "unknown">;
 /** Timestamps in ms: the CRI prefix's, and the engine's own; each the line's or the last before it. */
@@ -295,27 +279,8 @@ const RULES: Rule[] = [
 
 const UNIT_SECONDS: Record<string, number> = { s: 1, ms: 1e-3, µs: 1e-6, us: 1e-6, ns: 1e-9 };
 
-// A CRI log line (the kubelet's file): "<RFC 3339 nano> stdout|stderr F|P <text>"; also the
-// `kubectl logs --timestamps` form, "<RFC 3339> <text>".
-const RFC3339 = String.raw`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)`;
-const CRI = new RegExp(`^(${RFC3339}) (?:stdout|stderr) ([FP]) `);
-// Not TGI's own stamp: that one is followed by its level, right-aligned in five ("  INFO", " ERROR").
-const KUBECTL_TIMESTAMP = new RegExp(`^(${RFC3339}) (?! |ERROR |DEBUG |TRACE )`);
-const ANSI = /\x1b\[[0-9;]{0,20}m/g;
-const TGI_TIME = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z) /;
-const TGI_JSON_TIME = /"timestamp": ?"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z)"/;
-const SGLANG_TIME = /^\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?: ([^\]]{1,40}))?\]/;
-const VLLM_PROCESS = /^\(([^()]{1,80})\) /;
-const TGI_RANK = /\brank"?[=:] ?(\d{1,5})\b/;
-const VLLM_TIME =
-  /(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d{1,6}))? \[/;
 const HALF_YEAR_MS = 183 * 86400_000;
 const YEAR_MS = 365 * 86400_000;
-
-/** Parses an RFC 3339 time (nanoseconds cut to milliseconds), NaN when it is not one. */
-function rfc3339(s: string): number {
-  return Date.parse(s.replace(/(\.\d{3})\d{1,6}/, "$1"));
-}
 
 function clip(line: string): string {
   return line.length > EVIDENCE_CHARS ? `${line.slice(0, EVIDENCE_CHARS)}…` : line;
@@ -457,56 +422,6 @@ export function readEngineLog(text: string): EngineLogReading {
     }
   }
   return reading;
-}
-
-/** The compile-relevant settings of vLLM's config line (bounded: fixed keys, short values). */
-function vllmConfig(line: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  const version = CONFIG_VERSION.exec(line)?.[1];
-  if (version) out.version = version;
-  for (const [key, re] of CONFIG_VALUES) {
-    const v = re.exec(line)?.[1];
-    if (v !== undefined) out[key] = v;
-  }
-  return out;
-}
-
-/**
- * Which process wrote a line: vLLM's "(Worker_TP0 pid=57) " tag, SGLang's "TP0" in its stamp,
- * TGI's "rank=0" field ("" when the line names none).
- */
-function rankOf(line: string): string {
-  if (line.startsWith("(")) return VLLM_PROCESS.exec(line)?.[1] ?? "";
-  if (line.startsWith("[")) return SGLANG_TIME.exec(line)?.[7] ?? "";
-  return TGI_RANK.exec(line)?.[1] ?? "";
-}
-
-/** The engine's own timestamp on a line: TGI's (text or JSON), SGLang's, or vLLM's (no year). */
-function ownTime(line: string): { ms: number; zone: boolean; vllm: boolean } | undefined {
-  const tgi = TGI_TIME.exec(line) ?? (line.startsWith("{") ? TGI_JSON_TIME.exec(line) : null);
-  if (tgi) {
-    const t = rfc3339(tgi[1]!);
-    return Number.isNaN(t) ? undefined : { ms: t, zone: true, vllm: false };
-  }
-  const sg = SGLANG_TIME.exec(line);
-  if (sg) {
-    const [y, mo, d, h, mi, s] = sg.slice(1, 7).map(Number) as [
-      number,
-      number,
-      number,
-      number,
-      number,
-      number,
-    ];
-    return { ms: Date.UTC(y, mo - 1, d, h, mi, s), zone: false, vllm: false };
-  }
-  if (!line.includes(" [")) return undefined;
-  const v = VLLM_TIME.exec(line);
-  if (!v) return undefined;
-  const [mo, d, h, mi, s] = v.slice(1, 6).map(Number) as [number, number, number, number, number];
-  const frac = v[6] ? Number(`0.${v[6]}`) * 1000 : 0;
-  // A leap year, so that 02-29 exists.
-  return { ms: Date.UTC(2000, mo - 1, d, h, mi, s) + frac, zone: false, vllm: true };
 }
 
 function record(
