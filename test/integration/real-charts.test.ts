@@ -8,10 +8,8 @@
  * restored replicas fetch nothing and find their compile caches, two models never share a tree.
  */
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
 import { test, type TestContext } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
-import { parse } from "yaml";
 import { getModelCache } from "../../src/common/modelcache.js";
 import { ANN_ROLE, LABEL_HASH } from "../../src/core/contract.js";
 import {
@@ -30,20 +28,11 @@ import {
   type HubStats,
   type RealNode,
 } from "../realnode.js";
+import { corpus, createReferenced } from "../corpus.js";
 
 const READY_TIMEOUT_MS = 300_000;
 const GPU = /^nvidia\.com\/(gpu|mig-)/;
 const STAND_INS = new Set(REAL_IMAGES.map((i) => qualifiedImageName(i.name)));
-
-interface CorpusPod {
-  id: string;
-  pod: k8s.V1Pod;
-}
-function corpus(file: string): Map<string, k8s.V1Pod> {
-  const text = readFileSync(new URL(`../../../test/corpus/${file}`, import.meta.url), "utf8");
-  const doc = parse(text) as { pods: CorpusPod[] };
-  return new Map(doc.pods.map((p) => [p.id, p.pod]));
-}
 
 /**
  * A corpus pod made runnable on the real node: nothing of what Warmstart reads (argv, env, cache
@@ -117,50 +106,6 @@ function onRealNode(source: k8s.V1Pod, node: RealNode, name: string, run: string
   ] as const)
     delete (p.spec as unknown as Record<string, unknown>)[k];
   return p;
-}
-
-/** The secrets and config maps a pod's env and volumes refer to, created with placeholder values. */
-async function createReferenced(namespace: string, pod: k8s.V1Pod): Promise<void> {
-  const { core } = await kube();
-  for (const v of pod.spec?.volumes ?? []) {
-    const keys = (items?: k8s.V1KeyToPath[]): Record<string, string> =>
-      Object.fromEntries((items ?? []).map((i) => [i.key, "placeholder"]));
-    if (v.configMap?.name)
-      await core
-        .createNamespacedConfigMap({
-          namespace,
-          body: { metadata: { name: v.configMap.name }, data: keys(v.configMap.items) },
-        })
-        .catch(() => undefined);
-    if (v.secret?.secretName)
-      await core
-        .createNamespacedSecret({
-          namespace,
-          body: { metadata: { name: v.secret.secretName }, stringData: keys(v.secret.items) },
-        })
-        .catch(() => undefined);
-  }
-  const env = [...(pod.spec?.containers ?? []), ...(pod.spec?.initContainers ?? [])].flatMap(
-    (c) => c.env ?? [],
-  );
-  for (const e of env) {
-    const s = e.valueFrom?.secretKeyRef;
-    const m = e.valueFrom?.configMapKeyRef;
-    if (s?.name)
-      await core
-        .createNamespacedSecret({
-          namespace,
-          body: { metadata: { name: s.name }, stringData: { [s.key]: "placeholder" } },
-        })
-        .catch(() => undefined);
-    if (m?.name)
-      await core
-        .createNamespacedConfigMap({
-          namespace,
-          body: { metadata: { name: m.name }, data: { [m.key]: "placeholder" } },
-        })
-        .catch(() => undefined);
-  }
 }
 
 async function run(

@@ -4,7 +4,9 @@
  * elected to download from the local model hub while the others wait gated; its warmed cache is
  * captured and promoted; the waiting replicas start from it (init containers in the Warmstart
  * image); a scale-up restores directly. The summary is measured: bytes the hub served, and each
- * replica's time to Ready.
+ * replica's time to Ready. `--vllm` tells it with real vLLM (its CPU build) serving the hub's tiny
+ * model: one server pod per replica, each on its own port of the node's network, and each
+ * replica's start as vLLM's own lines say (what the node agent recorded).
  */
 import { readFile, readdir } from "node:fs/promises";
 import { join } from "node:path";
@@ -19,11 +21,11 @@ import {
   containerLogDir,
   engineDeployment,
   parseEngineReport,
-  type EngineReport,
+  vllmServerPod,
 } from "../localcluster/engine-chart.js";
 
 const NS = "warmstart-demo";
-const MODEL = "synthetic/demo-7b";
+const STAND_IN_MODEL = "synthetic/demo-7b";
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 const MiB = 2 ** 20;
 
@@ -66,7 +68,17 @@ function readySeconds(p: k8s.V1Pod): number | undefined {
   return ready !== undefined && from !== undefined ? (ready - from) / 1000 : undefined;
 }
 
-export async function runDemo(): Promise<void> {
+/** The demo's replicas: the stand-in's Deployment, or one real vLLM server pod per replica. */
+interface Replicas {
+  model: string;
+  what: string;
+  scaleTo(n: number): Promise<void>;
+  list(): Promise<k8s.V1Pod[]>;
+  /** One line on how this replica started, once its engine has said so. */
+  describe(p: k8s.V1Pod, leaderPod: k8s.V1Pod): Promise<string>;
+}
+
+export async function runDemo(o: { vllm?: boolean } = {}): Promise<void> {
   const total = 7;
   out.step(
     1,
@@ -81,6 +93,7 @@ export async function runDemo(): Promise<void> {
     hubMiBs: 64,
     csi: false,
     bare: false,
+    vllm: Boolean(o.vllm),
     progress: (l) => out.line(l),
   });
   const node = state.nodes.find((n) => n.real);
@@ -90,9 +103,13 @@ export async function runDemo(): Promise<void> {
     );
   }
   const hub = state.roles.modelHub;
-  out.line("simulated here: no GPU (nvidia.com/gpu is an extended resource on the node); the engine is a");
-  out.line("stand-in that downloads with the real huggingface_hub client and writes compile caches; the");
-  out.line(`model hub is local (${hub}, 64 MiB/s shared by all clients, like one uplink).`);
+  out.line("simulated here: no GPU (nvidia.com/gpu is an extended resource on the node); the model");
+  out.line(`hub is local (${hub}, 64 MiB/s shared by all clients, like one uplink).`);
+  out.line(
+    o.vllm
+      ? "the engine is real vLLM (its CPU build) serving a small real model with random weights."
+      : "the engine is a stand-in that downloads with the real huggingface_hub client and writes compile caches.",
+  );
 
   const kc = new k8s.KubeConfig();
   kc.loadFromFile(state.kubeconfig);
@@ -101,32 +118,28 @@ export async function runDemo(): Promise<void> {
   const custom = makeApiClient(kc, k8s.CustomObjectsApi);
   await resetNamespace(core);
 
+  const replicas = o.vllm
+    ? vllmReplicas(core, custom, state, node.name)
+    : standInReplicas(apps, core, state, node.name, node.podLogsDir);
+  const model = replicas.model;
   const hubBytes = async (): Promise<number> => {
     const s = (await (await fetch(`${hub}/_stats`)).json()) as { repos: Record<string, { bytes: number }> };
-    return s.repos[MODEL]?.bytes ?? 0;
+    return s.repos[model]?.bytes ?? 0;
   };
-  const files = (await (await fetch(`${hub}/api/models/${MODEL}/tree/main`)).json()) as { size: number }[];
+  const listing = await fetch(`${hub}/api/models/${model}/tree/main?recursive=true`);
+  const files = (await listing.json()) as { size: number }[];
   const modelBytes = files.reduce((n, f) => n + f.size, 0);
   const servedBefore = await hubBytes();
+  const size =
+    modelBytes < 10 * MiB ? `${(modelBytes / MiB).toFixed(1)} MiB` : `${(modelBytes / MiB).toFixed(0)} MiB`;
 
   out.step(
     2,
     total,
-    `a chart: 3 replicas serving ${MODEL} (${(modelBytes / MiB).toFixed(0)} MiB), nothing Warmstart-specific in it`,
+    `a chart: 3 replicas of ${replicas.what} serving ${model} (${size}), nothing Warmstart-specific in it`,
   );
-  const chart = {
-    replicas: 3,
-    model: MODEL,
-    node: node.name,
-    hub,
-    image: state.images.engine,
-    compileSeconds: 3,
-  };
-  await apps.createNamespacedDeployment({ namespace: NS, body: engineDeployment(chart) });
-  const workers = async (): Promise<k8s.V1Pod[]> =>
-    (await core.listNamespacedPod({ namespace: NS, labelSelector: "app=engine" })).items
-      .filter((p) => !p.metadata?.deletionTimestamp)
-      .sort((a, b) => a.metadata!.name!.localeCompare(b.metadata!.name!));
+  await replicas.scaleTo(3);
+  const workers = (): Promise<k8s.V1Pod[]> => replicas.list();
   let pods = await until("3 replicas", async () => ((await workers()).length === 3 ? workers() : undefined));
   const leader = pods.find((p) => role(p) === "leader");
   if (!leader) throw new Error("demo: no leader was elected (is the webhook running with election on?)");
@@ -148,12 +161,11 @@ export async function runDemo(): Promise<void> {
     const p = await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS });
     return isReady(p) ? p : undefined;
   });
-  const leaderReport = await report(
-    node.podLogsDir,
-    await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS }),
-  );
   out.line(
-    `leader Ready: fetched ${(leaderReport.fetchedBytes / MiB).toFixed(0)} MiB in ${leaderReport.fetchSeconds.toFixed(1)}s, compile cache ${leaderReport.compileCache} in ${leaderReport.compileSeconds.toFixed(1)}s`,
+    await replicas.describe(
+      await core.readNamespacedPod({ name: leader.metadata!.name!, namespace: NS }),
+      leader,
+    ),
   );
 
   out.step(4, total, "the node agent captures the warmed cache; promote makes it a read-only claim");
@@ -182,27 +194,17 @@ export async function runDemo(): Promise<void> {
     return ps.length === 3 && ps.every(isReady) ? ps : undefined;
   });
   out.line(podTable(pods));
-  const reports = new Map<string, EngineReport>();
-  for (const p of pods) reports.set(p.metadata!.name!, await report(node.podLogsDir, p));
-  for (const p of pods.filter((x) => role(x) === "follower")) {
-    const r = reports.get(p.metadata!.name!)!;
-    out.line(
-      `${p.metadata!.name}: fetched ${r.fetchedBytes} B from the hub, compile cache ${r.compileCache}, write into the read-only tree: ${r.modelStore.error ?? "allowed"}`,
-    );
-  }
+  for (const p of pods.filter((x) => role(x) === "follower")) out.line(await replicas.describe(p, leader));
 
   out.step(6, total, "scale to 4: the new replica restores directly");
-  await apps.patchNamespacedDeploymentScale(
-    { name: "engine", namespace: NS, body: [{ op: "replace", path: "/spec/replicas", value: 4 }] },
-    jsonPatch,
-  );
+  await replicas.scaleTo(4);
   pods = await until("4 replicas Ready", async () => {
     const ps = await workers();
     return ps.length === 4 && ps.every(isReady) ? ps : undefined;
   });
   out.line(podTable(pods));
-  for (const p of pods)
-    if (!reports.has(p.metadata!.name!)) reports.set(p.metadata!.name!, await report(node.podLogsDir, p));
+  const added = pods.find((p) => role(p) === "restore");
+  if (added) out.line(await replicas.describe(added, leader));
 
   out.step(7, total, "what it saved (measured)");
   const served = (await hubBytes()) - servedBefore;
@@ -248,17 +250,116 @@ async function resetNamespace(core: k8s.CoreV1Api): Promise<void> {
   );
 }
 
-async function report(podLogsDir: string, pod: k8s.V1Pod): Promise<EngineReport> {
-  return until(
-    `the engine report of ${pod.metadata?.name}`,
-    async () => {
-      const dir = containerLogDir(podLogsDir, pod, "engine");
-      const files = (await readdir(dir)).filter((f) => f.endsWith(".log")).sort();
-      const text = (await Promise.all(files.map((f) => readFile(join(dir, f), "utf8")))).join("");
-      return parseEngineReport(text);
+function standInReplicas(
+  apps: k8s.AppsV1Api,
+  core: k8s.CoreV1Api,
+  state: ClusterState,
+  node: string,
+  podLogsDir: string,
+): Replicas {
+  const chart = {
+    model: STAND_IN_MODEL,
+    node,
+    hub: state.roles.modelHub!,
+    image: state.images!.engine,
+    compileSeconds: 3,
+  };
+  let created = false;
+  return {
+    model: STAND_IN_MODEL,
+    what: "the engine stand-in (vLLM's command line)",
+    async scaleTo(n) {
+      if (!created) {
+        created = true;
+        await apps.createNamespacedDeployment({
+          namespace: NS,
+          body: engineDeployment({ ...chart, replicas: n }),
+        });
+        return;
+      }
+      await apps.patchNamespacedDeploymentScale(
+        { name: "engine", namespace: NS, body: [{ op: "replace", path: "/spec/replicas", value: n }] },
+        jsonPatch,
+      );
     },
-    30_000,
-  );
+    list: async () => running(core, "app=engine"),
+    async describe(p) {
+      const r = await until(
+        `the engine report of ${p.metadata?.name}`,
+        async () => {
+          const dir = containerLogDir(podLogsDir, p, "engine");
+          const files = (await readdir(dir)).filter((f) => f.endsWith(".log")).sort();
+          return parseEngineReport(
+            (await Promise.all(files.map((f) => readFile(join(dir, f), "utf8")))).join(""),
+          );
+        },
+        30_000,
+      );
+      return role(p) === "leader"
+        ? `leader Ready: fetched ${(r.fetchedBytes / MiB).toFixed(0)} MiB in ${r.fetchSeconds.toFixed(1)}s, compile cache ${r.compileCache} in ${r.compileSeconds.toFixed(1)}s`
+        : `${p.metadata!.name}: fetched ${r.fetchedBytes} B from the hub, compile cache ${r.compileCache}, write into the read-only tree: ${r.modelStore.error ?? "allowed"}`;
+    },
+  };
+}
+
+/** Real vLLM: one server pod per replica, each on its own port of the node's network. */
+function vllmReplicas(
+  core: k8s.CoreV1Api,
+  custom: k8s.CustomObjectsApi,
+  state: ClusterState,
+  node: string,
+): Replicas {
+  if (!state.images?.vllm || !state.models?.tiny)
+    throw new Error("demo: this cluster has no real vLLM; run `bin/warmstart cluster down` first");
+  const [image, model] = [state.images.vllm, state.models.tiny];
+  let made = 0;
+  return {
+    model,
+    what: "real vLLM",
+    async scaleTo(n) {
+      for (; made < n; made++) {
+        const body = vllmServerPod({
+          name: `vllm-${made}`,
+          node,
+          image,
+          model,
+          hub: state.roles.modelHub!,
+          port: 18600 + made,
+        });
+        await core.createNamespacedPod({ namespace: NS, body });
+      }
+    },
+    list: async () => running(core, "app=vllm"),
+    async describe(p, leaderPod) {
+      // The node agent reads vLLM's own lines when the pod turns Ready and records them.
+      const start = await until(
+        `${p.metadata?.name}'s start on the record`,
+        async () =>
+          (await getModelCache(custom, leaderPod.metadata!.labels![LABEL_HASH]!))?.status?.startups?.find(
+            (e) => e.uid === p.metadata?.uid,
+          ),
+        60_000,
+      );
+      const s = start.seconds;
+      const parts = [
+        s.download !== undefined ? `download ${s.download}s` : "no download",
+        `weights loaded in ${s.weightLoad ?? "?"}s`,
+        `vLLM's warm-up compile ${s.compile ?? "?"}s`,
+        `"init engine ... took" ${s.engineInit ?? "?"}s`,
+      ];
+      const verdict =
+        role(p) === "leader"
+          ? ""
+          : `; compile cache ${start.compileCache}${start.cause ? ` (${start.cause})` : ""}`;
+      return `${p.metadata!.name} (${role(p)}), from vLLM's log: ${parts.join(", ")}${verdict}`;
+    },
+  };
+}
+
+async function running(core: k8s.CoreV1Api, labelSelector: string): Promise<k8s.V1Pod[]> {
+  return (await core.listNamespacedPod({ namespace: NS, labelSelector })).items
+    .filter((p) => !p.metadata?.deletionTimestamp)
+    .sort((a, b) => a.metadata!.name!.localeCompare(b.metadata!.name!));
 }
 
 function podTable(pods: k8s.V1Pod[]): string {
