@@ -153,3 +153,31 @@ test("a restore its engine says nothing about is judged by the leader's start: t
   assert.equal(judgedCompileCache(restore({ seconds: {} }), leader), "unknown");
   assert.equal(judgedCompileCache({ ...leader }, leader), "unknown", "a leader is not judged");
 });
+
+test("what the restored engine wrote into its caches outweighs its compile time: a slow hit on a busy node, a quick miss", () => {
+  const config = { version: "0.32.0", dtype: "torch.bfloat16" };
+  const leader = entry({ role: "leader", compileCache: "unknown", seconds: { compile: 26 }, config });
+  const restore = (compile: number): StartupRecord =>
+    entry({ compileCache: "unknown", seconds: { compile }, config });
+
+  // Two restores at once on two cores: 32 s of warm-up, and not one file compiled again.
+  assert.equal(judgedCompileCache(restore(32.5), leader, { files: 0 }), "hit");
+  assert.equal(judgedCompileCache(restore(32.5), leader), "miss", "without the files, time decides");
+  const wrote = { files: 3, example: "cache/torchinductor/cd/cdz.main.so" };
+  assert.equal(judgedCompileCache(restore(4), leader, wrote), "miss");
+  assert.equal(
+    missCause({ ...restore(4), compileCache: "miss" }, leader, undefined, wrote),
+    "vllm wrote 3 files into its restored caches after it started (cache/torchinductor/cd/cdz.main.so): it compiled what the restored cache did not hold, with the same GPU product, environment and engine config as the leader",
+  );
+  // The config line still comes first; an engine that compiled nothing (eager) is not judged.
+  const float32 = entry({
+    compileCache: "unknown",
+    seconds: { compile: 4 },
+    config: { ...config, dtype: "torch.float32" },
+  });
+  assert.equal(judgedCompileCache(float32, leader, { files: 0 }), "miss");
+  assert.equal(
+    judgedCompileCache(entry({ compileCache: "unknown", seconds: {}, config }), leader, { files: 0 }),
+    "unknown",
+  );
+});

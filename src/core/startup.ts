@@ -11,13 +11,21 @@
  *
  * Where the engine prints no hit or miss line (vLLM's CPU build compiles through torch.compile
  * alone and says neither), the restore is judged against the leader's start: a config vLLM keys its
- * cache on that differs is a miss, by vLLM's own lines; otherwise a compile that took at least half
- * the leader's is a miss (nothing was reused), a shorter one a hit.
+ * cache on that differs is a miss, by vLLM's own lines; otherwise, where the node could look, what
+ * the restored engine wrote into its caches decides (files compiled again: a miss; none: a hit);
+ * where it could not, a compile that took at least half the leader's is a miss, a shorter one a hit.
  */
 import { createHash } from "node:crypto";
 import type * as k8s from "@kubernetes/client-node";
 import type { StartupRecord } from "../api/modelcache.js";
 import type { EngineLogReading } from "./engine-log.js";
+
+/** What a restored engine wrote into its caches after it started (datapath/engine-writes.ts). */
+export interface EngineWrites {
+  files: number;
+  /** One of them, relative to the cache root. */
+  example?: string;
+}
 
 /** Environment prefixes the engines' compile caches depend on. */
 const FACTOR_PREFIXES = ["VLLM_", "SGLANG_", "SGL_", "TORCH", "TRITON_", "CUDA_", "NVIDIA_", "NCCL_"];
@@ -77,9 +85,14 @@ const JUDGED_COMPILE_SECONDS = 2;
 export function judgedCompileCache(
   entry: StartupRecord,
   leader: StartupRecord | undefined,
+  /** What the restored engine wrote into its caches after it started, where the node could look. */
+  writes?: EngineWrites,
 ): StartupRecord["compileCache"] {
   if (entry.compileCache !== "unknown" || entry.role === "leader" || !leader) return entry.compileCache;
   if (configDiffers(entry, leader).length) return "miss";
+  // Files are evidence; time is not, on a busy node (a hit compiled slower than a leader alone).
+  if (writes)
+    return writes.files > 0 ? "miss" : typeof entry.seconds.compile === "number" ? "hit" : "unknown";
   const [mine, theirs] = [entry.seconds.compile, leader.seconds.compile];
   if (typeof mine !== "number" || typeof theirs !== "number" || theirs < JUDGED_COMPILE_SECONDS)
     return "unknown";
@@ -104,6 +117,7 @@ export function missCause(
   leader: StartupRecord | undefined,
   /** The engine's own reason, where its miss line gives one: it says more than any comparison. */
   engineReason?: string,
+  writes?: EngineWrites,
 ): string | undefined {
   if (entry.compileCache !== "miss" || entry.role === "leader") return undefined;
   if (engineReason) return `${entry.engine} says: ${engineReason}`;
@@ -122,6 +136,8 @@ export function missCause(
     return `compile-relevant environment differs from the leader's: ${differs.slice(0, 8).join(", ")}${differs.length > 8 ? ", ..." : ""}`;
   if (entry.engine !== leader.engine)
     return `engine differs from the leader's: ${entry.engine}, ${leader.engine}`;
+  if (writes?.files)
+    return `${entry.engine} wrote ${writes.files} file${writes.files === 1 ? "" : "s"} into its restored caches after it started (${writes.example ?? "?"}): it compiled what the restored cache did not hold, with the same GPU product, environment and engine config as the leader`;
   const [compiled, leaderCompiled] = [entry.seconds.compile, leader.seconds.compile];
   if (typeof compiled === "number" && typeof leaderCompiled === "number" && compiled >= leaderCompiled / 2)
     return `compiled for ${compiled} s where the leader took ${leaderCompiled} s: the restored compile cache was not used, with the same GPU product, environment and engine config as the leader`;

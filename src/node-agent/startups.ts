@@ -4,7 +4,8 @@
  * call: `kubectl logs` needs the kubelet's address, and the log may be megabytes), takes the
  * engine's own phase lines (core/engine-log.ts), and records the start on the cache's record
  * (`status.startups`), in histograms, and as an Event on the pod; a restore whose compile cache
- * missed gets a Warning saying why (core/startup.ts).
+ * missed gets a Warning saying why (core/startup.ts). For a restored pod, what its engine wrote into
+ * its shadow since it started is read too (datapath/engine-writes.ts): files say more than time.
  *
  * The log is the pod's own output: it can claim any timing for itself, nothing more. It is read
  * through bounded parsing, from a path built of the pod's metadata as the API server holds it.
@@ -13,7 +14,8 @@ import { open, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import type * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../common/log.js";
-import { ANN_HASH, ANN_ROLE, LABEL_HASH } from "../core/contract.js";
+import { ANN_HASH, ANN_ROLE, LABEL_HASH, SHADOW_VOLUME } from "../core/contract.js";
+import { engineWritesSince } from "../datapath/engine-writes.js";
 import { ENGINE_LOG_MAX_CHARS, readEngineLog, type EngineLogReading } from "../core/engine-log.js";
 import { GPU_PRODUCT_LABEL } from "../core/gpu.js";
 import {
@@ -23,8 +25,10 @@ import {
   missCause,
   startupRecord,
   withStartup,
+  type EngineWrites,
 } from "../core/startup.js";
 import { podEvent, type AgentParts } from "./parts.js";
+import { emptyDirPath } from "./store.js";
 
 const ROLES = new Set(["leader", "follower", "restore"]);
 /** How long after Ready a log without engine lines is read again (not yet flushed). */
@@ -74,8 +78,9 @@ export class StartupReadings {
       factors: compileFactors(container.env),
       at: new Date(ready.lastTransitionTime ?? this.p.clock.now()).toISOString(),
     });
-    entry.compileCache = judgedCompileCache(entry, leader);
-    const cause = missCause(entry, leader, reading.compileCacheReason);
+    const writes = role === "leader" ? undefined : this.engineWrites(pod, container.name);
+    entry.compileCache = judgedCompileCache(entry, leader, writes);
+    const cause = missCause(entry, leader, reading.compileCacheReason, writes);
     if (cause) entry.cause = cause;
     const r = await this.p.records.transition(short, (c) =>
       c.status?.startups?.some((x) => x.uid === uid)
@@ -112,6 +117,22 @@ export class StartupReadings {
       if (reading && reading.engine !== "unknown") return { reading, container };
     }
     return undefined;
+  }
+
+  /**
+   * What the engine wrote into the pod's shadow since its container started; undefined where the
+   * pod has no shadow on this node (another backend) or it could not be read whole.
+   */
+  private engineWrites(pod: k8s.V1Pod, container: string): EngineWrites | undefined {
+    const started = pod.status?.containerStatuses?.find((c) => c.name === container)?.state?.running
+      ?.startedAt;
+    if (!started) return undefined;
+    try {
+      const shadow = emptyDirPath(this.p.cfg.kubeletRoot, pod.metadata!.uid!, SHADOW_VOLUME);
+      return engineWritesSince(shadow, new Date(started).getTime());
+    } catch {
+      return undefined;
+    }
   }
 
   /** The node's GPU product as it is now (read per start: GPUs can be swapped under a node name). */

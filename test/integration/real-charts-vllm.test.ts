@@ -8,12 +8,21 @@
  * and vLLM's own lines say what the restore saved.
  */
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { request as httpRequest } from "node:http";
+import { request as httpsRequest } from "node:https";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { test, type TestContext } from "node:test";
+import { promisify } from "node:util";
 import type * as k8s from "@kubernetes/client-node";
 import { getModelCache } from "../../src/common/modelcache.js";
 import { ANN_ROLE, LABEL_HASH } from "../../src/core/contract.js";
 import { readEngineLog } from "../../src/core/engine-log.js";
+import { REAL_IMAGES, qualifiedImageName } from "../../tools/localcluster/images/standins.js";
 import { REAL_NODE_TAINT } from "../../tools/localcluster/realnode.js";
+import { parseEngineReport } from "../../tools/localcluster/engine-chart.js";
 import { corpus, createReferenced } from "../corpus.js";
 import { isPodReady, kube, localCluster, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
@@ -26,9 +35,11 @@ import {
 } from "../realnode.js";
 
 const READY_MS = 420_000;
+const STAND_INS = new Set(REAL_IMAGES.map((i) => qualifiedImageName(i.name)));
 const GPU = /^nvidia\.com\/(gpu|mig-)/;
 /** Flags whose value needs what the CPU build lacks (NIXL over UCX on GPUs). */
 const GPU_ONLY_FLAGS = new Set(["--kv-transfer-config"]);
+const GPU_ONLY_IN_ENV = /--kv[-_]transfer[-_]config/;
 
 interface Vllm {
   node: RealNode;
@@ -48,8 +59,9 @@ async function vllmOrSkip(t: TestContext): Promise<Vllm | undefined> {
 
 /**
  * A corpus pod's vLLM container on the real engine. Its argv is the chart's, but for the model
- * after `serve`, `--port` and the flags that need a GPU; its env (HF_HOME, the chart's own) stays,
- * with the hub's address and the run's own value (a fresh cache per run) added.
+ * after `serve` (or, where a storage initializer fetches it, the initializer's `hf://` source),
+ * the port and the flags that need a GPU; its env (HF_HOME, the chart's own) stays, with the hub's
+ * address and the run's own value (a fresh cache per run) added. A chart's HTTPS stays HTTPS.
  */
 function onRealVllm(source: k8s.V1Pod, v: Vllm, o: { name: string; port: number; run: string }): k8s.V1Pod {
   const spec = structuredClone(source.spec as k8s.V1PodSpec);
@@ -57,11 +69,28 @@ function onRealVllm(source: k8s.V1Pod, v: Vllm, o: { name: string; port: number;
     Object.keys({ ...c.resources?.limits, ...c.resources?.requests }).some((k) => GPU.test(k)),
   );
   assert.ok(engine, "the corpus pod has a GPU container");
-  // The model is the word after `serve`, in the command or first in the args.
   let model = false;
+  // KServe's initializer fetches the model into the folder vLLM serves: its source names the model.
+  const inits = (spec.initContainers ?? [])
+    .filter((c) => STAND_INS.has(qualifiedImageName(c.image ?? "")))
+    .map((c) => ({
+      ...withoutApiAccess(c),
+      imagePullPolicy: "IfNotPresent",
+      args: (c.args ?? []).map((a) => {
+        if (!a.startsWith("hf://")) return a;
+        model = true;
+        return `hf://${v.model}`;
+      }),
+      env: [...(c.env ?? []), { name: "HF_ENDPOINT", value: v.node.hub }],
+      resources: {},
+    }));
+  // The model is the word after `serve`, in the command or first in the args; a shell script
+  // (`bash -c`) keeps its own, and gets its port in its text.
   let prev = "";
   const adapt = (argv: string[] | undefined): string[] | undefined => {
     if (!argv) return argv;
+    if (argv[1] === "-c" && argv[2] !== undefined)
+      return [argv[0]!, "-c", argv[2].replace(/--port \d+/g, `--port ${o.port}`), ...argv.slice(3)];
     const out: string[] = [];
     for (let i = 0; i < argv.length; i++) {
       const a = argv[i]!;
@@ -83,34 +112,47 @@ function onRealVllm(source: k8s.V1Pod, v: Vllm, o: { name: string; port: number;
   assert.ok(model, `the model after serve in ${JSON.stringify([engine.command, engine.args])}`);
   const hasShm = (engine.volumeMounts ?? []).some((m) => m.mountPath === "/dev/shm");
   const gpu = Object.fromEntries(Object.entries(engine.resources?.limits ?? {}).filter(([k]) => GPU.test(k)));
-  const health = `import urllib.request; urllib.request.urlopen('http://127.0.0.1:${o.port}/health', timeout=2)`;
+  const https = engine.readinessProbe?.httpGet?.scheme === "HTTPS";
+  const health = `import ssl, urllib.request; urllib.request.urlopen('${https ? "https" : "http"}://127.0.0.1:${o.port}/health', timeout=2, context=ssl._create_unverified_context())`;
   const keep = (spec.volumes ?? []).filter((vol) => !vol.name.startsWith("kube-api-access-"));
   const container: k8s.V1Container = {
-    name: engine.name,
+    ...withoutApiAccess(engine),
     image: v.image,
     imagePullPolicy: "IfNotPresent",
     ...(command ? { command } : {}),
     args,
     env: [
-      ...(engine.env ?? []),
+      // A GPU-only flag passed through the env (KServe's VLLM_ADDITIONAL_ARGS) goes with its value.
+      ...(engine.env ?? []).map((e) =>
+        GPU_ONLY_IN_ENV.test(e.value ?? "") ? { name: e.name, value: "" } : e,
+      ),
       { name: "HF_ENDPOINT", value: v.node.hub },
       { name: "TEST_RUN", value: o.run },
     ],
     resources: { limits: gpu },
     readinessProbe: { exec: { command: ["python3", "-c", health] }, periodSeconds: 1, timeoutSeconds: 5 },
     volumeMounts: [
-      ...(engine.volumeMounts ?? []).filter((m) => !m.name.startsWith("kube-api-access-")),
+      ...(withoutApiAccess(engine).volumeMounts ?? []),
       ...(hasShm ? [] : [{ name: "shm", mountPath: "/dev/shm" }]),
     ],
+    // The chart's image runs as a user of its own (runAsNonRoot); the vLLM image's user is root.
+    ...(engine.securityContext?.runAsNonRoot
+      ? { securityContext: { ...engine.securityContext, runAsUser: 2000, runAsGroup: 2000 } }
+      : {}),
   };
+  delete container.livenessProbe;
+  delete container.startupProbe;
+  delete container.ports;
   return {
     metadata: { name: o.name, labels: { ...(source.metadata?.labels ?? {}), "real-charts": "vllm" } },
     spec: {
+      initContainers: inits,
       containers: [container],
       volumes: [
         ...keep,
         ...(hasShm ? [] : [{ name: "shm", emptyDir: { medium: "Memory", sizeLimit: "1Gi" } }]),
       ],
+      ...(spec.securityContext ? { securityContext: spec.securityContext } : {}),
       nodeSelector: { "kubernetes.io/hostname": v.node.name },
       tolerations: [{ key: REAL_NODE_TAINT.key, operator: "Exists", effect: REAL_NODE_TAINT.effect }],
       hostNetwork: true,
@@ -118,6 +160,10 @@ function onRealVllm(source: k8s.V1Pod, v: Vllm, o: { name: string; port: number;
       terminationGracePeriodSeconds: 2,
     },
   };
+}
+
+function withoutApiAccess(c: k8s.V1Container): k8s.V1Container {
+  return { ...c, volumeMounts: (c.volumeMounts ?? []).filter((m) => !m.name.startsWith("kube-api-access-")) };
 }
 
 const role = (p: k8s.V1Pod): string | undefined => p.metadata?.annotations?.[ANN_ROLE];
@@ -129,9 +175,11 @@ async function runOnVllm(
   prefix: string,
   file: string,
   pods: Array<[string, string, number]>,
+  prepare?: (namespace: string) => Promise<void>,
 ): Promise<k8s.V1Pod[]> {
   const { core } = await kube();
   const namespace = await tempNamespace(t, prefix);
+  await prepare?.(namespace);
   const c = corpus(file);
   const run = uniqueName("run");
   for (const [name, id, port] of pods) {
@@ -149,14 +197,31 @@ async function runOnVllm(
   );
 }
 
-async function completion(port: number, model: string): Promise<string> {
-  const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ model, prompt: "Hello, how are", max_tokens: 5 }),
+/** A completion from a server on the node's network (HTTPS with a self-signed certificate too). */
+async function completion(port: number, model: string, scheme: "http" | "https" = "http"): Promise<string> {
+  const body = JSON.stringify({ model, prompt: "Hello, how are", max_tokens: 5 });
+  const { status, text } = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+    const req = (scheme === "https" ? httpsRequest : httpRequest)(
+      {
+        host: "127.0.0.1",
+        port,
+        path: "/v1/completions",
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        rejectUnauthorized: false,
+      },
+      (res) => {
+        let text = "";
+        res.setEncoding("utf8");
+        res.on("data", (d: string) => (text += d));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+      },
+    );
+    req.on("error", reject);
+    req.end(body);
   });
-  assert.equal(res.status, 200, await res.clone().text());
-  return ((await res.json()) as { choices: { text: string }[] }).choices[0]!.text;
+  assert.equal(status, 200, text);
+  return (JSON.parse(text) as { choices: { text: string }[] }).choices[0]!.text;
 }
 
 /** One hash, one leader that downloaded, the cache Ready, the others restored; the hub served one model. */
@@ -223,4 +288,76 @@ test("llm-d prefill and decode on real vLLM (--enforce-eager, HF_HOME on the cha
   assert.equal(warm.seconds.compile, undefined, "the chart runs eager: nothing compiled");
   // The chart serves the model under its own name (--served-model-name), as its router asks for it.
   for (const port of [18411, 18412]) assert.ok((await completion(port, "facebook/opt-125m")).length > 0);
+});
+
+/** A self-signed certificate for localhost in the Secret a chart mounts (tls.crt, tls.key). */
+async function tlsSecret(namespace: string, name: string): Promise<void> {
+  const dir = await mkdtemp(join(tmpdir(), "tls-"));
+  try {
+    const [crt, key] = [join(dir, "tls.crt"), join(dir, "tls.key")];
+    await promisify(execFile)("openssl", [
+      "req",
+      "-x509",
+      "-newkey",
+      "rsa:2048",
+      "-nodes",
+      "-days",
+      "1",
+      "-subj",
+      "/CN=localhost",
+      "-keyout",
+      key,
+      "-out",
+      crt,
+    ]);
+    const { core } = await kube();
+    await core.createNamespacedSecret({
+      namespace,
+      body: {
+        metadata: { name },
+        type: "kubernetes.io/tls",
+        stringData: { "tls.crt": await readFile(crt, "utf8"), "tls.key": await readFile(key, "utf8") },
+      },
+    });
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+test("KServe LLMInferenceService on real vLLM (its bash entry, HTTPS, non-root, the storage initializer into /mnt/models): two prefill replicas, one download, the restored one's initializer fetches nothing and it answers", async (t) => {
+  const v = await vllmOrSkip(t);
+  if (!v) return;
+  const before = (await hubStats(v.node)).repos[v.model]?.bytes ?? 0;
+  const pods = await runOnVllm(
+    t,
+    v,
+    "llmisvc-vllm",
+    "kserve/llmisvc-pd-qwen2-7b.yaml",
+    [
+      ["prefill-a", "prefill-a", 18421],
+      ["prefill-b", "prefill-b", 18422],
+    ],
+    (ns) => tlsSecret(ns, "qwen2-7b-instruct-pd-kserve-self-signed-certs"),
+  );
+  const leader = await assertOneDownload(v, pods, before);
+  const restored = pods.find((p) => p !== leader)!;
+  const init = parseEngineReport(await containerLog(v.node, restored, "storage-initializer"));
+  assert.equal(init?.fetchedBytes, 0, "the restored pod's initializer fetched nothing");
+  const [cold, warmText] = [
+    readEngineLog(await containerLog(v.node, leader, "main")),
+    await containerLog(v.node, restored, "main"),
+  ];
+  const warm = readEngineLog(warmText);
+  t.diagnostic(`leader ${JSON.stringify(cold.seconds)}; restored ${JSON.stringify(warm.seconds)}`);
+  assert.equal(warm.engine, "vllm");
+  assert.ok(
+    warm.seconds.engineInit! <= cold.seconds.engineInit! / 2,
+    `the restored "init engine ... took" ${warm.seconds.engineInit} s is at most half the leader's ${cold.seconds.engineInit} s`,
+  );
+  assert.doesNotMatch(warmText, /Compiling model again/);
+  const port = restored.metadata!.name === "prefill-a" ? 18421 : 18422;
+  assert.ok(
+    (await completion(port, "Qwen/Qwen2.5-7B-Instruct", "https")).length > 0,
+    "the restored server answers",
+  );
 });

@@ -8,6 +8,7 @@
  * model: one server pod per replica, each on its own port of the node's network, and each
  * replica's start as vLLM's own lines say (what the node agent recorded).
  */
+import { randomBytes } from "node:crypto";
 import { readFile, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -118,9 +119,11 @@ export async function runDemo(o: { vllm?: boolean } = {}): Promise<void> {
   const custom = makeApiClient(kc, k8s.CustomObjectsApi);
   await resetNamespace(core);
 
+  // Each run is a cache of its own (the hash reads the env), so a second demo elects again.
+  const env = [{ name: "DEMO_RUN", value: randomBytes(3).toString("hex") }];
   const replicas = o.vllm
-    ? vllmReplicas(core, custom, state, node.name)
-    : standInReplicas(apps, core, state, node.name, node.podLogsDir);
+    ? vllmReplicas(core, custom, state, node.name, env)
+    : standInReplicas(apps, core, state, node.name, node.podLogsDir, env);
   const model = replicas.model;
   const hubBytes = async (): Promise<number> => {
     const s = (await (await fetch(`${hub}/_stats`)).json()) as { repos: Record<string, { bytes: number }> };
@@ -256,8 +259,10 @@ function standInReplicas(
   state: ClusterState,
   node: string,
   podLogsDir: string,
+  env: k8s.V1EnvVar[],
 ): Replicas {
   const chart = {
+    env,
     model: STAND_IN_MODEL,
     node,
     hub: state.roles.modelHub!,
@@ -308,6 +313,7 @@ function vllmReplicas(
   custom: k8s.CustomObjectsApi,
   state: ClusterState,
   node: string,
+  env: k8s.V1EnvVar[],
 ): Replicas {
   if (!state.images?.vllm || !state.models?.tiny)
     throw new Error("demo: this cluster has no real vLLM; run `bin/warmstart cluster down` first");
@@ -325,6 +331,7 @@ function vllmReplicas(
           model,
           hub: state.roles.modelHub!,
           port: 18600 + made,
+          env,
         });
         await core.createNamespacedPod({ namespace: NS, body });
       }

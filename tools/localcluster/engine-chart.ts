@@ -20,6 +20,7 @@ export interface EngineChart {
   hub: string;
   image: string;
   compileSeconds: number;
+  env?: k8s.V1EnvVar[];
   securityContext?: k8s.V1SecurityContext;
   podSecurityContext?: k8s.V1PodSecurityContext;
 }
@@ -51,6 +52,7 @@ export function engineDeployment(o: EngineChart): k8s.V1Deployment {
               env: [
                 { name: "HF_ENDPOINT", value: o.hub },
                 { name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
+                ...(o.env ?? []),
               ],
               resources: { limits: { [GPU_RESOURCE]: "1" } },
               readinessProbe: { exec: { command: ["cat", ENGINE_READY_FILE] }, periodSeconds: 1 },
