@@ -325,6 +325,36 @@ void describe("decorateRestore", () => {
       assert.equal(c.securityContext?.runAsNonRoot, true, c.name);
     }
     assert.deepEqual(init(d, INIT_SEED).args?.slice(-1), ["--any-uid"]);
+
+    // A storage initializer that fills the model folder as another UID (its image's) sees the
+    // shadow too: made for any UID, though the workload's own UID is known.
+    const filled = pod();
+    main(filled).securityContext = { runAsUser: 2000 };
+    main(filled).volumeMounts = [{ name: "models", mountPath: "/mnt/models" }];
+    filled.spec!.volumes = [{ name: "models", emptyDir: {} }];
+    filled.spec!.initContainers = [
+      {
+        name: "storage-initializer",
+        image: "kserve/storage-initializer",
+        volumeMounts: [{ name: "models", mountPath: "/mnt/models" }],
+      },
+    ];
+    const location = {
+      path: "/mnt/models",
+      kind: "model" as const,
+      from: ["model path"],
+      tree: "model/mnt",
+      volume: "models",
+    };
+    const shared = decorateRestore(filled, { ...restoreOpts, locations: [location] });
+    assert.deepEqual(
+      init(shared, INIT_SEED).args?.slice(-1),
+      ["--any-uid"],
+      "the initializer's UID is not the workload's",
+    );
+    filled.spec!.initContainers[0]!.securityContext = { runAsUser: 2000 };
+    const same = decorateRestore(filled, { ...restoreOpts, locations: [location] });
+    assert.ok(!(init(same, INIT_SEED).args ?? []).includes("--any-uid"), "both run as 2000: the plain seed");
   });
 
   void test("WARMSTART_PREWARM as a literal decides at admission, either way", () => {

@@ -211,7 +211,8 @@ function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod 
   upsertMount(c, { name: SHADOW_VOLUME, mountPath: root });
   // The pod's own containers that now see the shadow (a storage initializer filling the model
   // folder) follow its links into the read-only tree too.
-  for (const other of mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME)) {
+  const sharers = mountLocations(p, c, opts.locations ?? [], SHADOW_VOLUME);
+  for (const other of sharers) {
     if (other === c) continue;
     upsertMount(other, structuredClone(source.mount));
     if (source.env) upsertEnv(other, structuredClone(source.env));
@@ -221,6 +222,12 @@ function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod 
 
   const cmd = opts.warmstartCommand ?? ["warmstart"];
   const identity = runAsOf(p, c);
+  // The shadow is made writable by any UID when the workload's UID is not known here (it comes
+  // from its image), or when another container that sees it (a storage initializer filling the
+  // model folder) runs as another UID: only this pod's containers ever see the shadow.
+  const anyUid =
+    identity.runAsUser === undefined ||
+    [...sharers].some((other) => runAsOf(p, other).runAsUser !== identity.runAsUser);
   const base = (name: string, mounts: V1VolumeMount[]): V1Container => ({
     name,
     image: opts.image,
@@ -236,8 +243,6 @@ function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod 
     {
       ...base(INIT_SEED, [structuredClone(source.mount), { name: SHADOW_VOLUME, mountPath: root }]),
       command: [...cmd],
-      // The shadow is made writable by any UID when the workload's UID is not known here (it
-      // comes from its image): only this pod's containers ever see the shadow.
       args: [
         "seed",
         "--from",
@@ -247,7 +252,7 @@ function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod 
         "--hash",
         opts.sourceHash ?? opts.hash,
         ...source.wait,
-        ...(identity.runAsUser === undefined ? ["--any-uid"] : []),
+        ...(anyUid ? ["--any-uid"] : []),
       ],
     },
   ];

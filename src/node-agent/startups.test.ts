@@ -1,11 +1,12 @@
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import type * as k8s from "@kubernetes/client-node";
 import { createLogger } from "../common/log.js";
 import type { ModelCacheObject, StartupRecord } from "../common/modelcache.js";
+import { compileFactors } from "../core/startup.js";
 import { createNodeAgentMetrics } from "./metrics.js";
 import type { AgentParts } from "./parts.js";
 import { StartupReadings } from "./startups.js";
@@ -49,7 +50,7 @@ async function harness(product: string, leader?: StartupRecord) {
   let writes = 0;
   let recordKnown = true;
   const parts = {
-    cfg: { node: "gpu-1", podLogsDir: dir },
+    cfg: { node: "gpu-1", podLogsDir: dir, kubeletRoot: join(dir, "kubelet") },
     log: createLogger("test", { level: "silent" }),
     metrics: createNodeAgentMetrics(),
     clock: { now: () => NOW },
@@ -77,8 +78,25 @@ async function harness(product: string, leader?: StartupRecord) {
     await mkdir(d, { recursive: true });
     await writeFile(join(d, "0.log"), text);
   };
+  /** A file in the pod's shadow (the kubelet's emptyDir folder), with its modification time. */
+  const shadowFile = async (p: k8s.V1Pod, rel: string, at: Date): Promise<void> => {
+    const f = join(
+      dir,
+      "kubelet",
+      "pods",
+      p.metadata!.uid!,
+      "volumes",
+      "kubernetes.io~empty-dir",
+      "warmstart-shadow",
+      rel,
+    );
+    await mkdir(join(f, ".."), { recursive: true });
+    await writeFile(f, "x");
+    await utimes(f, at, at);
+  };
   return {
     readings: new StartupReadings(parts),
+    shadowFile,
     /** A node agent restarted: same cluster, nothing remembered. */
     restarted: () => new StartupReadings(parts),
     /** Whether the informer holds the record yet. */
@@ -214,5 +232,73 @@ void test("a restarted node agent neither records a start twice nor tells it aga
   assert.equal(h.writes(), 1);
   assert.equal(h.record.status!.startups!.length, 1);
   assert.equal(h.events.length, 1, "one Event for one start");
+  await h.done();
+});
+
+/** vLLM's CPU build: no hit or miss line, only its warm-up ("the compilation") and init lines. */
+function cpuBuildLog(warmup: number): string {
+  const at = (s: number): string => new Date(Date.parse("2026-12-01T10:00:00Z") + s * 1000).toISOString();
+  const line = (s: number, text: string): string =>
+    `${at(s)} stdout F (Worker pid=9) INFO 12-01 10:00:${String(s).padStart(2, "0")} ${text}`;
+  return [
+    line(1, "[cpu_model_runner.py:87] Warming up model for the compilation..."),
+    line(1 + warmup, "[cpu_model_runner.py:91] Warming up done."),
+    line(
+      1 + warmup,
+      `[core.py:402] init engine (profile, create kv cache, warmup model) took ${warmup}.00 s`,
+    ),
+  ].join("\n");
+}
+
+void test("a restore on a busy node whose warm-up took longer than the leader's is a hit when its engine compiled nothing again; one that wrote compiled files is a miss that names one", async () => {
+  const leader: StartupRecord = {
+    ...{ namespace: "ns", name: "engine-l", uid: "l", role: "leader", node: "gpu-1", engine: "vllm" },
+    ...{
+      seconds: { compile: 26 },
+      compileCache: "unknown",
+      gpuProduct: "NVIDIA-L40S",
+      factors: compileFactors([{ name: "VLLM_X", value: "1" }]),
+    },
+    at: "2026-12-01T09:00:00Z",
+  };
+  const h = await harness("NVIDIA-L40S", leader);
+  const started = new Date("2026-12-01T10:00:00Z");
+  const seeded = new Date("2026-12-01T09:00:00Z");
+  const restored = (uid: string): k8s.V1Pod => {
+    const p = pod(uid, "follower", "2026-12-01T10:00:29Z");
+    p.status!.containerStatuses = [
+      {
+        name: "engine",
+        ready: true,
+        restartCount: 0,
+        image: "",
+        imageID: "",
+        state: { running: { startedAt: started } },
+      },
+    ];
+    return p;
+  };
+  const slow = restored("slow");
+  await h.writeLog(slow, cpuBuildLog(28));
+  await h.shadowFile(slow, "cache/torchinductor/ab/cab.so", seeded);
+  await h.readings.observe(slow, log);
+  const quick = restored("quick");
+  await h.writeLog(quick, cpuBuildLog(5));
+  await h.shadowFile(quick, "cache/torchinductor/ab/cab.so", seeded);
+  await h.shadowFile(quick, "cache/torchinductor/cd/ccd.main.so", new Date("2026-12-01T10:00:03Z"));
+  await h.readings.observe(quick, log);
+
+  const byUid = new Map(h.record.status!.startups!.map((e) => [e.uid, e]));
+  assert.equal(byUid.get("slow")?.seconds.compile, 28);
+  assert.equal(byUid.get("slow")?.compileCache, "hit", "28 s of warm-up, nothing compiled again");
+  assert.equal(byUid.get("quick")?.compileCache, "miss", "5 s, and a kernel compiled again");
+  assert.match(
+    byUid.get("quick")?.cause ?? "",
+    /vllm wrote 1 file into its restored caches after it started \(cache\/torchinductor\/cd\/ccd\.main\.so\)/,
+  );
+  assert.deepEqual(
+    h.events.map((e) => `${e.involvedObject.uid} ${e.reason}`),
+    ["slow EngineStarted", "quick CompileCacheMiss"],
+  );
   await h.done();
 });
