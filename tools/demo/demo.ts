@@ -349,7 +349,8 @@ function vllmReplicas(
       );
       const s = start.seconds;
       const parts = [
-        s.download !== undefined ? `download ${s.download}s` : "no download",
+        // vLLM times no download of its own; the hub's counter above says what was fetched.
+        ...(s.download !== undefined ? [`download ${s.download}s`] : []),
         `weights loaded in ${s.weightLoad ?? "?"}s`,
         `vLLM's warm-up compile ${s.compile ?? "?"}s`,
         `"init engine ... took" ${s.engineInit ?? "?"}s`,
