@@ -357,8 +357,11 @@ void test("a leader replaced during its warm-up is not captured; its mark is rel
     "its mark released",
     () => ta.agent.marks.get(uid1) === undefined && ta.agent.marks.lastRelease(uid1),
   );
+  // Either the agent sees the pod go first, or the cluster's release controller retires the
+  // election (its leader is gone) and the agent's next look at the Lease finds no leader there:
+  // a race between two watchers with one end, the mark released and nothing captured.
   assert.ok(
-    ["pod-deleted", "pod-replaced", "terminating"].includes(ta.agent.marks.lastRelease(uid1)!),
+    ["pod-deleted", "pod-replaced", "terminating", "not-leader"].includes(ta.agent.marks.lastRelease(uid1)!),
     `released as ${ta.agent.marks.lastRelease(uid1)}`,
   );
   await sleep(4_500); // past the end of the warm-up it would have had
