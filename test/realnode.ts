@@ -4,6 +4,8 @@
  * container log on the node, and the hub's counters.
  */
 import { execFile } from "node:child_process";
+import { request as httpRequest } from "node:http";
+import { request as httpsRequest } from "node:https";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -333,4 +335,35 @@ export async function eventsOf(ns: string, pod: k8s.V1Pod): Promise<k8s.CoreV1Ev
   return (await core.listNamespacedEvent({ namespace: ns })).items.filter(
     (e) => e.involvedObject?.uid === pod.metadata?.uid,
   );
+}
+
+/** A completion from a server on the node's network (HTTPS with a self-signed certificate too). */
+export async function completion(
+  port: number,
+  model: string,
+  scheme: "http" | "https" = "http",
+): Promise<string> {
+  const body = JSON.stringify({ model, prompt: "Hello, how are", max_tokens: 5 });
+  const { status, text } = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+    const req = (scheme === "https" ? httpsRequest : httpRequest)(
+      {
+        host: "127.0.0.1",
+        port,
+        path: "/v1/completions",
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        rejectUnauthorized: false,
+      },
+      (res) => {
+        let text = "";
+        res.setEncoding("utf8");
+        res.on("data", (d: string) => (text += d));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+      },
+    );
+    req.on("error", reject);
+    req.end(body);
+  });
+  assert.equal(status, 200, text);
+  return (JSON.parse(text) as { choices: { text: string }[] }).choices[0]!.text;
 }

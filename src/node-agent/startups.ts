@@ -78,7 +78,10 @@ export class StartupReadings {
       factors: compileFactors(container.env),
       at: new Date(ready.lastTransitionTime ?? this.p.clock.now()).toISOString(),
     });
-    const writes = role === "leader" ? undefined : this.engineWrites(pod, container.name);
+    // The shadow is walked only where the engine said neither hit nor miss and a leader's start
+    // is there to judge against.
+    const judged = role !== "leader" && entry.compileCache === "unknown" && leader;
+    const writes = judged ? this.engineWrites(pod, container.name) : undefined;
     entry.compileCache = judgedCompileCache(entry, leader, writes);
     const cause = missCause(entry, leader, reading.compileCacheReason, writes);
     if (cause) entry.cause = cause;

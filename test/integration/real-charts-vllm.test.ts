@@ -12,8 +12,6 @@
  */
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { request as httpRequest } from "node:http";
-import { request as httpsRequest } from "node:https";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -29,6 +27,7 @@ import { parseEngineReport } from "../../tools/localcluster/engine-chart.js";
 import { corpus, createReferenced } from "../corpus.js";
 import { isPodReady, kube, localCluster, tempNamespace, uniqueName, waitFor } from "../harness.js";
 import {
+  completion,
   containerLog,
   hubStats,
   modelBytes,
@@ -200,33 +199,6 @@ async function runOnVllm(
   );
 }
 
-/** A completion from a server on the node's network (HTTPS with a self-signed certificate too). */
-async function completion(port: number, model: string, scheme: "http" | "https" = "http"): Promise<string> {
-  const body = JSON.stringify({ model, prompt: "Hello, how are", max_tokens: 5 });
-  const { status, text } = await new Promise<{ status: number; text: string }>((resolve, reject) => {
-    const req = (scheme === "https" ? httpsRequest : httpRequest)(
-      {
-        host: "127.0.0.1",
-        port,
-        path: "/v1/completions",
-        method: "POST",
-        headers: { "Content-Type": "application/json" },
-        rejectUnauthorized: false,
-      },
-      (res) => {
-        let text = "";
-        res.setEncoding("utf8");
-        res.on("data", (d: string) => (text += d));
-        res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
-      },
-    );
-    req.on("error", reject);
-    req.end(body);
-  });
-  assert.equal(status, 200, text);
-  return (JSON.parse(text) as { choices: { text: string }[] }).choices[0]!.text;
-}
-
 /** One hash, one leader that downloaded, the cache Ready, the others restored; the hub served one model. */
 async function assertOneDownload(v: Vllm, pods: k8s.V1Pod[], before: number): Promise<k8s.V1Pod> {
   assert.equal(new Set(pods.map((p) => p.metadata?.labels?.[LABEL_HASH])).size, 1, "one hash");
@@ -239,6 +211,36 @@ async function assertOneDownload(v: Vllm, pods: k8s.V1Pod[], before: number): Pr
   const served = ((await hubStats(v.node)).repos[v.model]?.bytes ?? 0) - before;
   assert.equal(served, await modelBytes(v.node, v.model), "the hub served one model");
   return leaders[0]!;
+}
+
+/**
+ * The restored server of a pair started on the leader's compile cache: vLLM's own lines (a shorter
+ * warm-up, no "Compiling model again") and the record (hit: it compiled no file again). The
+ * timing bar (at most half the leader's init) is real-engine.test.ts's.
+ */
+async function assertRestoredWarm(
+  t: TestContext,
+  v: Vllm,
+  pods: k8s.V1Pod[],
+  leader: k8s.V1Pod,
+  container: string,
+): Promise<k8s.V1Pod> {
+  const restored = pods.find((p) => p !== leader)!;
+  const [cold, warmText] = [
+    readEngineLog(await containerLog(v.node, leader, container)),
+    await containerLog(v.node, restored, container),
+  ];
+  const warm = readEngineLog(warmText);
+  t.diagnostic(`leader ${JSON.stringify(cold.seconds)}; restored ${JSON.stringify(warm.seconds)}`);
+  assert.equal(warm.engine, "vllm");
+  assert.ok(
+    warm.seconds.compile! < cold.seconds.compile!,
+    `the restored warm-up ${warm.seconds.compile} s is shorter than the leader's ${cold.seconds.compile} s`,
+  );
+  assert.doesNotMatch(warmText, /Compiling model again/);
+  const starts = await startupsOf(pods);
+  assert.equal(starts.get(restored.metadata!.uid!)?.compileCache, "hit", "on the record");
+  return restored;
 }
 
 test("production-stack on real vLLM (HF_HOME=/tmp): two replicas, one download, the restored one starts on the leader's compile cache and answers", async (t) => {
@@ -256,23 +258,7 @@ test("production-stack on real vLLM (HF_HOME=/tmp): two replicas, one download, 
     ],
   );
   const leader = await assertOneDownload(v, pods, before);
-  const restored = pods.find((p) => p !== leader)!;
-  const [cold, warmText] = [
-    readEngineLog(await containerLog(v.node, leader, "vllm")),
-    await containerLog(v.node, restored, "vllm"),
-  ];
-  const warm = readEngineLog(warmText);
-  t.diagnostic(`leader ${JSON.stringify(cold.seconds)}; restored ${JSON.stringify(warm.seconds)}`);
-  assert.equal(warm.engine, "vllm");
-  // The timing bar (at most half the leader's init) is real-engine.test.ts's; here the record
-  // says hit (the restored engine compiled no file again) and the warm-up was shorter.
-  assert.ok(
-    warm.seconds.compile! < cold.seconds.compile!,
-    `the restored warm-up ${warm.seconds.compile} s is shorter than the leader's ${cold.seconds.compile} s`,
-  );
-  assert.doesNotMatch(warmText, /Compiling model again/);
-  const starts = await startupsOf(pods);
-  assert.equal(starts.get(restored.metadata!.uid!)?.compileCache, "hit", "on the record");
+  const restored = await assertRestoredWarm(t, v, pods, leader, "vllm");
   const port = restored.metadata!.name === "engine-a" ? 18401 : 18402;
   assert.ok((await completion(port, v.model)).length > 0, "the restored server answers");
 });
@@ -345,25 +331,9 @@ test("KServe LLMInferenceService on real vLLM (its bash entry, HTTPS, non-root, 
     (ns) => tlsSecret(ns, "qwen2-7b-instruct-pd-kserve-self-signed-certs"),
   );
   const leader = await assertOneDownload(v, pods, before);
-  const restored = pods.find((p) => p !== leader)!;
+  const restored = await assertRestoredWarm(t, v, pods, leader, "main");
   const init = parseEngineReport(await containerLog(v.node, restored, "storage-initializer"));
   assert.equal(init?.fetchedBytes, 0, "the restored pod's initializer fetched nothing");
-  const [cold, warmText] = [
-    readEngineLog(await containerLog(v.node, leader, "main")),
-    await containerLog(v.node, restored, "main"),
-  ];
-  const warm = readEngineLog(warmText);
-  t.diagnostic(`leader ${JSON.stringify(cold.seconds)}; restored ${JSON.stringify(warm.seconds)}`);
-  assert.equal(warm.engine, "vllm");
-  // The timing bar (at most half the leader's init) is real-engine.test.ts's; here the record
-  // says hit (the restored engine compiled no file again) and the warm-up was shorter.
-  assert.ok(
-    warm.seconds.compile! < cold.seconds.compile!,
-    `the restored warm-up ${warm.seconds.compile} s is shorter than the leader's ${cold.seconds.compile} s`,
-  );
-  assert.doesNotMatch(warmText, /Compiling model again/);
-  const starts = await startupsOf(pods);
-  assert.equal(starts.get(restored.metadata!.uid!)?.compileCache, "hit", "on the record");
   const port = restored.metadata!.name === "prefill-a" ? 18421 : 18422;
   assert.ok(
     (await completion(port, "Qwen/Qwen2.5-7B-Instruct", "https")).length > 0,

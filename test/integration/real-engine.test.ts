@@ -17,6 +17,7 @@ import { getModelCache } from "../../src/common/modelcache.js";
 import { vllmServerPod, type VllmServer } from "../../tools/localcluster/engine-chart.js";
 import { isPodReady, kube, localCluster, tempNamespace, waitFor } from "../harness.js";
 import {
+  completion,
   containerLog,
   eventsOf,
   hubStats,
@@ -49,17 +50,6 @@ async function readyPod(namespace: string, name: string): Promise<k8s.V1Pod> {
     },
     READY_MS,
   );
-}
-
-async function completion(port: number, model: string): Promise<string> {
-  const res = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ model, prompt: "Hello, how are", max_tokens: 5 }),
-  });
-  assert.equal(res.status, 200, await res.clone().text());
-  const body = (await res.json()) as { choices: { text: string }[] };
-  return body.choices[0]!.text;
 }
 
 async function vllmOrSkip(
