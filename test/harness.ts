@@ -48,14 +48,36 @@ export async function kube(): Promise<Kube> {
 /** The local cluster's recorded state (nodes, kubelet roots, role URLs); undefined on a foreign cluster. */
 /** The core API as `user`, through the admin's credentials (impersonation). */
 export function impersonating(kc: k8s.KubeConfig, user: string): k8s.CoreV1Api {
-  const ikc = new k8s.KubeConfig();
+  return impersonatingConfig(kc, user).makeApiClient(k8s.CoreV1Api);
+}
+
+/**
+ * A config that acts as `user` with the given user extras, through the admin's credentials: a
+ * service account token bound to a pod carries its node as the extra
+ * `authentication.kubernetes.io/node-name`, which policies read.
+ */
+export function impersonatingConfig(
+  kc: k8s.KubeConfig,
+  user: string,
+  extra: Record<string, string> = {},
+): k8s.KubeConfig {
+  class Impersonating extends k8s.KubeConfig {
+    override async applySecurityAuthentication(
+      context: Parameters<k8s.KubeConfig["applySecurityAuthentication"]>[0],
+    ): Promise<void> {
+      await super.applySecurityAuthentication(context);
+      for (const [k, v] of Object.entries(extra))
+        context.setHeaderParam(`Impersonate-Extra-${encodeURIComponent(k)}`, v);
+    }
+  }
+  const ikc = new Impersonating();
   ikc.loadFromOptions({
     clusters: kc.clusters,
     users: [{ ...kc.getCurrentUser()!, name: "impersonating", impersonateUser: user }],
     contexts: [{ name: "impersonating", cluster: kc.getCurrentCluster()!.name, user: "impersonating" }],
     currentContext: "impersonating",
   });
-  return ikc.makeApiClient(k8s.CoreV1Api);
+  return ikc;
 }
 
 export async function localCluster(): Promise<ClusterState | undefined> {

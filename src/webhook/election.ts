@@ -162,9 +162,14 @@ export async function recordElection(
               now,
               generation: current.metadata.generation,
             }),
-            // This status speaks for the new election; no leader of it has been seen yet.
+            // This status speaks for the new election; no leader of it has been seen yet, and no
+            // tree: the digest, its node and the copies of an earlier capture go (the records
+            // policy lets the capturing node write a digest only where none is).
             electionId: opts.electionId,
             leaderUid: null,
+            manifestDigest: null,
+            node: null,
+            replicas: null,
           },
         },
       },
