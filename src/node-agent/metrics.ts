@@ -126,6 +126,8 @@ export interface ReplicationMetrics {
   /** Sources given up on during a replication, by reason (error, timeout, status, protocol,
    * corrupt, manifest). */
   sourcesDropped: Counter<"reason">;
+  /** Sources that served another tree than the record's (manifest, corrupt): tampering. */
+  tampered: Counter<"reason">;
   /** Bytes this node served to its peers. */
   servedBytes: Counter;
   /** File streams this node is serving to its peers now. */
@@ -166,6 +168,12 @@ export function createReplicationMetrics(registry: Registry): ReplicationMetrics
     sourcesDropped: new Counter({
       name: "warmstart_node_agent_replication_sources_dropped_total",
       help: "Sources dropped during a replication, by reason",
+      labelNames: ["reason"],
+      registers: r,
+    }),
+    tampered: new Counter({
+      name: "warmstart_node_agent_replication_tampered_total",
+      help: "Sources that served a tree other than the record's (a manifest off its digest, bytes off the manifest), by reason",
       labelNames: ["reason"],
       registers: r,
     }),

@@ -12,7 +12,8 @@ import type { ModelCacheObject } from "../../common/modelcache.js";
 import { shortHash } from "../../core/contract.js";
 import { StoreFullError, type StoreBudget } from "../budget.js";
 import type { NodeAgentConfig } from "../config.js";
-import { dropFinalizerIfEmpty, type AgentParts } from "../parts.js";
+import { postCacheEvent } from "../../common/events.js";
+import { COMPONENT, dropFinalizerIfEmpty, type AgentParts } from "../parts.js";
 import type { PeerServing } from "../peers.js";
 import { replicateTree, type ReplicaSource } from "../replication/receiver.js";
 import type { TlsMaterial } from "../replication/server.js";
@@ -155,6 +156,14 @@ async function fill(
       return () => clearInterval(timer);
     },
     ...(o.peers ? { serveFilling: (tree) => o.peers!.serveFilling(short, tree) } : {}),
+    onTampered: ({ message }) => {
+      void postCacheEvent(p.core, p.record(short) ?? { metadata: { name: short } }, {
+        type: "Warning",
+        reason: "TreeTampered",
+        message,
+        component: COMPONENT,
+      }).catch((err: unknown) => log.warn({ err }, "could not post the TreeTampered Event"));
+    },
     onProgress: ({ doneBytes, totalBytes }) => {
       m.fillingBytes.set({ hash: short }, doneBytes);
       m.fillingTotalBytes.set({ hash: short }, totalBytes);

@@ -6,6 +6,10 @@ import type { ReplicationMetrics } from "../metrics.js";
 import type { FillingTree, TlsMaterial } from "./server.js";
 import type { DropReason } from "./source.js";
 
+/** The drop reasons that mean a peer served another tree than the record's. */
+export type TamperReason = Extract<DropReason, "manifest" | "corrupt">;
+export const TAMPER_REASONS: ReadonlySet<DropReason> = new Set<TamperReason>(["manifest", "corrupt"]);
+
 export interface ReplicaSource {
   /** The node holding a committed copy (for logs and metrics). */
   node: string;
@@ -44,6 +48,9 @@ export interface ReplicateOptions {
   /** How often a filling source not heard from is asked what it holds (default 500 ms). */
   havePollMs?: number;
   onProgress?: (p: { doneBytes: number; totalBytes: number }) => void;
+  /** A source served a tree other than the record's (a manifest off the digest, bytes off the
+   * manifest): tampering, not a fault; the source is dropped and this says so (once per source). */
+  onTampered?: (t: { source: string; reason: TamperReason; message: string }) => void;
   log?: Logger;
   metrics?: ReplicationMetrics;
 }

@@ -46,7 +46,9 @@ import { IdleWorkers } from "./idle-workers.js";
 import { manifestDigestOf, readStoredManifest } from "./server.js";
 import {
   ReplicationError,
+  TAMPER_REASONS,
   type ReplicaSource,
+  type TamperReason,
   type ReplicateOptions,
   type ReplicateResult,
 } from "./options.js";
@@ -271,7 +273,16 @@ class Run {
     if (!s.drop(reason)) return;
     this.dropped.push({ node: s.node, reason });
     this.o.metrics?.sourcesDropped.inc({ reason });
-    this.o.log?.warn({ err, source: s.node, reason, hash: this.short }, "replication source dropped");
+    if (!TAMPER_REASONS.has(reason)) {
+      this.o.log?.warn({ err, source: s.node, reason, hash: this.short }, "replication source dropped");
+      return;
+    }
+    // An honest peer serves only a committed tree it checked against the record (or relays what it
+    // checks as it goes): another tree is a forgery or a store changed under its agent.
+    const message = `node ${s.node} served a tree that is not the record's: ${(err as Error | undefined)?.message ?? reason}`;
+    this.o.metrics?.tampered.inc({ reason });
+    this.o.log?.error({ err, source: s.node, reason, hash: this.short }, `tampered tree: ${message}`);
+    this.o.onTampered?.({ source: s.node, reason: reason as TamperReason, message });
   }
 
   /** A request to `s` failed: drop `s` for it, unless the run itself is ending or our disk failed. */

@@ -245,10 +245,32 @@ void test("a source that flips a byte is caught by the digest and dropped, and t
   }
   const registry = new Registry();
   const metrics = createReplicationMetrics(registry);
-  const r = await replicateTree(f.opts({ metrics }));
+  const reported: string[] = [];
+  const r = await replicateTree(f.opts({ metrics, onTampered: ({ source }) => reported.push(source) }));
   assert.deepEqual(r.dropped, [{ node: liar.name, reason: "corrupt" }]);
   await assertSameTree(f, r.dest);
   assert.match(await registry.metrics(), /sources_dropped_total\{reason="corrupt"\} 1/);
+  assert.deepEqual(reported, [liar.name], "wrong bytes are tampering too");
+});
+
+void test("a source serving another tree than the record's is tampering: dropped, counted and reported, and the record's tree is committed", async (t) => {
+  const f = await fixture(t);
+  const forger = f.nodes[0] as Node;
+  // The forger's copy: another tree (here a manifest with one more byte), asked first (ties go to it).
+  const forged = join(forger.tree, MANIFEST_FILE);
+  chmodSync(forger.tree, 0o755);
+  chmodSync(forged, 0o644);
+  writeFileSync(forged, Buffer.concat([readFileSync(forged), Buffer.from(" ")]));
+  const registry = new Registry();
+  const metrics = createReplicationMetrics(registry);
+  const reported: Array<{ source: string; reason: string }> = [];
+  const r = await replicateTree(
+    f.opts({ metrics, onTampered: ({ source, reason }) => reported.push({ source, reason }) }),
+  );
+  await assertSameTree(f, r.dest);
+  assert.deepEqual(reported, [{ source: forger.name, reason: "manifest" }]);
+  assert.deepEqual(r.dropped, [{ node: forger.name, reason: "manifest" }]);
+  assert.match(await registry.metrics(), /replication_tampered_total\{reason="manifest"\} 1/);
 });
 
 void test("a manifest that does not hash to the record's digest fails the replication and commits nothing", async (t) => {
