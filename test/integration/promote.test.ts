@@ -11,8 +11,8 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import * as k8s from "@kubernetes/client-node";
-import { impersonating, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
-import { installPolicyCopy } from "../chart.js";
+import { impersonating, impersonatingConfig, kube, tempNamespace, uniqueName, waitFor } from "../harness.js";
+import { renderChart } from "../chart.js";
 import { FaultProxy } from "../fault-proxy.js";
 import { pauseRole } from "../roles.js";
 import { readState } from "../../tools/localcluster/cluster.js";
@@ -32,12 +32,16 @@ import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
 import {
   SNAPSHOT_GROUP,
   SNAPSHOT_VERSION,
+  cloneClaim,
   hostPathVolume,
   nodeStoreVolume,
   perNamespaceName,
   preBoundClaim,
   sharedVolume,
+  snapshotContentFor,
+  snapshotFor,
   snapshotName,
+  storeSnapshot,
 } from "../../src/promote/objects.js";
 import { ensureClaimsForStampedPods } from "../../src/promote/promote.js";
 import { resolveProfile } from "../../src/promote/profiles.js";
@@ -746,12 +750,21 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
   // This test's copy. It matches only the chart's service accounts, which nothing else in the
   // local cluster runs as, so it cannot refuse another test's volumes.
   const name = `volume-objects-${ns}`;
-  const objs = await installPolicyCopy(t, admission, {
-    suffix: "-volume-objects",
-    name,
-    namespace: SYSTEM_NAMESPACE,
+  // Rendered for a store whose drivers are the test sources' (shared-volume's and snapshot-clone's).
+  const objs = await renderChart(
+    { "nodeAgent.store.csiDrivers": ["nfs.csi.k8s.io", "example.csi.warmstart.dev"] },
+    { namespace: SYSTEM_NAMESPACE },
+  );
+  const policy = objs.find(
+    (x) => x.kind === "ValidatingAdmissionPolicy" && x.metadata?.name?.endsWith("-volume-objects"),
+  ) as k8s.V1ValidatingAdmissionPolicy;
+  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
+  t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
+  await admission.createValidatingAdmissionPolicyBinding({
+    body: { metadata: { name }, spec: { policyName: name, validationActions: ["Deny"] } },
   });
-  // RBAC lets the node agent's account create volumes and claims (as the chart grants).
+  t.after(() => admission.deleteValidatingAdmissionPolicyBinding({ name }).then(() => undefined));
+  // RBAC lets the node agent's account create volumes, claims and snapshot objects (as the chart grants).
   const nodeAgent = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-node-agent`;
   await rbac.createClusterRole({
     body: {
@@ -761,6 +774,11 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
           apiGroups: [""],
           resources: ["persistentvolumes", "persistentvolumeclaims", "pods"],
           verbs: ["create", "delete"],
+        },
+        {
+          apiGroups: [SNAPSHOT_GROUP],
+          resources: ["volumesnapshots", "volumesnapshotcontents"],
+          verbs: ["create"],
         },
       ],
     },
@@ -775,6 +793,7 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
   });
   t.after(() => rbac.deleteClusterRoleBinding({ name }).then(() => undefined));
   const as = impersonating(kc, nodeAgent);
+  const asCustom = impersonatingConfig(kc, nodeAgent).makeApiClient(k8s.CustomObjectsApi);
   const createVolume = (body: k8s.V1PersistentVolume): Promise<unknown> =>
     as.createPersistentVolume({ body, dryRun: "All" });
   const short = randomBytes(8).toString("hex");
@@ -812,6 +831,212 @@ test("the webhook's and node agent's volume objects are held to a cache's read-o
     ns,
   );
   await createVolume(storeDriverPv);
+  await createVolume(
+    hostPathVolume(short, { ...hostPathSource(short, 5_000), hostPathType: "hostPath" }, ns),
+  );
+  // snapshot-clone: the tree volume's snapshot, then per namespace a content, its snapshot and the clone.
+  const cloned = snapshotSource("");
+  const createSnapshotObject = (
+    plural: string,
+    body: { metadata?: k8s.V1ObjectMeta; spec?: unknown },
+  ): Promise<unknown> =>
+    body.metadata?.namespace
+      ? asCustom.createNamespacedCustomObject({
+          ...snap,
+          plural,
+          namespace: body.metadata.namespace,
+          body,
+          dryRun: "All",
+        })
+      : asCustom.createClusterCustomObject({ ...snap, plural, body, dryRun: "All" });
+  const content = snapshotContentFor(short, cloned, ns);
+  const snapshot = snapshotFor(short, cloned, ns);
+  await createSnapshotObject(
+    "volumesnapshots",
+    storeSnapshot(short, { namespace: SYSTEM_NAMESPACE, name: treeVolumeName(short) }, "trees"),
+  );
+  await createSnapshotObject("volumesnapshotcontents", content);
+  await createSnapshotObject("volumesnapshots", snapshot);
+  await as.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: cloneClaim(short, cloned, ns),
+    dryRun: "All",
+  });
+  // A stolen token's widenings (each a PV the volume controllers would act on): refused.
+  const victimHandle = "fs-0a1b2c3d::";
+  const withCsi = (pv: k8s.V1PersistentVolume, csi: Partial<k8s.V1CSIPersistentVolumeSource>) => ({
+    ...pv,
+    spec: { ...pv.spec, csi: { ...pv.spec!.csi!, ...csi } },
+  });
+  const withClaimRef = (ref: Partial<k8s.V1ObjectReference>): k8s.V1PersistentVolume => ({
+    ...hostPv,
+    spec: { ...hostPv.spec, claimRef: { ...hostPv.spec!.claimRef, ...ref } },
+  });
+  const annotated = (annotations: Record<string, string>): k8s.V1PersistentVolume => ({
+    ...hostPv,
+    metadata: { ...hostPv.metadata, annotations },
+  });
+  const roxClaim = preBoundClaim(short, sharedSource(short), ns, sharedPv);
+  const createClaim = (body: k8s.V1PersistentVolumeClaim): Promise<unknown> =>
+    as.createNamespacedPersistentVolumeClaim({ namespace: ns, body, dryRun: "All" });
+  const attacks: Array<[string, () => Promise<unknown>, RegExp]> = [
+    [
+      "another CSI driver's volume under a victim's handle, pre-bound into a namespace of the thief's",
+      () => createVolume(withCsi(sharedPv, { driver: "efs.csi.aws.com", volumeHandle: victimHandle })),
+      /the store driver's or one of the store's drivers/,
+    ],
+    [
+      "the store's driver under a victim's handle",
+      () => createVolume(withCsi(sharedPv, { volumeHandle: victimHandle })),
+      /names the cache's tree in its handle/,
+    ],
+    [
+      "a victim's handle that merely contains the cache's short",
+      () => createVolume(withCsi(sharedPv, { volumeHandle: `vol-${short}9` })),
+      /names the cache's tree in its handle/,
+    ],
+    [
+      "reclaim policy Delete (releasing it would delete what its handle names)",
+      () =>
+        createVolume({ ...sharedPv, spec: { ...sharedPv.spec, persistentVolumeReclaimPolicy: "Delete" } }),
+      /is Retain/,
+    ],
+    [
+      "reclaim policy Recycle",
+      () => createVolume({ ...hostPv, spec: { ...hostPv.spec, persistentVolumeReclaimPolicy: "Recycle" } }),
+      /is Retain/,
+    ],
+    [
+      "a provisioner's annotation (it would own and delete the volume)",
+      () => createVolume(annotated({ "pv.kubernetes.io/provisioned-by": "efs.csi.aws.com" })),
+      /carry no annotation/,
+    ],
+    [
+      "the binder's annotation",
+      () => createVolume(annotated({ "pv.kubernetes.io/bound-by-controller": "yes" })),
+      /carry no annotation/,
+    ],
+    [
+      "a claimRef with a uid",
+      () => createVolume(withClaimRef({ uid: "2b1f0c52-1c53-4a5e-9d1e-3f2b8a0c9d11" })),
+      /by namespace and name only/,
+    ],
+    [
+      "a claimRef with a resourceVersion",
+      () => createVolume(withClaimRef({ resourceVersion: "1" })),
+      /by namespace and name only/,
+    ],
+    [
+      "a claimRef of another kind",
+      () => createVolume(withClaimRef({ kind: "Pod" })),
+      /by namespace and name only/,
+    ],
+    [
+      "a CSI volume that names a secret for its driver to use",
+      () =>
+        createVolume(withCsi(sharedPv, { nodePublishSecretRef: { namespace: "default", name: "creds" } })),
+      /names no secret/,
+    ],
+    [
+      "the store driver's volume with attributes",
+      () => createVolume(withCsi(storeDriverPv, { volumeAttributes: { store: "/" } })),
+      /the store driver's no attribute/,
+    ],
+    [
+      "a block volume",
+      () => createVolume({ ...sharedPv, spec: { ...sharedPv.spec, volumeMode: "Block" } }),
+      /is Retain, Filesystem/,
+    ],
+    [
+      "a claim pre-bound to a volume not its cache's",
+      () => createClaim({ ...roxClaim, spec: { ...roxClaim.spec, volumeName: `victim-${ns}` } }),
+      /bound to its cache's volume or cloned from its cache's snapshot/,
+    ],
+    [
+      "a claim cloned from another snapshot",
+      () =>
+        createClaim({
+          ...cloneClaim(short, cloned, ns),
+          spec: {
+            ...cloneClaim(short, cloned, ns).spec,
+            dataSource: { apiGroup: SNAPSHOT_GROUP, kind: "VolumeSnapshot", name: "backup" },
+          },
+        }),
+      /bound to its cache's volume or cloned from its cache's snapshot/,
+    ],
+    [
+      "an annotated claim",
+      () =>
+        createClaim({
+          ...roxClaim,
+          metadata: { ...roxClaim.metadata, annotations: { "pv.kubernetes.io/bind-completed": "yes" } },
+        }),
+      /carry no annotation/,
+    ],
+    [
+      "a snapshot content that deletes the snapshot its handle names",
+      () =>
+        createSnapshotObject("volumesnapshotcontents", {
+          ...content,
+          spec: { ...content.spec, deletionPolicy: "Delete" },
+        }),
+      /a cache's snapshot content is Retain/,
+    ],
+    [
+      "a snapshot content that snapshots a victim's volume",
+      () =>
+        createSnapshotObject("volumesnapshotcontents", {
+          ...content,
+          spec: { ...content.spec, source: { volumeHandle: victimHandle } },
+        }),
+      /a cache's snapshot content is Retain/,
+    ],
+    [
+      "a snapshot content of another driver",
+      () =>
+        createSnapshotObject("volumesnapshotcontents", {
+          ...content,
+          spec: { ...content.spec, driver: "ebs.csi.aws.com" },
+        }),
+      /the store's drivers/,
+    ],
+    [
+      "a snapshot content with the snapshotter's secret annotations",
+      () =>
+        createSnapshotObject("volumesnapshotcontents", {
+          ...content,
+          metadata: {
+            ...content.metadata,
+            annotations: {
+              "snapshot.storage.kubernetes.io/deletion-secret-name": "creds",
+              "snapshot.storage.kubernetes.io/deletion-secret-namespace": "default",
+            },
+          },
+        }),
+      /carry no annotation/,
+    ],
+    [
+      "a snapshot of another claim",
+      () =>
+        createSnapshotObject("volumesnapshots", {
+          ...snapshot,
+          spec: { source: { persistentVolumeClaimName: "data" } },
+        }),
+      /a cache's snapshot is its tree volume's .* or its namespace's content's/,
+    ],
+  ];
+  {
+    // Each attack on its own, so that one accepted does not hide the others.
+    const wrong: string[] = [];
+    for (const [what, attempt, why] of attacks) {
+      const got = await attempt().then(
+        () => "accepted",
+        (err: unknown) => (err as { body?: string }).body ?? String(err),
+      );
+      if (!why.test(got)) wrong.push(`${what}: ${got.slice(0, 300)}`);
+    }
+    assert.deepEqual(wrong, []);
+  }
   // Anything else: refused.
   const refused: Array<[string, () => Promise<unknown>, RegExp]> = [
     [
