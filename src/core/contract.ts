@@ -66,6 +66,11 @@ export const ANN_CACHE_SIZE_LIMIT = "warmstart.dev/cache-size-limit";
 export const ANN_CAPTURE_SIZE_LIMIT = "warmstart.dev/capture-size-limit";
 /** The `warmstart.dev/*` annotations a pod's author may set; the webhook removes every other stamp (SPEC 1.3). */
 export const USER_ANNOTATIONS: readonly string[] = [ANN_RESTORE_FROM, SKIP, ANN_CACHE_SIZE_LIMIT];
+/**
+ * Namespaces the webhook is never sent (its registration's namespaceSelector): a pod there keeps
+ * whatever stamps its author wrote, so no cache is ever shared into them.
+ */
+export const UNADMITTED_NAMESPACES: readonly string[] = ["kube-system"];
 /** Namespace label: namespaces with the same value share caches under `sharing.scope=group` (SPEC 1.9). */
 export const LABEL_SHARE_GROUP = "warmstart.dev/share-group";
 export type SharingScope = "cluster" | "namespace" | "group";

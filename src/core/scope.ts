@@ -2,7 +2,7 @@
  * Sharing scopes: a cache is shared by the pods of one hash inside one scope and never
  * outside it. The scope key enters the hash, so two scopes never meet on one Lease, record or claim.
  */
-import { LABEL_SHARE_GROUP, type SharingScope } from "./contract.js";
+import { LABEL_SHARE_GROUP, UNADMITTED_NAMESPACES, type SharingScope } from "./contract.js";
 
 export const SHARING_SCOPES: readonly SharingScope[] = ["cluster", "namespace", "group"];
 
@@ -34,7 +34,8 @@ export function namespaceInScope(
   namespace: string,
   namespaceLabels: Readonly<Record<string, string>> | undefined,
 ): boolean {
-  if (!namespace) return false;
+  // No scope holds a namespace the webhook never sees: its pods' stamps are their authors' own.
+  if (!namespace || UNADMITTED_NAMESPACES.includes(namespace)) return false;
   if (scope === CLUSTER_SCOPE_KEY) return true;
   if (scope.startsWith("namespace:")) return scope === `namespace:${namespace}`;
   if (scope.startsWith("group:"))

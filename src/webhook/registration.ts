@@ -1,5 +1,6 @@
 import * as k8s from "@kubernetes/client-node";
 import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
+import { UNADMITTED_NAMESPACES } from "../core/contract.js";
 
 /**
  * The MutatingWebhookConfiguration for pod CREATE. Fail open (`Ignore`) with a short timeout so a
@@ -44,7 +45,7 @@ export function webhookConfiguration(opts: {
         matchPolicy: "Equivalent",
         namespaceSelector: {
           matchExpressions: [
-            { key: "kubernetes.io/metadata.name", operator: "NotIn", values: ["kube-system"] },
+            { key: "kubernetes.io/metadata.name", operator: "NotIn", values: [...UNADMITTED_NAMESPACES] },
           ],
         },
       },
