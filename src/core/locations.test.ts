@@ -254,6 +254,82 @@ void describe("capture where the engine really writes", () => {
     );
   });
 
+  test("XDG_CACHE_HOME=/tmp: the engines' folders below it are captured, never the whole of /tmp", () => {
+    const p = pod({ args: ["--model", "org/m"], env: [{ name: "XDG_CACHE_HOME", value: "/tmp" }] });
+    assert.deepEqual(
+      classifyPod(p).locations?.locations.map((l) => [l.path, l.kind]),
+      [
+        ["/tmp/huggingface/hub", "model"],
+        ["/tmp/vllm", "cache"],
+        ["/tmp/torch", "cache"],
+        ["/tmp/outlines", "cache"],
+      ],
+      "not /tmp itself: the hub client's token, pip's cache, the pod's scratch",
+    );
+    const leader = decorateLeader(p, { ...place(p), electionId: "e", sizeLimit: "1Gi" });
+    assert.ok(!mountsOf(leader).some(([, path]) => path === "/tmp"));
+    assert.deepEqual(
+      mountsOf(leader).find(([, path]) => path === "/tmp/vllm"),
+      [CACHE_VOLUME, "/tmp/vllm", "cache/at/tmp/vllm"],
+    );
+    const own = pod({
+      args: ["--model", "org/m"],
+      env: [
+        { name: "XDG_CACHE_HOME", value: "/tmp" },
+        { name: "VLLM_CACHE_ROOT", value: "/vllm-cache" },
+        { name: "HF_HUB_CACHE", value: "/hub" },
+      ],
+    });
+    assert.deepEqual(
+      classifyPod(own).locations?.locations.map((l) => l.path),
+      ["/hub", "/vllm-cache", "/tmp/torch", "/tmp/outlines"],
+      "an engine the pod points elsewhere is captured there alone",
+    );
+  });
+
+  test("on the pod's own /tmp emptyDir, the engines' folders are captured and the rest stays the pod's", () => {
+    const tmp = (env: Array<{ name: string; value: string }>, init = false): V1Pod =>
+      pod(
+        { args: ["--model", "org/m"], env, volumeMounts: [{ name: "tmp", mountPath: "/tmp" }] },
+        {
+          volumes: [{ name: "tmp", emptyDir: {} }],
+          ...(init
+            ? {
+                initContainers: [
+                  { name: "i", image: "x", volumeMounts: [{ name: "tmp", mountPath: "/tmp" }] },
+                ],
+              }
+            : {}),
+        },
+      );
+    for (const [p, path, tree] of [
+      [tmp([{ name: "XDG_CACHE_HOME", value: "/tmp" }]), "/tmp/vllm", "cache/at/tmp/vllm"],
+      [tmp([{ name: "HF_HOME", value: "/tmp" }]), "/tmp/hub", "model/at/tmp/hub"],
+    ] as const) {
+      const leader = decorateLeader(p, { ...place(p), electionId: "e", sizeLimit: "1Gi" });
+      assert.deepEqual(
+        mountsOf(leader).find(([, at]) => at === "/tmp"),
+        ["tmp", "/tmp", undefined],
+        "the emptyDir is not taken over",
+      );
+      assert.deepEqual(
+        mountsOf(leader).find(([, at]) => at === path),
+        [CACHE_VOLUME, path, tree],
+      );
+      const restore = decorateRestore(p, { ...place(p), ...restoreOpts });
+      assert.deepEqual(
+        mountsOf(restore).find(([, at]) => at === path),
+        [SHADOW_VOLUME, path, tree],
+      );
+    }
+    // Another container fills it too: taken over whole, so both keep seeing the same files.
+    const p = tmp([{ name: "HF_HOME", value: "/tmp" }], true);
+    assert.deepEqual(
+      classifyPod(p).locations?.locations.map((l) => [l.path, l.volume]),
+      [["/tmp", "tmp"]],
+    );
+  });
+
   test("a system folder, or Warmstart's own, is never mounted over", () => {
     for (const v of ["/", "/etc", "/usr/lib/x", "/warmstart/ro"]) {
       const c = classifyPod(pod({ args: ["--model", "org/m"], env: [{ name: "HF_HUB_CACHE", value: v }] }));

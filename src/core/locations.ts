@@ -62,6 +62,24 @@ export const COMPILE_LOCATION_ENV = [
   "CUDA_CACHE_PATH",
   "XDG_CACHE_HOME",
 ] as const;
+/**
+ * XDG_CACHE_HOME is every tool's cache (pip's, the hub client's token beside its hub cache, the
+ * pod's own scratch when it is `/tmp`): only the folders engines keep below it are captured, each
+ * unless the pod points that engine elsewhere.
+ */
+const XDG_ENGINE_FOLDERS: ReadonlyArray<{ sub: string; kind: LocationKind; unless: readonly string[] }> = [
+  // huggingface_hub: HF_HOME defaults to $XDG_CACHE_HOME/huggingface; only its hub cache.
+  {
+    sub: "huggingface/hub",
+    kind: "model",
+    unless: ["HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"],
+  },
+  { sub: "vllm", kind: "cache", unless: ["VLLM_CACHE_ROOT"] },
+  // torch.hub's checkpoints and torch's own kernel cache.
+  { sub: "torch", kind: "cache", unless: ["TORCH_HOME"] },
+  // Outlines' compiled grammars (vLLM's structured output).
+  { sub: "outlines", kind: "cache", unless: ["OUTLINES_CACHE_DIR"] },
+];
 /** Flags that name a download folder: vLLM's `--download-dir`, TGI's `--huggingface-hub-cache`. */
 const DOWNLOAD_FLAGS = new Set(["--download-dir", "--huggingface-hub-cache"]);
 
@@ -78,6 +96,12 @@ const isConfig = (v: V1Volume): boolean =>
 // image's system folders, the top of home and mount folders, and Warmstart's own.
 const SYSTEM =
   /^\/(?:$|(?:bin|boot|dev|etc|lib|lib32|lib64|libx32|proc|run|sbin|sys|usr|var|warmstart)(?:\/|$))|^\/(?:home|opt|root|srv|mnt)$/;
+/**
+ * Folders that hold everything of a process or a user, not one cache: the pod's scratch volume
+ * there is not taken over for a location below it (that would capture all of `/tmp`); the capture
+ * volume is mounted at the location alone.
+ */
+const GENERIC = /^\/(?:tmp|var\/tmp|dev\/shm|root|home(?:\/[^/]+)?)?$/;
 
 /** An absolute path, normalised (`..` resolved, no trailing slash); undefined for anything else. */
 export function normalisePath(p: string): string | undefined {
@@ -138,18 +162,24 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
   ] as const) {
     for (const name of names) {
       const v = env.get(name);
+      if (v === undefined || v === "") {
+        if (setByValueFrom(name))
+          plan.skipped.push({
+            path: "?",
+            from: `env ${name}`,
+            why: "set from valueFrom: its folder is not known at admission",
+          });
+        continue;
+      }
       // HF_HOME holds the hub cache in `hub/` beside things that are not the model (a token, a
       // chunk cache) and often shares its folder with the pod's own scratch (`HF_HOME=/tmp`):
       // only the hub cache is the engine's download.
-      if (v !== undefined && v !== "" && name === "HF_HOME")
-        named.push({ raw: `${v}/hub`, kind, from: `env ${name} (its hub cache)` });
-      else if (v !== undefined && v !== "") named.push({ raw: v, kind, from: `env ${name}` });
-      else if (setByValueFrom(name))
-        plan.skipped.push({
-          path: "?",
-          from: `env ${name}`,
-          why: "set from valueFrom: its folder is not known at admission",
-        });
+      if (name === "HF_HOME") named.push({ raw: `${v}/hub`, kind, from: `env ${name} (its hub cache)` });
+      else if (name === "XDG_CACHE_HOME") {
+        for (const f of XDG_ENGINE_FOLDERS)
+          if (!f.unless.some((n) => env.has(n)))
+            named.push({ raw: `${v}/${f.sub}`, kind: f.kind, from: `env ${name} (its ${f.sub} folder)` });
+      } else named.push({ raw: v, kind, from: `env ${name}` });
     }
   }
   const tokens = argvTokens(main);
@@ -188,12 +218,16 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
     const mount = mountCovering(main, path);
     const vol = mount ? volumes.get(textOf(mount.name)) : undefined;
     if (mount && vol && isScratch(vol)) {
-      addLocation(plan, {
-        path: normalisePath(textOf(mount.mountPath)) as string,
-        kind: n.kind,
-        from: [n.from],
-        volume: vol.name,
-      });
+      const mountPath = normalisePath(textOf(mount.mountPath)) as string;
+      // Below a generic folder, on a volume no other mount shows: the location alone, and the
+      // rest of the folder stays the pod's scratch.
+      const alone = path !== mountPath && GENERIC.test(mountPath) && !shared(pod, vol.name);
+      addLocation(
+        plan,
+        alone
+          ? { path, kind: n.kind, from: [n.from] }
+          : { path: mountPath, kind: n.kind, from: [n.from], volume: vol.name },
+      );
     } else if (mount && vol && isConfig(vol)) {
       plan.skipped.push({ path, from: n.from, why: `on the ${volumeKind(vol)} volume ${vol.name}` });
     } else if (mount) {
@@ -218,6 +252,14 @@ export function locationPlan(pod: V1Pod, c: Classification): LocationPlan {
   );
   for (const l of plan.locations) l.tree = `${l.kind}/at${l.path}`;
   return plan;
+}
+
+/** Whether more than one mount, in any container, shows the volume `name`: then it is taken over
+ * whole, so that every container keeps seeing the same files. */
+function shared(pod: V1Pod, name: string): boolean {
+  const containers = [...listOf(pod.spec?.initContainers), ...listOf(pod.spec?.containers)];
+  const mounts = containers.flatMap((c) => (isRecord(c) ? listOf(c.volumeMounts) : []));
+  return mounts.filter((m) => isRecord(m) && m.name === name).length > 1;
 }
 
 function addLocation(plan: LocationPlan, l: Omit<CacheLocation, "tree">): void {

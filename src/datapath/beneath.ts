@@ -32,22 +32,8 @@ const PROC_FD = "/proc/self/fd";
  */
 export const KEPT_MODE_BITS = 0o1777;
 
-/**
- * Credential files a pod may leave in its cache folder (the hub client's login token, netrc,
- * git and cloud credentials): set aside, never copied into a tree every restore is served.
- */
-export function isCredentialFile(rel: string): boolean {
-  const parts = rel.split("/");
-  const name = parts.at(-1) ?? "";
-  const parent = parts.at(-2) ?? "";
-  if ([".netrc", "_netrc", ".git-credentials"].includes(name)) return true;
-  if (["huggingface", ".huggingface"].includes(parent) && ["token", "stored_tokens"].includes(name))
-    return true;
-  return parent === ".aws" && name === "credentials";
-}
-
 export type SkipReason =
-  /** A credential file (isCredentialFile). */
+  /** A credential file, by its path or its first bytes (credentials.ts). */
   | "credential"
   | "fifo"
   | "socket"

@@ -3,24 +3,28 @@
  * root's descriptor with no symlink at any component (beneath.ts), listed through that
  * descriptor, and each entry lstat'ed in it (bigint, so times keep their nanoseconds) before it
  * is read, so the walk itself does not move the times it records. Symlinks that lead out of the
- * tree are set aside with their reason, never followed.
+ * tree are set aside with their reason, never followed, and so are credential files
+ * (credentials.ts): by their path, or by the first bytes of a small file, read through a
+ * descriptor of the very file that was lstat'ed.
  */
-import { constants as fsc } from "node:fs";
+import { constants as fsc, readSync } from "node:fs";
 import { posix } from "node:path";
 import {
   closeFd,
-  isCredentialFile,
   joinRel,
   listDir,
   lstatAt,
   O_PATH,
   openBeneath,
+  openScannedFile,
   readlinkAt,
   skipReasonOf,
   specialReason,
   statFd,
+  type Opened,
   type SkipReason,
 } from "./beneath.js";
+import { isCredentialFile, looksLikeCredential, SNIFF_BYTES, sniffable } from "./credentials.js";
 import type { FileStat } from "./native-file.js";
 
 export type EntryKind = "dir" | "file" | "symlink" | "special";
@@ -62,6 +66,42 @@ export interface ScanOptions {
 }
 
 const sameInode = (a: FileStat, b: FileStat): boolean => a.dev === b.dev && a.ino === b.ino;
+const inodeKey = (st: FileStat): string => `${st.dev}:${st.ino}`;
+
+const sniffBuf = Buffer.alloc(SNIFF_BYTES);
+
+/**
+ * Why the regular file `name` (at `rel`, in the folder held by `dirFd`, among `names`) stays out
+ * of the tree: "credential" by its path or its first bytes, or a skip reason when it is gone or
+ * replaced since it was lstat'ed. Undefined: it is copied. A file that cannot be read is left to
+ * the copy, which reports it.
+ */
+function credentialSkip(
+  dirFd: number,
+  name: string,
+  rel: string,
+  st: FileStat,
+  names: readonly string[],
+): SkipReason | undefined {
+  if (isCredentialFile(rel, names)) return "credential";
+  if (!sniffable(rel, st.size)) return undefined;
+  let o: Opened;
+  try {
+    o = openScannedFile(dirFd, name, st);
+  } catch {
+    return undefined;
+  }
+  if (o.skip) return o.skip;
+  try {
+    const n = readSync(o.fd, sniffBuf, 0, SNIFF_BYTES, 0);
+    const whole = n < SNIFF_BYTES || st.size === BigInt(SNIFF_BYTES);
+    return looksLikeCredential(sniffBuf.subarray(0, n), whole) ? "credential" : undefined;
+  } catch {
+    return undefined;
+  } finally {
+    closeFd(o.fd);
+  }
+}
 
 /**
  * Lists every entry below the directory held by `rootFd`. Entries that vanish or are replaced
@@ -79,6 +119,8 @@ export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<
   const skipped: Skipped[] = [];
   const reserved = new Set(opts.reserved ?? []);
   const gone = new Set<string>();
+  // Inodes set aside as credentials: their other names (hard links) go too.
+  const secret = new Set<string>();
   const pending: TreeEntry[] = [entries[0] as TreeEntry];
   let sinceYield = 0;
 
@@ -124,7 +166,9 @@ export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<
             entries.push(e);
             pending.push(e);
           } else if (st.isFile()) {
-            if (isCredentialFile(rel)) skipped.push({ path: rel, reason: "credential" });
+            const skip = credentialSkip(dirFd, name, rel, st, names);
+            if (skip === "credential") secret.add(inodeKey(st));
+            if (skip) skipped.push({ path: rel, reason: skip });
             else entries.push({ rel, kind: "file", stat: st });
           } else if (st.isSymbolicLink()) {
             const target = readlinkAt(dirFd, name);
@@ -153,6 +197,11 @@ export async function scanTree(rootFd: number, opts: ScanOptions = {}): Promise<
   // A directory that went was listed by its parent before it did: drop it and its subtree.
   const under = (rel: string): boolean => [...gone].some((g) => rel === g || rel.startsWith(`${g}/`));
   let kept = gone.size ? entries.filter((e) => !under(e.rel)) : entries;
+  if (secret.size) {
+    const linked = (e: TreeEntry): boolean => e.kind === "file" && secret.has(inodeKey(e.stat));
+    for (const e of kept) if (linked(e)) skipped.push({ path: e.rel, reason: "credential" });
+    kept = kept.filter((e) => !linked(e));
+  }
   // Links out of the tree are set aside, judged against every link seen (see staysInside).
   const links = new Map<string, string>();
   for (const e of kept) if (e.kind === "symlink") links.set(e.rel, e.target as string);
