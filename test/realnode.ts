@@ -31,6 +31,7 @@ import {
   storeDriverArgs,
   storeDriverRegistered,
   writePeerTls,
+  writePeerToken,
 } from "../tools/localcluster/store-driver.js";
 
 export type { EngineReport };
@@ -132,7 +133,10 @@ export async function serveStoreDriver(
     t.after(() => storage.deleteCSIDriver({ name: STORE_DRIVER }).catch(() => undefined));
   const dir = await mkdtemp(join(tmpdir(), "peer-tls-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
-  if (o.peers) await writePeerTls(dir, nodes);
+  if (o.peers) {
+    await writePeerTls(dir, nodes);
+    for (const node of nodes) await writePeerToken((await kube()).kc, dir, node.name);
+  }
   const agents = new Map<string, RoleHandle>();
   for (const node of nodes) {
     const args = storeDriverArgs(node, o.peers ? dir : undefined);

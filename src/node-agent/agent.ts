@@ -83,7 +83,7 @@ export class NodeAgent {
       pod: (namespace: string, name: string) => this.pods.get(name, namespace),
     });
     const storage = new StoreStorageInfo(cfg, kc, new StorageProfiles(core, cfg.systemNamespace, log));
-    const peers = (this.peers = PeerServing.from(cfg, log, metrics.replication));
+    const peers = (this.peers = PeerServing.from(p, kc, metrics.replication));
     const promoter = new Promoter(p, storage);
     const busy = (short: string): boolean =>
       this.jobs.busyWith(short) || this.fills.busyWith(short) || this.cacheController.queue.isActive(short);

@@ -123,6 +123,27 @@ export const NODE_AGENT_OPTIONS = {
     doc: "port trees are served on to other nodes (0 = any free port)",
     schema: z.coerce.number().int().min(0).max(65535),
   },
+  /**
+   * Which node a peer is (SPEC 1.5): each request carries the node agent's ServiceAccount token,
+   * bound to its pod (audience warmstart.dev/peers), and a tree is served only to the node that
+   * token names, for a pod there in the cache's scope. Without an account, every peer with a
+   * certificate of the CA is served (a warning at start).
+   */
+  peerTokenFile: {
+    flag: "--peer-token-file <file>",
+    env: "WARMSTART_PEER_TOKEN_FILE",
+    doc: "this node agent's bound ServiceAccount token (audience warmstart.dev/peers), sent to peers to prove its node",
+    schema: absolute("the peer token file").optional(),
+  },
+  peerServiceAccount: {
+    flag: "--peer-service-account <user>",
+    env: "WARMSTART_PEER_SERVICE_ACCOUNT",
+    doc: "the node agents' account (system:serviceaccount:<ns>:<name>): trees go only to a node whose agent's token is of it",
+    schema: z
+      .string()
+      .regex(/^system:serviceaccount:[a-z0-9-]+:[a-z0-9.-]+$/, "system:serviceaccount:<namespace>:<name>")
+      .optional(),
+  },
   /** How other nodes reach this one (the chart gives the node's IP); default: the listen host. */
   peerAddress: {
     flag: "--peer-address <host>",

@@ -5,11 +5,20 @@
  */
 import { readFileSync } from "node:fs";
 import type { CacheRecords } from "../common/cache-record.js";
+import * as k8s from "@kubernetes/client-node";
+import { makeApiClient } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import type { NodeAgentConfig } from "./config.js";
 import type { ReplicationMetrics } from "./metrics.js";
-import { manifestDigestOf, PeerServer, type FillingTree } from "./replication/server.js";
+import { PeerAccess } from "./peer-access.js";
+import type { AgentParts } from "./parts.js";
+import {
+  manifestDigestOf,
+  PeerServer,
+  type FillingTree,
+  type PeerServerOptions,
+} from "./replication/server.js";
 
 export class PeerServing {
   private url = "";
@@ -20,16 +29,39 @@ export class PeerServing {
     private readonly log: Logger,
   ) {}
 
-  /** Serving, when the node agent has its peer certificate, key and CA; else undefined. */
-  static from(cfg: NodeAgentConfig, log: Logger, metrics: ReplicationMetrics): PeerServing | undefined {
+  /**
+   * Serving, when the node agent has its peer certificate, key and CA; else undefined. With the
+   * node agents' account, a tree goes only to a node that restores it (peer-access.ts).
+   */
+  static from(p: AgentParts, kc: k8s.KubeConfig, metrics: ReplicationMetrics): PeerServing | undefined {
+    const { cfg } = p;
     if (!cfg.peerCert || !cfg.peerKey || !cfg.peerCa) return undefined;
     const tls = {
       cert: readFileSync(cfg.peerCert),
       key: readFileSync(cfg.peerKey),
       ca: readFileSync(cfg.peerCa),
     };
-    const peerLog = log.child({ component: "peers" });
-    return new PeerServing(cfg, new PeerServer({ storeDir: cfg.store, tls, log: peerLog, metrics }), peerLog);
+    const log = p.log.child({ component: "peers" });
+    let authorize: PeerServerOptions["authorize"];
+    if (cfg.peerServiceAccount) {
+      const access = new PeerAccess({
+        core: p.core,
+        auth: makeApiClient(kc, k8s.AuthenticationV1Api),
+        serviceAccount: cfg.peerServiceAccount,
+        record: p.record,
+        log,
+      });
+      authorize = (short, peer) => access.allows(short, peer);
+    } else
+      log.warn("no --peer-service-account: every peer with a certificate of the CA is served every tree");
+    const server = new PeerServer({
+      storeDir: cfg.store,
+      tls,
+      log,
+      metrics,
+      ...(authorize ? { authorize } : {}),
+    });
+    return new PeerServing(cfg, server, log);
   }
 
   async start(): Promise<string> {

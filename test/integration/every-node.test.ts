@@ -409,6 +409,16 @@ test("three real nodes: a peer serving a corrupted byte is caught by the digest,
     fill.dropped.some((d) => d.node === liar.name && d.reason === "corrupt"),
     `the liar was dropped for a corrupt chunk: ${JSON.stringify(fill.dropped)}`,
   );
+  // Said as what it is: tampering, on the record, naming the node that served another tree.
+  const tampered = await waitFor("a TreeTampered Warning on the record", async () => {
+    const events = await core.listNamespacedEvent({
+      namespace: "default",
+      fieldSelector: `involvedObject.name=${short},reason=TreeTampered`,
+    });
+    return events.items.find((e) => e.message?.includes(liar.name));
+  });
+  assert.equal(tampered.type, "Warning");
+  assert.equal(tampered.involvedObject.kind, "ModelCache");
   assert.deepEqual(
     differences(await treeDigests(join(storeOf(third), short)), truth),
     [],

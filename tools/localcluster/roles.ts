@@ -11,6 +11,7 @@ import {
   createStoreDriverObject,
   storeDriverArgs,
   storeDriverRegistered,
+  writePeerToken,
 } from "./store-driver.js";
 
 /** The URLs of the Warmstart roles the local cluster runs (absent until a role exists). */
@@ -209,6 +210,7 @@ async function startNodeAgents(ctx: RoleContext): Promise<void> {
     const port = await freePort();
     const store = join(dirname(node.kubeletRoot), "store");
     const served = driver?.nodes.includes(node.name) && node.address ? node.address : undefined;
+    if (served) await writePeerToken(kubeConfig(ctx), driver!.peerTls, node.name);
     ctx.progress(
       `starting the node agent of ${node.name} (store ${store}, metrics on port ${port}` +
         `${served ? `, serving ${STORE_DRIVER}, peers at ${served}` : ""})`,

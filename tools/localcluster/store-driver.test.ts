@@ -29,6 +29,8 @@ void test("the driver's flags: the socket under the kubelet root, then the peer 
     "--peer-cert=/s/peer-tls/real-1.crt",
     "--peer-key=/s/peer-tls/real-1.key",
     "--peer-ca=/s/peer-tls/ca.crt",
+    "--peer-token-file=/s/peer-tls/real-1.token",
+    "--peer-service-account=system:serviceaccount:warmstart-system:warmstart-node-agent",
     "--peer-port=0",
     "--host=0.0.0.0",
     "--peer-address=127.0.1.2",

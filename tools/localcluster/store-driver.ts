@@ -7,9 +7,11 @@
  */
 import { mkdir, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import * as k8sApi from "@kubernetes/client-node";
 import type * as k8s from "@kubernetes/client-node";
 import { createCA, issueCert } from "../../src/common/certs.js";
-import { isAlreadyExists } from "../../src/common/kube.js";
+import { isAlreadyExists, SYSTEM_NAMESPACE } from "../../src/common/kube.js";
+import { PEER_AUDIENCE } from "../../src/node-agent/peer-access.js";
 import { NODE_STORE_DRIVER } from "../../src/promote/objects.js";
 
 export const STORE_DRIVER = NODE_STORE_DRIVER;
@@ -30,9 +32,54 @@ export interface StoreDriverState {
   nodes: string[];
 }
 
-/** One node's peer certificate, key and the CA in a folder `writePeerTls` wrote. */
-export function peerTlsFiles(dir: string, node: string): { cert: string; key: string; ca: string } {
-  return { cert: join(dir, `${node}.crt`), key: join(dir, `${node}.key`), ca: join(dir, "ca.crt") };
+/** One node's peer certificate, key, token and the CA in a folder `writePeerTls` wrote. */
+export function peerTlsFiles(
+  dir: string,
+  node: string,
+): { cert: string; key: string; ca: string; token: string } {
+  return {
+    cert: join(dir, `${node}.crt`),
+    key: join(dir, `${node}.key`),
+    ca: join(dir, "ca.crt"),
+    token: join(dir, `${node}.token`),
+  };
+}
+
+/** The node agents' ServiceAccount, as the chart names it for a release called warmstart. */
+export const NODE_AGENT_ACCOUNT = { namespace: SYSTEM_NAMESPACE, name: "warmstart-node-agent" };
+export const NODE_AGENT_USER = `system:serviceaccount:${NODE_AGENT_ACCOUNT.namespace}:${NODE_AGENT_ACCOUNT.name}`;
+
+/**
+ * The token a node agent proves its node with (peer-access.ts): the node agents' ServiceAccount,
+ * bound to the Node object (the chart's agents hold one bound to their pod; either way the API
+ * server names the node in it), written beside the node's certificate. The host-process agents
+ * run with the admin's credentials, so this token is all they are as that account.
+ */
+export async function writePeerToken(kc: k8s.KubeConfig, dir: string, node: string): Promise<void> {
+  const core = kc.makeApiClient(k8sApi.CoreV1Api);
+  await core
+    .createNamespacedServiceAccount({
+      namespace: NODE_AGENT_ACCOUNT.namespace,
+      body: { metadata: { name: NODE_AGENT_ACCOUNT.name } },
+    })
+    .catch((err: unknown) => {
+      if (!isAlreadyExists(err)) throw err;
+    });
+  const uid = (await core.readNode({ name: node })).metadata?.uid;
+  const request = await core.createNamespacedServiceAccountToken({
+    ...NODE_AGENT_ACCOUNT,
+    body: {
+      spec: {
+        audiences: [PEER_AUDIENCE],
+        // A local cluster lives for a session; the chart's tokens are renewed by the kubelet.
+        expirationSeconds: 30 * 24 * 3600,
+        boundObjectRef: { kind: "Node", apiVersion: "v1", name: node, ...(uid ? { uid } : {}) },
+      },
+    },
+  });
+  const file = peerTlsFiles(dir, node).token;
+  await rm(file, { force: true });
+  await writeFile(file, request.status!.token, { mode: 0o600, flag: "wx" });
 }
 
 /**
@@ -71,6 +118,8 @@ export function storeDriverArgs(node: StoreDriverNode, peerTlsDir?: string): str
       `--peer-cert=${f.cert}`,
       `--peer-key=${f.key}`,
       `--peer-ca=${f.ca}`,
+      `--peer-token-file=${f.token}`,
+      `--peer-service-account=${NODE_AGENT_USER}`,
       "--peer-port=0",
       "--host=0.0.0.0",
       `--peer-address=${node.address}`,

@@ -5,6 +5,7 @@
  * progress, on the record), and nodes that start filling later are taken as sources too.
  */
 import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { status } from "@grpc/grpc-js";
 import { liveReplicas } from "../../api/modelcache.js";
@@ -79,7 +80,8 @@ async function peerTls(cfg: NodeAgentConfig, short: string): Promise<TlsMaterial
     );
   // Read at each fetch: the files are a mounted Secret that may be renewed.
   const [cert, key, ca] = await Promise.all([cfg.peerCert, cfg.peerKey, cfg.peerCa].map((f) => readFile(f)));
-  return { cert: cert!, key: key!, ca: ca! };
+  const tokenFile = cfg.peerTokenFile;
+  return { cert: cert!, key: key!, ca: ca!, ...(tokenFile ? { token: () => readPeerToken(tokenFile) } : {}) };
 }
 
 /**
@@ -246,3 +248,17 @@ class ProgressOnRecord {
       );
   }
 }
+
+/** The node agent's token as the kubelet last renewed it (read at most once a minute). */
+function readPeerToken(file: string): string | undefined {
+  const now = Date.now();
+  if (peerToken?.file !== file || now - peerToken.at > 60_000) {
+    try {
+      peerToken = { file, at: now, token: readFileSync(file, "utf8").trim() };
+    } catch {
+      return peerToken?.file === file ? peerToken.token : undefined;
+    }
+  }
+  return peerToken.token;
+}
+let peerToken: { file: string; at: number; token: string } | undefined;

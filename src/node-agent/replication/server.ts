@@ -36,24 +36,31 @@ import { ACTIVE_STREAMS_HEADER, decodeRel, parseRange, type TreeMeta } from "./p
 import { sendRange } from "./send-range.js";
 
 export interface PeerIdentity {
-  /** The client certificate's subject CN (the chart issues one per node agent). */
+  /** The client certificate's subject CN (one certificate may be shared by every node agent). */
   commonName: string;
   organization?: string;
   fingerprint256: string;
+  /** The bearer token the peer sent: its node agent's ServiceAccount token, bound to its pod, which
+   * names its node (what the certificate cannot: see authorize). */
+  token?: string;
 }
 
 export interface TlsMaterial {
   ca: string | Buffer;
   cert: string | Buffer;
   key: string | Buffer;
+  /** This node agent's bound ServiceAccount token, sent with every request to prove its node;
+   * read at each request (the kubelet renews the file). */
+  token?: () => string | undefined;
 }
 
 export interface PeerServerOptions {
   /** The node's cache store: committed trees at `<storeDir>/<short>`. */
   storeDir: string;
   tls: TlsMaterial;
-  /** Whether `peer` may have the tree `short` (the node agent checks the sharing scope); default
-   * allows every authenticated peer. */
+  /** Whether `peer` may have the tree `short` (the node agent checks which node the peer is and
+   * that a pod there in the cache's scope mounts it: peers.ts); default allows every
+   * authenticated peer. */
   authorize?: (short: string, peer: PeerIdentity) => boolean | Promise<boolean>;
   log?: Logger;
   metrics?: ReplicationMetrics;
@@ -229,7 +236,7 @@ export class PeerServer {
       if (!m) throw new HttpError(404, "no such endpoint");
       const short = m[1] as string;
       if (!/^[0-9a-f]{16}$/.test(short)) throw new HttpError(400, "not a short hash");
-      const peer = peerOf(req);
+      const peer = { ...peerOf(req), ...bearerOf(req) };
       if (!(await (this.o.authorize ?? (() => true))(short, peer))) {
         this.o.log?.warn({ short, peer: peer.commonName }, "peer refused a tree outside its scope");
         throw new HttpError(403, "not shared with this peer");
@@ -437,4 +444,10 @@ function send(res: ServerResponse, status: number, body: string | Buffer, type: 
   res.setHeader("content-type", type);
   res.setHeader("content-length", String(Buffer.byteLength(body)));
   res.end(head ? undefined : body);
+}
+
+/** The bearer token of a request, if it sent one. */
+function bearerOf(req: IncomingMessage): { token?: string } {
+  const m = /^Bearer ([A-Za-z0-9._~+/=-]{1,8192})$/.exec(req.headers.authorization ?? "");
+  return m ? { token: m[1] as string } : {};
 }

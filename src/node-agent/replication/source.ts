@@ -140,6 +140,12 @@ export class Source implements Holder {
     return true;
   }
 
+  /** The header proving this node to the source (TlsMaterial.token), when there is a token. */
+  private authorization(): Record<string, string> {
+    const token = this.tls.token?.();
+    return token ? { authorization: `Bearer ${token}` } : {};
+  }
+
   close(): void {
     for (const r of this.requests) r.destroy();
     for (const c of this.conns) c.destroy(new Error(`source ${this.node} closed`));
@@ -172,7 +178,11 @@ export class Source implements Holder {
     if (!this.alive)
       return Promise.reject(new SourceError(this.dropReason ?? "error", `source ${this.node} is dropped`));
     return new Promise((resolve, reject) => {
-      const req = https.request(new URL(path, this.url), { agent: this.agent, headers, signal });
+      const req = https.request(new URL(path, this.url), {
+        agent: this.agent,
+        headers: { ...headers, ...this.authorization() },
+        signal,
+      });
       let response: IncomingMessage | undefined;
       this.requests.add(req);
       req.on("close", () => this.requests.delete(req));
@@ -371,7 +381,7 @@ export class Source implements Holder {
       };
       conn.request(
         path,
-        { range: `bytes=${offset}-${end}` },
+        { range: `bytes=${offset}-${end}`, ...this.authorization() },
         {
           head: (status, headers) => {
             heardAt = performance.now();
