@@ -268,6 +268,36 @@ test("a tree that is not committed (only staging, or no ready marker) is refused
   await call(node, "NodeUnpublishVolume", { volume_id: HASH, target_path: target });
 });
 
+test("a stored tree whose manifest is not the record's is tampering: refused, reported, nothing mounted; the record's own tree mounts", async (t) => {
+  if (!canRun(t)) return;
+  const reported: string[] = [];
+  const forged = await started(t, {
+    expectedDigest: () => "0".repeat(64),
+    tampered: (hash, message) => reported.push(`${shortHash(hash)}: ${message}`),
+  });
+  const publish = (node: Client, dir: string): Promise<unknown> =>
+    call(node, "NodePublishVolume", {
+      volume_id: HASH,
+      target_path: join(dir, "pods", "uid-t", "mount"),
+      volume_capability: mountCap("MULTI_NODE_READER_ONLY"),
+    });
+  await assert.rejects(publish(forged.node, forged.dir), { code: grpc.status.FAILED_PRECONDITION });
+  assert.ok(!(await mountAt(join(forged.dir, "pods", "uid-t", "mount"))), "nothing mounted");
+  assert.equal(reported.length, 1);
+  assert.match(reported[0]!, /not the record's/);
+  // The digest the record names is the stored tree's own: published.
+  const honest = await started(t, {
+    expectedDigest: (hash) => manifestDigestOf(honestStore.treeDir(hash)),
+  });
+  const honestStore = honest.store;
+  await publish(honest.node, honest.dir);
+  assert.ok(await mountAt(join(honest.dir, "pods", "uid-t", "mount")), "the record's tree is mounted");
+  await call(honest.node, "NodeUnpublishVolume", {
+    volume_id: HASH,
+    target_path: join(honest.dir, "pods", "uid-t", "mount"),
+  });
+});
+
 test("a node without the tree fills its store from a peer, once for concurrent publishes, then mounts it", async (t) => {
   if (!canRun(t)) return;
   const dir = await tempDir(t, "store-driver-peer-");

@@ -18,6 +18,7 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import type { Logger } from "../../common/log.js";
 import { shortHash } from "../../core/contract.js";
+import { manifestDigestOf } from "../replication/server.js";
 import type { CacheStore } from "../store.js";
 import { bindReadOnly, mountAt, remountReadOnly, sameInode, unmountAll } from "./mounts.js";
 import {
@@ -54,6 +55,13 @@ export interface StoreDriverOptions {
    * FAILED_PRECONDITION.
    */
   ensureTree?: (hash: string, signal: AbortSignal) => Promise<string>;
+  /**
+   * The manifest digest the cache's record names (undefined: none known yet): a tree the store
+   * already holds is mounted only when its manifest hashes to it; another tree is tampering,
+   * reported through `tampered` and never mounted.
+   */
+  expectedDigest?: (hash: string) => string | undefined;
+  tampered?: (hash: string, message: string) => void;
   log: Logger;
   /** Where csi.proto and pluginregistration.proto are (default: the vendored ones). */
   protoDir?: string;
@@ -239,6 +247,7 @@ export class StoreDriver {
           await this.fetch(req.hash, tree);
           break;
         case "mount":
+          this.checkDigest(req.hash, tree);
           break;
       }
       await bindReadOnly(tree, req.target);
@@ -278,6 +287,15 @@ export class StoreDriver {
     } catch (err) {
       throw new CsiError(grpc.status.FAILED_PRECONDITION, (err as Error).message);
     }
+  }
+
+  /** Refuses a stored tree whose manifest is not the one the record names (a replica checks it as it fills). */
+  private checkDigest(hash: string, tree: string): void {
+    const expected = this.o.expectedDigest?.(hash);
+    if (!expected || manifestDigestOf(tree) === expected) return;
+    const message = `the stored tree of cache ${shortHash(hash)} is not the record's (its manifest does not hash to the record's digest): not mounted`;
+    this.o.tampered?.(hash, message);
+    throw new CsiError(grpc.status.FAILED_PRECONDITION, message);
   }
 
   /** The tree from peers; one fetch per hash however many publishes wait for it. */

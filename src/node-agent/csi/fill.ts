@@ -158,14 +158,7 @@ async function fill(
       return () => clearInterval(timer);
     },
     ...(o.peers ? { serveFilling: (tree) => o.peers!.serveFilling(short, tree) } : {}),
-    onTampered: ({ message }) => {
-      void postCacheEvent(p.core, p.record(short) ?? { metadata: { name: short } }, {
-        type: "Warning",
-        reason: "TreeTampered",
-        message,
-        component: COMPONENT,
-      }).catch((err: unknown) => log.warn({ err }, "could not post the TreeTampered Event"));
-    },
+    onTampered: ({ message }) => reportTampered(p, short, message),
     onProgress: ({ doneBytes, totalBytes }) => {
       m.fillingBytes.set({ hash: short }, doneBytes);
       m.fillingTotalBytes.set({ hash: short }, totalBytes);
@@ -262,3 +255,16 @@ function readPeerToken(file: string): string | undefined {
   return peerToken.token;
 }
 let peerToken: { file: string; at: number; token: string } | undefined;
+
+/**
+ * A tree that is not the record's, said as tampering (the receiver or the driver found it): a
+ * TreeTampered Warning on the record; the caller logs it as an error and counts it.
+ */
+export function reportTampered(p: AgentParts, short: string, message: string): void {
+  void postCacheEvent(p.core, p.record(short) ?? { metadata: { name: short } }, {
+    type: "Warning",
+    reason: "TreeTampered",
+    message,
+    component: COMPONENT,
+  }).catch((err: unknown) => p.log.warn({ err, hash: short }, "could not post the TreeTampered Event"));
+}

@@ -7,7 +7,8 @@
 import { join } from "node:path";
 import type { AgentParts } from "../parts.js";
 import { StoreDriver } from "./driver.js";
-import { fetchTree, type FillDeps } from "./fill.js";
+import { shortHash } from "../../core/contract.js";
+import { fetchTree, reportTampered, type FillDeps } from "./fill.js";
 
 /** The driver the agent serves, or undefined when `--csi-plugin-dir` is not given. */
 export function storeDriverFor(p: AgentParts, o: FillDeps): StoreDriver | undefined {
@@ -19,6 +20,12 @@ export function storeDriverFor(p: AgentParts, o: FillDeps): StoreDriver | undefi
     nodeId: cfg.node,
     store: p.store,
     ensureTree: (hash, signal) => fetchTree(p, hash, signal, o),
+    expectedDigest: (hash) => p.record(shortHash(hash))?.status?.manifestDigest,
+    tampered: (hash, message) => {
+      p.metrics.replication.tampered.inc({ reason: "stored" });
+      p.log.error({ hash: shortHash(hash) }, `tampered tree: ${message}`);
+      reportTampered(p, shortHash(hash), message);
+    },
     log: p.log.child({ component: "csi" }),
   });
 }
