@@ -19,6 +19,7 @@ export function registerNodeAgentCommands(program: Command): void {
     const http = await startHttp({
       host: cfg.host,
       port: cfg.port,
+      metricsRemote: cfg.metricsRemote,
       registry: agent.metrics.registry,
       health: () => agent.health(),
       log,

@@ -251,6 +251,18 @@ export const NODE_AGENT_OPTIONS = {
     doc: "metrics and health port (0 = any free port)",
     schema: z.coerce.number().int().min(0).max(65535),
   },
+  /**
+   * /metrics beyond loopback. Off, it answers only clients on the pod's (or, with the host network,
+   * the node's) loopback: the port stays open for the kubelet's probes, and its series name this
+   * node's caches and what it does with them.
+   */
+  metricsRemote: {
+    flag: "--metrics-remote",
+    env: "WARMSTART_METRICS_REMOTE",
+    default: false,
+    doc: "serve /metrics to every address, not only loopback (restrict who reaches the port)",
+    schema: bool,
+  },
   systemNamespace: { default: SYSTEM_NAMESPACE, doc: "the system namespace", schema: z.string() },
   claimAttempts: {
     default: 5,

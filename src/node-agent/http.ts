@@ -9,9 +9,18 @@ export interface HttpHandle {
   close(): Promise<void>;
 }
 
+/** A client on loopback: only this pod's containers (or, with the host network, the node's processes). */
+export function isLoopback(address: string | undefined): boolean {
+  if (!address) return false;
+  const v4 = address.startsWith("::ffff:") ? address.slice(7) : address;
+  return v4.startsWith("127.") || address === "::1";
+}
+
 export async function startHttp(o: {
   host: string;
   port: number;
+  /** Serve /metrics to every client; otherwise loopback clients only (the probes stay open). */
+  metricsRemote?: boolean;
   registry: Registry;
   health: () => { ready: boolean; [k: string]: unknown };
   log: Logger;
@@ -38,6 +47,8 @@ export async function startHttp(o: {
         return json(h.ready ? 200 : 503, h);
       }
       case "/metrics":
+        if (!o.metricsRemote && !isLoopback(req.socket.remoteAddress))
+          return json(403, { error: "metrics are served on loopback only (--metrics-remote)" });
         o.registry.metrics().then(
           (body) => send(200, o.registry.contentType, body),
           (err: unknown) => {
