@@ -14,7 +14,15 @@ import jsonpatch, { type Operation } from "fast-json-patch";
 import type { V1Container, V1EnvVar, V1Pod } from "@kubernetes/client-node";
 import { classifyPod } from "./classify.js";
 import { cacheHash, isExcludedEnv, stripRoleArgs } from "./hash.js";
-import { isCredentialName } from "./env.js";
+import { argvTokens } from "./argv.js";
+import {
+  EXPANSION_BUDGET_BYTES,
+  expandKubeRefs,
+  expandShellVars,
+  isCredentialName,
+  listOf,
+  literalEnv,
+} from "./env.js";
 import { joinShell, splitShell } from "./shell.js";
 import { stripStamps } from "./stamps.js";
 import {
@@ -353,6 +361,115 @@ test("pods with the wrong types anywhere: classified or left alone, never a thro
     },
   } as unknown as V1Pod;
   assert.match(cacheHash(odd, classifyPod(odd)).hash, /^[0-9a-f]{64}$/);
+});
+
+// ---------------------------------------------------------------------------------------------
+// Expansion: `$(VAR)`, `$VAR` and `${VAR}` anywhere (command, args, env values, `sh -c` scripts,
+// a storage initializer's words), over env that refers to itself and doubles: one reading of a
+// pod adds at most the budget, and costs time linear in the pod.
+
+/** A name of the env below: few, so references meet definitions. */
+const refName = fc.integer({ min: 0, max: 5 }).map((i) => `A${i}`);
+const ref = fc
+  .tuple(fc.constantFrom("kube", "shell", "brace"), refName)
+  .map(([k, n]) => (k === "kube" ? `$(${n})` : k === "shell" ? `$${n}` : `\${${n}}`));
+/** A run of references, repeated up to hundreds of times: R references to V bytes each, unbounded. */
+const refRun = fc
+  .tuple(fc.array(ref, { minLength: 1, maxLength: 3 }), fc.integer({ min: 1, max: 300 }), word)
+  .map(([rs, k, w]) => `${w}${rs.join("").repeat(k)}`);
+/**
+ * Env over A0..A5: large literals, and values that refer to earlier entries or to the name's own
+ * earlier definition (`A1=$(A1)$(A1)` doubles A1), in every syntax (only `$(VAR)` is the kubelet's).
+ */
+const refEnv: fc.Arbitrary<V1EnvVar[]> = fc.array(
+  fc.record({
+    name: refName,
+    value: fc.oneof(
+      fc.integer({ min: 1, max: 30_000 }).map((n) => "x".repeat(n)),
+      fc.tuple(refName, fc.integer({ min: 2, max: 3 })).map(([n, k]) => `$(${n})`.repeat(k)),
+      refRun,
+      text,
+    ),
+  }),
+  { minLength: 1, maxLength: 14 },
+);
+const refPod: fc.Arbitrary<V1Pod> = fc
+  .record({
+    env: refEnv,
+    initEnv: refEnv,
+    run: refRun,
+    run2: refRun,
+    words: fc.array(refRun, { maxLength: 40 }),
+    form: fc.constantFrom("list", "flag", "script", "nested", "positional", "env", "initializer"),
+  })
+  .map(({ env, initEnv, run, run2, words, form }): V1Pod => {
+    const main: V1Container = {
+      name: "m",
+      image: "vllm/vllm-openai:v0.6.3",
+      resources: { limits: { "nvidia.com/gpu": "1" } },
+      env: [...env, ...(form === "env" ? [{ name: "MODEL_ID", value: run }] : [])],
+      volumeMounts: [{ name: "models", mountPath: "/mnt/models" }],
+    };
+    const script = `vllm serve ${run} --x ${run2} ${words.join(" ")}`;
+    if (form === "list") main.args = ["--model", run, ...words];
+    if (form === "flag") main.args = [`--model=${run}`, `--x=${run2}`];
+    if (form === "script") main.command = ["sh", "-c", script];
+    if (form === "nested") main.command = ["bash", "-lc", `exec sh -c ${shq(script)}`];
+    if (form === "positional") main.command = ["vllm", "serve", run, run2, ...words];
+    if (form === "initializer") main.args = ["--model", "/mnt/models"];
+    return wire({
+      metadata: { name: "p" },
+      spec: {
+        volumes: [{ name: "models", emptyDir: {} }],
+        initContainers: [
+          {
+            name: "storage-initializer",
+            image: "kserve/storage-initializer",
+            env: initEnv,
+            volumeMounts: [{ name: "models", mountPath: "/mnt/models" }],
+            command: ["sh", "-c", `${words.join(" ")} ${run2} hf://org/m`],
+          },
+        ],
+        containers: [main],
+      },
+    });
+  });
+
+test("`$(VAR)`, `$VAR` and `${VAR}` anywhere, self-references and doublings: one budget, linear time", async (t) => {
+  const peak = process.resourceUsage().maxRSS;
+  let worst = { ms: 0, n: 0 };
+  await holds(
+    t,
+    fc.property(refPod, (pod) => {
+      const n = JSON.stringify(pod).length;
+      const cpu = process.cpuUsage();
+      const c = classifyPod(pod);
+      const inputs = c.downloader ? cacheHash(pod, c).inputs : undefined;
+      const used = process.cpuUsage(cpu);
+      const ms = (used.user + used.system) / 1000;
+      if (ms > worst.ms) worst = { ms, n };
+      // Unbounded, such pods cost seconds and gigabytes, or a RangeError (a pod admitted with no
+      // decision). A generous constant for a loaded machine, and a linear term.
+      assert.ok(ms <= 250 + n / 100, `${ms.toFixed(0)} ms of CPU for a ${n}-byte pod`);
+      assert.ok((c.model?.length ?? 0) <= n + EXPANSION_BUDGET_BYTES, `a ${c.model?.length}-character model`);
+      if (inputs) assert.ok(JSON.stringify(inputs).length <= 8 * n + 2 * EXPANSION_BUDGET_BYTES);
+      // What one reading expands, the env and every word of the argv, adds at most the budget.
+      for (const container of [pod.spec!.containers[0]!, pod.spec!.initContainers![0]!]) {
+        const env = literalEnv(container);
+        let written = listOf(container.env).reduce((k, e) => k + (e.value?.length ?? 0), 0);
+        let expanded = [...env.values()].reduce((k, v) => k + v.length, 0);
+        for (const tok of argvTokens(container)) {
+          written += tok.text.length;
+          expanded += expandShellVars(expandKubeRefs(tok.text, env), env).length;
+        }
+        assert.ok(expanded <= written + EXPANSION_BUDGET_BYTES, `${expanded} bytes from ${written}`);
+      }
+    }),
+    200,
+  );
+  const grewMB = (process.resourceUsage().maxRSS - peak) / 1024;
+  t.diagnostic(`worst: ${worst.ms.toFixed(0)} ms for ${worst.n} bytes; peak RSS +${grewMB.toFixed(0)} MB`);
+  assert.ok(grewMB < 200, `peak RSS grew by ${grewMB.toFixed(0)} MB`);
 });
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,15 @@
-import type { V1Container, V1Pod } from "@kubernetes/client-node";
+import type { V1Container, V1Pod, V1PodResourceClaim, V1VolumeMount } from "@kubernetes/client-node";
 import { argvTokens, type ArgvToken } from "./argv.js";
-import { envSourceRef, expandKubeRefs, expandShellVars, listOf, literalEnv, textOf } from "./env.js";
+import {
+  envSourceRef,
+  expandKubeRefs,
+  expansionBudget,
+  expandShellVars,
+  listOf,
+  literalEnv,
+  textOf,
+  type ExpansionBudget,
+} from "./env.js";
 import { isRecord } from "./guards.js";
 import { locationPlan, mountCovering, normalisePath, type LocationPlan } from "./locations.js";
 
@@ -110,15 +119,23 @@ export function gpuCount(container: V1Container): number {
   return Object.values(gpuResources(container)).reduce((a, b) => a + b, 0);
 }
 
+type DeclaredClaims = ReadonlyMap<unknown, V1PodResourceClaim>;
+
+/** The pod's `spec.resourceClaims` by name (the first of a name), read once for all its containers. */
+function declaredClaims(pod: V1Pod): DeclaredClaims {
+  const out = new Map<unknown, V1PodResourceClaim>();
+  for (const x of listOf(pod.spec?.resourceClaims)) if (isRecord(x) && !out.has(x.name)) out.set(x.name, x);
+  return out;
+}
+
 /** The DRA claims a container uses, resolved against the pod's `spec.resourceClaims`. */
-function containerClaims(pod: V1Pod, container: V1Container): ClaimRef[] {
+function containerClaims(container: V1Container, declared: DeclaredClaims): ClaimRef[] {
   const r = isRecord(container.resources) ? container.resources : {};
   const used = listOf(r.claims as Array<{ name?: unknown }> | undefined)
     .map((c) => (isRecord(c) && typeof c.name === "string" ? c.name : ""))
     .filter(Boolean);
-  const declared = listOf(pod.spec?.resourceClaims);
   return used.map((name) => {
-    const d = declared.find((x) => isRecord(x) && x.name === name);
+    const d = declared.get(name);
     return {
       name,
       ...(typeof d?.resourceClaimTemplateName === "string" ? { template: d.resourceClaimTemplateName } : {}),
@@ -142,10 +159,11 @@ export function gpuInputs(
   pod: V1Pod,
   container: V1Container,
   lookup?: DeviceClassLookup,
+  declared: DeclaredClaims = declaredClaims(pod),
 ): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [k, n] of Object.entries(gpuResources(container))) out[k] = String(n);
-  for (const ref of containerClaims(pod, container)) {
+  for (const ref of containerClaims(container, declared)) {
     if (!isGpuClaim(ref, lookup)) continue;
     // The template (or the shared claim) says what devices and how many; the pod's own name for it does not.
     const key = ref.template
@@ -160,8 +178,9 @@ export function gpuInputs(
 
 /** The main container: the first that requests a GPU; undefined when none does. */
 export function mainContainerIndex(pod: V1Pod, lookup?: DeviceClassLookup): number | undefined {
+  const declared = declaredClaims(pod);
   const i = listOf(pod.spec?.containers).findIndex(
-    (c) => isRecord(c) && Object.keys(gpuInputs(pod, c, lookup)).length > 0,
+    (c) => isRecord(c) && Object.keys(gpuInputs(pod, c, lookup, declared)).length > 0,
   );
   return i === -1 ? undefined : i;
 }
@@ -171,9 +190,12 @@ export interface ModelHit {
   reason: string;
 }
 
-/** Finds the model a container names, in order: flags, launcher positional, env, NIM image. */
-export function containerModel(container: V1Container): ModelHit | undefined {
-  const env = literalEnv(container);
+/**
+ * Finds the model a container names, in order: flags, launcher positional, env, NIM image. Its
+ * expansions draw from `budget` (see EXPANSION_BUDGET_BYTES).
+ */
+export function containerModel(container: V1Container, budget = expansionBudget()): ModelHit | undefined {
+  const env = literalEnv(container, budget);
   const tokens = argvTokens(container);
   const resolve = (t: ArgvToken): string => {
     const k = expandKubeRefs(t.text, env);
@@ -200,6 +222,7 @@ export function containerModel(container: V1Container): ModelHit | undefined {
       return { model: resolve(next), reason: `model from ${flag} flag` };
   }
 
+  const dead = new Set<number>();
   for (let i = 0; i < tokens.length; i++) {
     const t = word(i);
     if (!t) continue;
@@ -215,7 +238,7 @@ export function containerModel(container: V1Container): ModelHit | undefined {
       launcher = "trtllm-serve";
     }
     if (start === undefined) continue;
-    const pos = positional(tokens, start);
+    const pos = positional(tokens, start, dead);
     if (pos) return { model: resolve(pos), reason: `model from ${launcher} positional` };
   }
 
@@ -234,23 +257,32 @@ export function containerModel(container: V1Container): ModelHit | undefined {
   return undefined;
 }
 
-/** The first positional word from `start`, skipping flags (and the values of flags that take one). */
-function positional(tokens: readonly ArgvToken[], start: number): ArgvToken | undefined {
-  let j = start;
-  while (j < tokens.length) {
+/**
+ * The first positional word from `start`, skipping flags (and the values of flags that take one).
+ * `dead` keeps the indexes whose walk found none, so that many launcher words followed by flags
+ * cost one walk, not one each (time linear in the argv).
+ */
+function positional(tokens: readonly ArgvToken[], start: number, dead: Set<number>): ArgvToken | undefined {
+  const walked: number[] = [];
+  for (let j = start; j < tokens.length && !dead.has(j);) {
+    walked.push(j);
     const t = tokens[j] as ArgvToken;
-    if (t.op) return undefined;
-    if (!t.text.startsWith("-")) return t.text ? t : undefined;
+    if (t.op) break;
+    if (!t.text.startsWith("-")) {
+      if (t.text) return t;
+      break;
+    }
     j += t.text.includes("=") || BOOLEAN_FLAGS.has(t.text) ? 1 : 2;
   }
+  for (const j of walked) dead.add(j);
   return undefined;
 }
 
 const URI = /^[a-z][a-z0-9+.-]*:\/\/\S+$/i;
 
 /** The first storage URI an init container names, its `$(VAR)` and shell `$VAR` resolved from its own env. */
-function initSourceUri(init: V1Container): string | undefined {
-  const env = literalEnv(init);
+function initSourceUri(init: V1Container, budget: ExpansionBudget): string | undefined {
+  const env = literalEnv(init, budget);
   for (const t of argvTokens(init)) {
     if (t.op) continue;
     const k = expandKubeRefs(t.text, env);
@@ -260,46 +292,75 @@ function initSourceUri(init: V1Container): string | undefined {
   return undefined;
 }
 
+/** Where a folder of the main container is filled from (see storageSources). */
+type SourceOf = (path: string, mount?: V1VolumeMount) => { uri: string; from: string } | undefined;
+
 /**
  * Where a model the engine reads from a local folder really comes from: an init container that
  * writes the volume holding that folder and names a storage URI (KServe's storage initializer,
  * `hf://org/name`, `s3://...`, a `gcloud storage cp gs://...`), or the URI KServe's pod mutator
- * announces before it injects its initializer.
+ * announces before it injects its initializer. Each init container is read once and each volume
+ * looked up once, whatever the number of folders asked about: time linear in the pod.
  */
-function storageSource(
-  pod: V1Pod,
-  main: V1Container,
-  path: string,
-): { uri: string; from: string } | undefined {
-  const mount = mountCovering(main, path);
-  if (!mount) return undefined;
+function storageSources(pod: V1Pod, main: V1Container, budget: ExpansionBudget): SourceOf {
+  // The init containers that write each volume, in pod order.
+  const writers = new Map<unknown, V1Container[]>();
   for (const init of listOf(pod.spec?.initContainers)) {
     if (!isRecord(init)) continue;
-    const writes = listOf(init.volumeMounts).some((m) => m?.name === mount.name && m.readOnly !== true);
-    if (!writes) continue;
-    const uri = initSourceUri(init);
-    if (uri) return { uri, from: `init container ${textOf(init.name)}` };
+    for (const m of listOf(init.volumeMounts)) {
+      if (!isRecord(m) || m.readOnly === true) continue;
+      const list = writers.get(m.name) ?? [];
+      if (list[list.length - 1] !== init) list.push(init);
+      writers.set(m.name, list);
+    }
   }
-  // Before KServe injects its initializer, it has announced the URI it will fetch into its fixed folder.
-  const announced = pod.metadata?.annotations?.[KSERVE_SOURCE_URI_ANNOTATION];
-  const inKServeFolder = path === KSERVE_MODEL_DIR || path.startsWith(`${KSERVE_MODEL_DIR}/`);
-  if (inKServeFolder && typeof announced === "string" && URI.test(announced.trim()))
-    return { uri: announced.trim(), from: `annotation ${KSERVE_SOURCE_URI_ANNOTATION}` };
-  return undefined;
+  const uris = new Map<V1Container, string | undefined>();
+  const byVolume = new Map<unknown, { uri: string; from: string } | undefined>();
+  const volumeSource = (name: unknown): { uri: string; from: string } | undefined => {
+    if (byVolume.has(name)) return byVolume.get(name);
+    let found: { uri: string; from: string } | undefined;
+    for (const init of writers.get(name) ?? []) {
+      if (!uris.has(init)) uris.set(init, initSourceUri(init, budget));
+      const uri = uris.get(init);
+      if (uri) {
+        found = { uri, from: `init container ${textOf(init.name)}` };
+        break;
+      }
+    }
+    byVolume.set(name, found);
+    return found;
+  };
+  return (path, mount = mountCovering(main, path)) => {
+    if (!mount) return undefined;
+    const src = volumeSource(mount.name);
+    if (src) return src;
+    // Before KServe injects its initializer, it has announced the URI it will fetch into its fixed folder.
+    const announced = pod.metadata?.annotations?.[KSERVE_SOURCE_URI_ANNOTATION];
+    const inKServeFolder = path === KSERVE_MODEL_DIR || path.startsWith(`${KSERVE_MODEL_DIR}/`);
+    if (inKServeFolder && typeof announced === "string" && URI.test(announced.trim()))
+      return { uri: announced.trim(), from: `annotation ${KSERVE_SOURCE_URI_ANNOTATION}` };
+    return undefined;
+  };
 }
 
 /**
  * A server that names no model but loads one from a folder a storage initializer fills (KServe's
  * Hugging Face server reads `/mnt/models` by default): the folder of the first mount so filled.
  */
-function filledFolder(pod: V1Pod, main: V1Container): ModelHit | undefined {
+function filledFolder(main: V1Container, sourceOf: SourceOf): ModelHit | undefined {
+  // The mount covering a mount's own folder is the first at that folder (mountCovering's choice),
+  // found without a scan of every mount for each.
+  const first = new Map<string, V1VolumeMount>();
   for (const m of listOf(main.volumeMounts)) {
     if (!isRecord(m) || typeof m.mountPath !== "string") continue;
     const path = normalisePath(m.mountPath);
-    if (path && storageSource(pod, main, path)) return { model: path, reason: "model from a mounted folder" };
+    if (path === undefined || first.has(path)) continue;
+    first.set(path, m);
+    if (sourceOf(path, m)) return { model: path, reason: "model from a mounted folder" };
   }
   return undefined;
 }
+
 /** Decides whether a pod is a model downloader: a GPU container that names a model. Never throws. */
 export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classification {
   const containers = (pod as V1Pod | null | undefined)?.spec?.containers;
@@ -309,7 +370,10 @@ export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classificat
   if (idx === undefined) return { downloader: false, reason: REASON_NO_GPU };
   const main = containers[idx] as V1Container;
   const gpus = gpuInputs(pod, main, opts.deviceClasses);
-  const hit = containerModel(main) ?? filledFolder(pod, main);
+  // One expansion budget for this reading of the pod: its main container's and init containers' words.
+  const budget = expansionBudget();
+  const sourceOf = storageSources(pod, main, budget);
+  const hit = containerModel(main, budget) ?? filledFolder(main, sourceOf);
   if (!hit) return { downloader: false, reason: REASON_NO_MODEL, containerIndex: idx, gpus };
   const c: Classification = {
     downloader: true,
@@ -322,7 +386,7 @@ export function classifyPod(pod: V1Pod, opts: ClassifyOptions = {}): Classificat
   if (path !== undefined) {
     c.modelPath = path;
     // The model's identity is what was fetched, never the folder every pod of a kind reads it from.
-    const src = storageSource(pod, main, path);
+    const src = sourceOf(path);
     if (src) {
       c.model = src.uri;
       c.source = src.uri;

@@ -2,7 +2,14 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { performance } from "node:perf_hooks";
 import type { V1Container } from "@kubernetes/client-node";
-import { EXPANSION_BUDGET_BYTES, expandKubeRefs, literalEnv, redactUrlCredentials } from "./env.js";
+import {
+  EXPANSION_BUDGET_BYTES,
+  expandKubeRefs,
+  expandShellVars,
+  expansionBudget,
+  literalEnv,
+  redactUrlCredentials,
+} from "./env.js";
 
 void describe("redactUrlCredentials", () => {
   void test("user and password, or a bare token, in a URL's user info", () => {
@@ -71,6 +78,54 @@ void describe("$(VAR) expansion under attack", () => {
     assert.ok(out <= EXPANSION_BUDGET_BYTES + 100_000 * 6, `${out} bytes`);
   });
 
+  void test("`$VAR` and `${VAR}` draw from the same budget as `$(VAR)`: many references to a large value stay bounded", () => {
+    const env = literalEnv({ name: "c", env: [{ name: "BIG", value: "y".repeat(64 * 1024) }] });
+    const t0 = performance.now();
+    let out = 0;
+    for (let i = 0; i < 50_000; i++) out += expandShellVars("$BIG${BIG}", env).length;
+    for (let i = 0; i < 50_000; i++) out += expandKubeRefs("$(BIG)", env).length;
+    assert.ok(performance.now() - t0 < 2_000);
+    assert.ok(out <= EXPANSION_BUDGET_BYTES + 50_000 * (10 + 6), `${out} bytes`);
+    // Past the budget a reference stays as written, in either syntax.
+    assert.equal(expandShellVars("$BIG/${BIG}", env), "$BIG/${BIG}");
+    assert.equal(expandKubeRefs("$(BIG)", env), "$(BIG)");
+  });
+
+  void test("one word of many references is cut at the budget, never past Node's longest string", () => {
+    const env = literalEnv({ name: "c", env: [{ name: "BIG", value: "y".repeat(50_000) }] });
+    // 12 500 references: 625 MB unbounded, past Node's longest string (a RangeError).
+    const word = "$BIG".repeat(12_500);
+    const v = expandShellVars(word, env);
+    assert.ok(v.length <= word.length + EXPANSION_BUDGET_BYTES, `${v.length} characters`);
+    assert.ok(v.startsWith("y".repeat(50_000 * 20)), "references within the budget are expanded");
+    assert.ok(v.endsWith("$BIG$BIG"), "those past it stay as written");
+  });
+
+  void test("one budget serves every container of one reading of a pod", () => {
+    const budget = expansionBudget();
+    const container = { name: "c", env: [{ name: "BIG", value: "y".repeat(300 * 1024) }] };
+    const envs = Array.from({ length: 8 }, () => literalEnv(container, budget));
+    let out = 0;
+    for (const env of envs) out += expandShellVars("$BIG".repeat(8), env).length;
+    // Unshared, eight containers would add 8 x 8 x 300 KiB.
+    assert.ok(out <= EXPANSION_BUDGET_BYTES + 8 * 8 * 4, `${out} bytes`);
+    assert.ok(budget.left >= 0 && budget.left < 300 * 1024);
+  });
+
+  void test("a shell reference to a value built by `$(VAR)` doublings stays within the one budget", () => {
+    const env = literalEnv({
+      name: "c",
+      env: [
+        { name: "A0", value: "x".repeat(1024) },
+        ...Array.from({ length: 9 }, (_, i) => ({ name: `A${i + 1}`, value: `$(A${i})$(A${i})` })),
+      ],
+    });
+    assert.equal(env.get("A9")?.length, 512 * 1024);
+    // The doublings spent almost all of it: 800 references (400 MB unbounded) add nothing more.
+    const v = expandShellVars("$A9".repeat(800), env);
+    assert.ok(v.length <= 3 * 800 + EXPANSION_BUDGET_BYTES, `${v.length} characters`);
+  });
+
   void test("ordinary references, escapes and unknown names are unchanged", () => {
     const env = literalEnv({
       name: "c",
@@ -80,6 +135,10 @@ void describe("$(VAR) expansion under attack", () => {
       ],
     });
     assert.equal(env.get("ARGS"), "--model org/m --x $(MODEL) $(NOPE)");
+    assert.equal(
+      expandShellVars("$MODEL/${MODEL}:$NOPE ${NOPE} $$ $1", env),
+      "org/m/org/m:$NOPE ${NOPE} $$ $1",
+    );
   });
 });
 

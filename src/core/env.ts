@@ -98,22 +98,41 @@ export function envFromRef(src: V1EnvFromSource): string {
 }
 
 /**
- * Bytes `$(VAR)` references may add, per container: real values that refer to others are short,
- * while a pod of under 1 KB can chain self-doubling entries into gigabytes (and stall admission
- * past the API server's timeout). Past the budget a reference stays as written.
+ * Bytes that `$(VAR)`, `$VAR` and `${VAR}` references may add in one reading of a pod (the
+ * classifier's, over its main and init containers; the location plan's; the group reading's).
+ * Unbounded, a pod of a few kilobytes chains self-doubling entries, or repeats a reference to a
+ * large value, into gigabytes: past the webhook's memory, or past Node's longest string (a
+ * RangeError, and the pod admitted with no decision). Fixed rather than proportional to the pod:
+ * admission reads a pod a fixed number of times, so a constant keeps it linear, and real pods
+ * expand kilobytes. Past the budget a reference stays as written.
  */
 export const EXPANSION_BUDGET_BYTES = 1 << 20;
 
-/** The budget left to each container's resolved env (shared by its command, args and env). */
-const budgets = new WeakMap<ReadonlyMap<string, string>, { left: number }>();
+/** What expansions may still add: one per reading of a pod, shared by every env it resolves. */
+export interface ExpansionBudget {
+  left: number;
+}
+
+export const expansionBudget = (): ExpansionBudget => ({ left: EXPANSION_BUDGET_BYTES });
+
+/** The budget each resolved env draws from (its command, args and env values, shell words too). */
+const budgets = new WeakMap<ReadonlyMap<string, string>, ExpansionBudget>();
+
+// An env that literalEnv did not make gets a budget of its own.
+const budgetOf = (env: ReadonlyMap<string, string>): ExpansionBudget => {
+  let b = budgets.get(env);
+  if (!b) budgets.set(env, (b = expansionBudget()));
+  return b;
+};
 
 /**
  * The container's literal env as the kubelet would resolve it: later entries win, and `$(VAR)` in a
- * value refers to entries defined before it.
+ * value refers to entries defined before it. Its expansions, and those of words later resolved
+ * against it, draw from `budget`: pass one budget for every container of one reading of a pod.
  */
-export function literalEnv(container: V1Container): Map<string, string> {
+export function literalEnv(container: V1Container, budget = expansionBudget()): Map<string, string> {
   const env = new Map<string, string>();
-  budgets.set(env, { left: EXPANSION_BUDGET_BYTES });
+  budgets.set(env, budget);
   for (const e of listOf(container.env)) {
     if (typeof e?.name !== "string") continue;
     if (e.valueFrom) env.delete(e.name);
@@ -122,28 +141,41 @@ export function literalEnv(container: V1Container): Map<string, string> {
   return env;
 }
 
+/** Replaces each reference by its value while the env's budget lasts; past it, as written. */
+function expandWithin(
+  value: string,
+  env: ReadonlyMap<string, string>,
+  ref: RegExp,
+  valueOf: (m: string) => string | undefined,
+): string {
+  const b = budgetOf(env);
+  return value.replace(ref, (m: string) => {
+    const v = valueOf(m);
+    if (v === undefined) return m;
+    const added = v.length - m.length;
+    if (added > b.left) return m;
+    if (added > 0) b.left -= added;
+    return v;
+  });
+}
+
 /**
  * Kubernetes' own `$(VAR)` expansion in command, args and env values (`$$` escapes), within the
  * expansion budget of the env it reads from.
  */
 export function expandKubeRefs(value: string, env: ReadonlyMap<string, string>): string {
-  let budget = budgets.get(env);
-  if (!budget) budgets.set(env, (budget = { left: EXPANSION_BUDGET_BYTES }));
-  const b = budget;
-  return value.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, name: string | undefined) => {
-    if (m === "$$") return "$";
-    const v = env.get(name ?? "");
-    if (v === undefined || v.length > b.left) return m;
-    b.left -= v.length;
-    return v;
-  });
+  return expandWithin(value, env, /\$\$|\$\([A-Za-z_][A-Za-z0-9_.-]*\)/g, (m) =>
+    m === "$$" ? "$" : env.get(m.slice(2, -1)),
+  );
 }
 
-/** A shell's `$VAR` / `${VAR}` expansion, for words read out of a shell script. */
+/**
+ * A shell's `$VAR` / `${VAR}` expansion, for words read out of a shell script, within the same
+ * budget as `$(VAR)`.
+ */
 export function expandShellVars(value: string, env: ReadonlyMap<string, string>): string {
-  return value.replace(
-    /\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)/g,
-    (m, a: string | undefined, b: string | undefined) => env.get(a ?? b ?? "") ?? m,
+  return expandWithin(value, env, /\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*/g, (m) =>
+    env.get(m[1] === "{" ? m.slice(2, -1) : m.slice(1)),
   );
 }
 
