@@ -26,9 +26,9 @@ function intFlag(name: string, raw: string | undefined, dflt: number, min = 1, m
   return n;
 }
 
-function checkHash(hash: string | undefined): void {
+function checkHash(hash: string | undefined, flag = "--hash"): void {
   if (hash !== undefined && !/^[0-9a-f]{64}$/.test(hash))
-    throw new Error(`--hash must be a sha256 in lowercase hex (64 characters), got "${hash}"`);
+    throw new Error(`${flag} must be a sha256 in lowercase hex (64 characters), got "${hash}"`);
 }
 
 export function registerDatapathCommands(program: Command): void {
@@ -116,6 +116,10 @@ export function registerDatapathCommands(program: Command): void {
     .requiredOption("--from <ro>", "the read-only captured tree")
     .requiredOption("--to <dir>", "the writable shadow (the pod's cache root)")
     .option("--hash <sha256>", "refuse the tree unless its manifest says it was captured for this hash")
+    .option(
+      "--manifest-digest <sha256>",
+      "refuse the tree unless its manifest's bytes hash to this (the digest on the cache's record)",
+    )
     .option("--any-uid", "make the shadow writable by any UID (the workload's UID is not known in advance)")
     .option(
       "--wait <seconds>",
@@ -135,6 +139,7 @@ export function registerDatapathCommands(program: Command): void {
     )
     .action(async (o: SeedFlags) => {
       checkHash(o.hash);
+      checkHash(o.manifestDigest, "--manifest-digest");
       if (o.fillUntil !== undefined) {
         const until = Date.parse(o.fillUntil);
         if (!Number.isFinite(until))
@@ -169,6 +174,7 @@ export function registerDatapathCommands(program: Command): void {
         from: o.from,
         to: o.to,
         hash: o.hash,
+        ...(o.manifestDigest ? { manifestDigest: o.manifestDigest } : {}),
         anyUid: o.anyUid ?? false,
       });
       process.stdout.write(
@@ -228,6 +234,7 @@ interface SeedFlags {
   from: string;
   to: string;
   hash?: string;
+  manifestDigest?: string;
   anyUid?: boolean;
   wait?: string;
   fillUntil?: string;

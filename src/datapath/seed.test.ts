@@ -1,10 +1,11 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { chmod, lstat, mkdir, readFile, readlink, realpath, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { test } from "node:test";
-import { READY_MARKER } from "../core/contract.js";
+import { MANIFEST_FILE, READY_MARKER } from "../core/contract.js";
 import { capture } from "./capture.js";
 import { usedInPlace } from "./in-place.js";
 import { seed } from "./seed.js";
@@ -163,6 +164,24 @@ void test("seed in-process: counts, and a stale link to elsewhere is replaced", 
   const second = await seed({ from: ro, to: shadow });
   assert.equal(second.linked, 1);
   assert.equal(await readlink(join(shadow, BLOB_SMALL)), join(ro, BLOB_SMALL));
+});
+
+void test("seed refuses a tree whose manifest is not the one the cache's record names, and seeds the one it names", async (t) => {
+  const dir = tempDir(t);
+  const { ro } = await readOnlyCapture(dir);
+  const digest = createHash("sha256")
+    .update(await readFile(join(ro, MANIFEST_FILE)))
+    .digest("hex");
+  const shadow = join(dir, "shadow");
+  await assert.rejects(
+    seed({ from: ro, to: shadow, manifestDigest: "0".repeat(64) }),
+    /not the one the cache's record names/,
+  );
+  assert.equal(existsSync(join(shadow, BLOB_SMALL)), false, "nothing seeded");
+  const r = runCli(["seed", "--from", ro, "--to", shadow, "--manifest-digest", "f".repeat(64)]);
+  assert.notEqual(r.status, 0, "the command refuses it too");
+  assert.match(r.stderr, /not the one the cache's record names/);
+  assert.equal((await seed({ from: ro, to: shadow, manifestDigest: digest })).linked, 2);
 });
 
 void test("--any-uid: a workload running as another UID than the seed's writes its caches and beside the model", async (t) => {

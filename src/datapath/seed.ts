@@ -19,7 +19,7 @@
  * (beneath.ts). A symlink where the tree has a directory or a copied file is replaced, not
  * followed.
  */
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import type { BigIntStats } from "node:fs";
 import {
   closeSync,
@@ -70,6 +70,8 @@ export interface SeedOptions {
   to: string;
   /** The full cache hash the tree must have been captured for (sha256 hex). */
   hash?: string;
+  /** sha256 (hex) of the manifest's bytes, from the cache's record: the tree must be that one. */
+  manifestDigest?: string;
   /**
    * Make the shadow writable by any UID: for a workload whose UID is not known when its pod is
    * admitted (it comes from its image). Only the containers of that one pod ever see the shadow.
@@ -94,6 +96,7 @@ export interface SeedResult {
 }
 
 const CHUNK = 1 << 20;
+const sha256 = (b: Buffer): string => createHash("sha256").update(b).digest("hex");
 
 export async function seed(opts: SeedOptions): Promise<SeedResult> {
   requireProcFd("seed");
@@ -115,7 +118,12 @@ export async function seed(opts: SeedOptions): Promise<SeedResult> {
   const fromFd = openDirNoFollow(from);
   let toFd: number | undefined;
   try {
-    const manifest = readManifestAt(fromFd, from);
+    const { manifest, raw } = readManifestAt(fromFd, from);
+    if (opts.manifestDigest !== undefined && sha256(raw) !== opts.manifestDigest) {
+      throw new Error(
+        `refusing to seed from ${from}: its manifest is not the one the cache's record names (tampered, or another tree)`,
+      );
+    }
     if (opts.hash !== undefined && manifest.hash !== opts.hash) {
       throw new Error(
         `refusing to seed from ${from}: it was captured for hash ${manifest.hash || "(none)"}, not ${opts.hash}`,
@@ -143,7 +151,7 @@ export async function seed(opts: SeedOptions): Promise<SeedResult> {
 }
 
 /** The manifest at the root of the tree, opened as a regular file (never through a symlink). */
-function readManifestAt(fromFd: number, from: string): Manifest {
+function readManifestAt(fromFd: number, from: string): { manifest: Manifest; raw: Buffer } {
   const where = `${from}/${MANIFEST_FILE}`;
   let fd: number;
   try {
@@ -166,7 +174,8 @@ function readManifestAt(fromFd: number, from: string): Manifest {
       if (n === 0) break;
       off += n;
     }
-    return parseManifest(buf.subarray(0, off).toString("utf8"), where);
+    const raw = buf.subarray(0, off);
+    return { manifest: parseManifest(raw.toString("utf8"), where), raw };
   } catch (err) {
     const msg = (err as Error).message;
     throw new Error(msg.startsWith("refusing") ? msg : `refusing to seed from ${from}: ${msg}`, {
