@@ -91,6 +91,8 @@ export interface RestoreOptions extends DecorationOptions {
   claimName?: string;
   /** The full hash of the cache restored from (`restore-from` names another); defaults to `hash`. */
   sourceHash?: string;
+  /** The record's manifest digest, when known at admission: seed refuses any other tree. */
+  manifestDigest?: string;
   /** The storage profile's prewarm policy; pod env WARMSTART_PREWARM overrides it. */
   prewarm: boolean;
   prewarmParallelism: number;
@@ -251,6 +253,7 @@ function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod 
         root,
         "--hash",
         opts.sourceHash ?? opts.hash,
+        ...(opts.manifestDigest ? ["--manifest-digest", opts.manifestDigest] : []),
         ...source.wait,
         ...(anyUid ? ["--any-uid"] : []),
       ],

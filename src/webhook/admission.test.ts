@@ -127,6 +127,22 @@ test("a pod admitted just after its cache turned Ready restores instead of start
   assert.equal(decision.pod?.metadata?.annotations?.[ANN_ROLE], "restore");
 });
 
+test("a restore's seed is told the record's manifest digest, so it refuses any other tree", async () => {
+  const digest = "ab".repeat(32);
+  const ready: ModelCacheObject = {
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: "0123456789abcdef" },
+    spec: { hash: "0123456789abcdef".repeat(4) },
+    status: { phase: "Ready", manifestDigest: digest },
+  };
+  const decision = await decide(review(gpuPod()), deps({ getModelCache: () => Promise.resolve(ready) }));
+  assert.equal(decision.role, "restore");
+  const seed = decision.pod?.spec?.initContainers?.find((c) => c.args?.[0] === "seed");
+  const args = seed?.args ?? [];
+  assert.equal(args[args.indexOf("--manifest-digest") + 1], digest);
+});
+
 test("any error admits the pod undecorated, with its uid and a warning", async () => {
   const d = deps({ getModelCache: () => Promise.reject(new Error("connection refused")) });
   const pod = gpuPod();

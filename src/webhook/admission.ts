@@ -188,6 +188,7 @@ export async function decide(
         reason,
         claimName: claimName(cacheHashFull),
         sourceHash: cacheHashFull,
+        ...(cache.status?.manifestDigest ? { manifestDigest: cache.status.manifestDigest } : {}),
         image: deps.cfg.image,
         ...initContainers,
         cacheRoot: deps.cfg.cacheRoot,
