@@ -18,6 +18,7 @@ import { StoreFullError, type StoreBudget } from "./budget.js";
 import type { Mark, ReleaseReason } from "./marks.js";
 import { dropFinalizerIfEmpty, podEvent, recordFailure, type AgentParts } from "./parts.js";
 import { unsupportedStorage } from "./promoter.js";
+import { evictionMessage, evictionWarning, leaderEviction } from "../promote/leader-eviction.js";
 import { unshareable } from "../promote/profiles.js";
 import { Slots } from "./slots.js";
 import { emptyDirPath, treeBytes } from "./store.js";
@@ -203,12 +204,11 @@ export class CaptureJobs {
           { why, vanished: manifest.skipped.filter((s) => s.reason === "vanished").length },
           "discarded: the pod went away during the capture",
         );
-        await recordFailure(
-          p,
-          mark.hash,
+        await this.leaderEnded(
+          mark,
           election,
-          "LeaderGone",
           `leader ${mark.key} went away during the capture (${why}); discarded`,
+          "the tree it left was discarded",
         );
         await dropFinalizerIfEmpty(p, mark.hash);
         return "discarded";
@@ -262,12 +262,11 @@ export class CaptureJobs {
       log.warn({ why }, "cancelled: the capture stopped; nothing was committed");
       // An agent stopping, or a cache being deleted, is no election ending.
       if (why !== "stopped" && why !== "cache-deleted")
-        await recordFailure(
-          p,
-          mark.hash,
+        await this.leaderEnded(
+          mark,
           election,
-          "LeaderGone",
           `leader ${mark.key} went away during its capture (${why})`,
+          "its capture stopped",
         );
       await dropFinalizerIfEmpty(p, mark.hash);
       return signal.reason as ReleaseReason;
@@ -285,6 +284,32 @@ export class CaptureJobs {
     );
     await dropFinalizerIfEmpty(p, mark.hash);
     return "capture-failed";
+  }
+
+  /**
+   * A capture stopped because its leader ended. An eviction (the pod as last seen, same UID) is a
+   * failed capture that counts, as the release controller records it, whichever writes first; any
+   * other end is the leader going, which does not count.
+   */
+  private async leaderEnded(mark: Mark, election: string, gone: string, stopped: string): Promise<void> {
+    const { p } = this;
+    const [namespace, name] = mark.key.split("/") as [string, string];
+    const pod = p.pod(namespace, name);
+    const eviction = pod?.metadata?.uid === mark.uid ? leaderEviction(pod) : undefined;
+    if (!pod || !eviction) {
+      await recordFailure(p, mark.hash, election, "LeaderGone", gone);
+      return;
+    }
+    const short = shortHash(mark.hash);
+    const message = `${evictionMessage(eviction, pod)}; ${stopped}`;
+    await p.hooks.beforeStatus?.(short, "Failed");
+    const r = await p.records.fail(short, election, "CaptureFailed", message).catch((err: unknown) => {
+      p.log.error({ err }, "could not record the failure");
+      return undefined;
+    });
+    if (!r?.written) return;
+    const ev = evictionWarning(eviction, message, short, Number(r.cache.status?.failedCaptures ?? 0));
+    await podEvent(p, pod, "Warning", ev.reason, ev.message);
   }
 }
 

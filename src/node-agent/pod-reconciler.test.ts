@@ -211,6 +211,24 @@ test("a Ready blip does not stop a copy in progress; terminating does", async ()
   assert.equal(s.marks.get("u1"), mark, "the job releases its own mark when it stops");
 });
 
+test("a leader evicted mid-copy stops the copy: a final phase is no Ready blip", async () => {
+  const s = setup(0);
+  s.pods.set(KEY, leader({ readyAt: s.clock.now() }));
+  await s.pass();
+  const mark = s.started[0]!;
+  const evicted = leader({ ready: false });
+  evicted.status = {
+    ...evicted.status,
+    phase: "Failed",
+    reason: "Evicted",
+    message: "The node was low on resource: ephemeral-storage. ",
+  };
+  s.pods.set(KEY, evicted);
+  await s.pass();
+  assert.equal(mark.controller.signal.aborted, true);
+  assert.equal(mark.controller.signal.reason, "terminating");
+});
+
 test("the first sight of a pod wearing an election id, Ready or not, is offered as the election's leader", async () => {
   const s = setup();
   s.pods.set(KEY, leader({ ready: false }));

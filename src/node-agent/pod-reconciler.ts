@@ -3,8 +3,8 @@
  * records an election's first-seen leader, and for an elected leader that is Ready it waits out
  * the warm-up (a requeue after the time left since the pod turned Ready), checks the election once
  * more and starts the capture job. A pod that changes under a warm-up or a capture (deleted,
- * replaced, no longer Ready, relabelled) ends it. A leader whose tree is already committed here
- * hands its cache to the cache reconciler.
+ * replaced, in a final phase, relabelled; a warm-up also when no longer Ready) ends it. A leader
+ * whose tree is already committed here hands its cache to the cache reconciler.
  */
 import type * as k8s from "@kubernetes/client-node";
 import type { LeaderClaim } from "../common/cache-record.js";
@@ -86,8 +86,11 @@ export function podReconciler(
     const mark = d.marks.get(uid);
     if (dec.action === "skip") {
       decision(`skipped-${dec.reason}`);
-      if (mark && (mark.stage !== "capturing" || cancelsCapture(dec.reason)))
-        end(mark, cancelReasonFor(dec.reason));
+      // A pod in a final phase (evicted, say) never runs again, and the kubelet tears its volume
+      // down under the copy: that is no blip, the copy stops (the job records how it ended).
+      const ended = pod.status?.phase === "Failed" || pod.status?.phase === "Succeeded";
+      if (mark && (mark.stage !== "capturing" || cancelsCapture(dec.reason) || ended))
+        end(mark, ended ? "terminating" : cancelReasonFor(dec.reason));
       else if (mark) log.info({ reason: dec.reason }, "still capturing: a Ready blip does not stop a copy");
       if (dec.reason === "no-hash")
         log.warn({ detail: dec.detail }, "skipped: leader carries no stamped hash");

@@ -23,6 +23,7 @@ import {
   uniqueName,
   waitFor,
 } from "../harness.js";
+import { pauseRole } from "../roles.js";
 import {
   ANN_CACHE_SIZE_LIMIT,
   ANN_CACHE_SOURCE,
@@ -518,6 +519,76 @@ void test("a leader deleted mid-copy stops the copy (nothing committed, mark rel
     !(cache.metadata.finalizers ?? []).some((f) => f.startsWith("warmstart.dev/store-")),
     "a node that stored nothing holds no finalizer",
   );
+});
+
+void test("a leader evicted mid-copy stops the copy, and its election counts a failed capture (LeaderEvicted) with a Warning", async (t) => {
+  // The cluster's server would retire the election too: only the agent's word is tested here.
+  await pauseRole(t, "server");
+  const where = await testNode(t);
+  let release!: () => void;
+  const held = new Promise<void>((r) => (release = r));
+  let copying!: () => void;
+  const started = new Promise<void>((r) => (copying = r));
+  const ta = await startAgent(t, where, { captureParallel: 1 }, undefined, {
+    capture: {
+      beforeOpen: async () => {
+        copying();
+        await held;
+      },
+    },
+  });
+  const { core } = await kube();
+  const ns = await tempNamespace(t, "evicted-copy");
+  const { pod } = await readyLeader(ta, ns, "leader", `org/evicted-copy-${ns}`);
+  const short = shortHash(pod.metadata!.annotations![ANN_HASH]!);
+  const uid = pod.metadata!.uid!;
+  cleanupCache(t, short, [ta.store]);
+  t.after(() => release());
+  await started;
+
+  // What the kubelet writes when it evicts the pod for the node's disk; the object stays.
+  const why = "The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, available: 512Mi. ";
+  await core.patchNamespacedPodStatus(
+    {
+      namespace: ns,
+      name: "leader",
+      body: {
+        status: {
+          phase: "Failed",
+          reason: "Evicted",
+          message: why,
+          conditions: [
+            { type: "DisruptionTarget", status: "True", reason: "TerminationByKubelet", message: why },
+          ],
+        },
+      },
+    },
+    k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.StrategicMergePatch),
+  );
+  await waitFor("the copy told to stop", () => ta.agent.marks.get(uid)?.controller.signal.aborted);
+  release();
+  await ta.agent.idle();
+
+  assert.equal(ta.agent.marks.lastRelease(uid), "terminating");
+  await assert.rejects(
+    stat(join(ta.store, short)),
+    /ENOENT/,
+    "nothing committed from a volume being torn down",
+  );
+  const cache = (await getCache(short))!;
+  assert.equal(cache.status?.phase, "Failed");
+  assert.equal(cache.status?.reason, "CaptureFailed", "counted, not LeaderGone");
+  assert.match(
+    cache.status?.message ?? "",
+    /^LeaderEvicted: node disk pressure: leader pod .* its capture stopped$/,
+  );
+  assert.equal(cache.status?.failedCaptures, 1);
+  const warned = await waitFor("a Warning on the evicted leader", async () =>
+    (
+      await core.listNamespacedEvent({ namespace: ns, fieldSelector: "involvedObject.name=leader" })
+    ).items.find((e) => e.reason === "WarmstartLeaderEvicted"),
+  );
+  assert.match(warned.message ?? "", /Counted as failed capture 1 of cache/);
 });
 
 void test("a promote that fails after its election was replaced leaves the next election alone", async (t) => {

@@ -17,6 +17,7 @@ import {
   ANN_DEADLINE,
   ANN_ELECTION_ID,
   ANN_HASH,
+  ANN_REASON,
   ANN_RESTORE_FROM,
   ANN_RESTORE_RECORDED,
   ANN_ROLE,
@@ -843,6 +844,128 @@ test("a leader evicted for its cache volume's size ends its election as a failed
   failed ??= await getCache(short);
   assert.equal(failed?.status?.phase, "Failed", JSON.stringify(failed?.status));
   assert.equal(failed.status?.reason, "CaptureFailed");
-  assert.match(failed.status?.message ?? "", /larger than its volume's limit/);
+  assert.match(failed.status?.message ?? "", /^CacheTooLarge: cache larger than its size limit: /);
   assert.equal(failed.status?.failedCaptures, 1, "counted: an oversized model is not re-elected forever");
+  const warned = await waitFor("a Warning on the leader", async () =>
+    (await podEvents(ns, leader.metadata!.name!)).find((e) => e.reason === "WarmstartCacheTooLarge"),
+  );
+  assert.equal(warned.type, "Warning");
+});
+
+// The kubelet's words when it evicts a pod for the node's disk (pkg/kubelet/eviction/helpers.go).
+const DISK_PRESSURE =
+  "The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, available: 512Mi. Container vllm was using 30Gi, request is 0, has larger consumption of ephemeral-storage. ";
+
+/** What the kubelet writes on a pod it evicts for node pressure (the object stays). */
+async function evictForDiskPressure(namespace: string, name: string): Promise<void> {
+  const { core } = await kube();
+  await core.patchNamespacedPodStatus(
+    {
+      namespace,
+      name,
+      body: {
+        status: {
+          phase: "Failed",
+          reason: "Evicted",
+          message: DISK_PRESSURE,
+          conditions: [
+            {
+              type: "DisruptionTarget",
+              status: "True",
+              reason: "TerminationByKubelet",
+              message: DISK_PRESSURE,
+              lastTransitionTime: new Date().toISOString(),
+            },
+          ],
+        },
+      },
+    },
+    k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.StrategicMergePatch),
+  );
+}
+
+test("a leader evicted for node disk pressure ends its election as a failed capture, counted once, with a Warning", async (t) => {
+  await pauseRole(t, "server");
+  const { kc, core } = await kube();
+  const ns = await tempNamespace(t, "evicted");
+  const { hash, pods } = await deployWorkers(ns, 2, `org/evicted-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  const leader = pods.find((p) => role(p) === "leader")!;
+  const election = leader.metadata!.annotations![ANN_ELECTION_ID]!;
+  await evictForDiskPressure(ns, leader.metadata!.name!);
+  let failed: ModelCacheObject | undefined;
+  await reconcileHash(short, deps(kc, { beforeEvict: async () => void (failed ??= await getCache(short)) }));
+  failed ??= await getCache(short);
+  assert.equal(failed.status?.phase, "Failed", JSON.stringify(failed.status));
+  assert.equal(failed.status?.reason, "CaptureFailed", "the reason admission counts");
+  assert.match(
+    failed.status?.message ?? "",
+    new RegExp(`^LeaderEvicted: node disk pressure: leader pod ${ns}/${leader.metadata!.name!} evicted`),
+  );
+  assert.equal(failed.status?.failedCaptures, 1, "counted: the next leader would fill the disk again");
+  assert.equal(failed.status?.lastFailedElection, election);
+  assert.notEqual((await leaseOf(hash))?.spec?.holderIdentity, election, "the election is retired");
+
+  const onPod = await waitFor("a Warning on the evicted leader", async () =>
+    (await podEvents(ns, leader.metadata!.name!)).find((e) => e.reason === "WarmstartLeaderEvicted"),
+  );
+  assert.equal(onPod.type, "Warning");
+  assert.match(
+    onPod.message ?? "",
+    /node disk pressure.*Counted as failed capture 1 of cache .*max-failed-captures/,
+  );
+  const onRecord = await core.listNamespacedEvent({
+    namespace: "default",
+    fieldSelector: `involvedObject.name=${short},reason=WarmstartLeaderEvicted`,
+  });
+  assert.equal(onRecord.items.length, 1, "and on the record, where kubectl describe modelcache shows it");
+
+  // Another pass over the same election (a retried retirement) counts nothing more.
+  await reconcileHash(short, deps(kc));
+  assert.equal((await getCache(short)).status?.failedCaptures, 1);
+});
+
+test("leaders evicted election after election: past --max-failed-captures the hash's pods start cold, saying why", async (t) => {
+  await pauseRole(t, "server");
+  const { kc } = await kube();
+  const ns = await tempNamespace(t, "evict-loop");
+  const { hash } = await deployWorkers(ns, 2, `org/evict-loop-${ns}`);
+  const short = shortHash(hash);
+  await cleanup(t, short);
+  // An evicted pod stays, Failed, beside the replacement its ReplicaSet makes.
+  const live = (p: k8s.V1Pod): boolean => p.status?.phase !== "Failed" && !p.metadata?.deletionTimestamp;
+  const ended = new Set<string>();
+  for (let round = 1; ; round++) {
+    assert.ok(round <= 6, `still electing after ${round - 1} evicted leaders`);
+    const next = await waitFor(
+      `round ${round}: a new election's leader, or pods admitted cold`,
+      async () => {
+        const now = (await listPods(ns, "app=worker")).filter(live);
+        const cold = now.find((p) => role(p) === "cold");
+        if (cold) return { cold };
+        const holder = (await leaseOf(hash))?.spec?.holderIdentity;
+        if (!holder || ended.has(holder)) return undefined;
+        const leader = now.find(
+          (p) => role(p) === "leader" && p.metadata?.annotations?.[ANN_ELECTION_ID] === holder,
+        );
+        return leader ? { leader, holder } : undefined;
+      },
+      60_000,
+    );
+    if ("cold" in next) {
+      const cache = await getCache(short);
+      assert.equal(cache.status?.failedCaptures, round - 1, "one count per evicted leader");
+      assert.ok(round > 1);
+      assert.match(
+        next.cold?.metadata?.annotations?.[ANN_REASON] ?? "",
+        /capture failed \d+ times \(last: LeaderEvicted: node disk pressure/,
+      );
+      assert.equal(await leaseOf(hash), undefined, "no election any more");
+      break;
+    }
+    ended.add(next.holder);
+    await evictForDiskPressure(ns, next.leader.metadata!.name!);
+    await reconcileHash(short, deps(kc));
+  }
 });

@@ -1,10 +1,9 @@
 import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../../common/log.js";
 import { apiError, apiErrorInfo, isConflict, isNotFound } from "../../common/kube.js";
-import { postPodEvent } from "../../common/events.js";
+import { postCacheEvent, postPodEvent } from "../../common/events.js";
 import {
   ANN_DEADLINE,
-  CACHE_VOLUME,
   ANN_ELECTION_ID,
   ANN_TREE,
   FINALIZER_CLEANUP,
@@ -16,6 +15,12 @@ import {
 import { recordRestores, settleWaiting } from "./restores.js";
 import { sourceOf, treeSubPath } from "../../promote/source.js";
 import { deleteCachePass } from "../../promote/rollback.js";
+import {
+  evictionMessage,
+  evictionWarning,
+  leaderEviction,
+  type LeaderEviction,
+} from "../../promote/leader-eviction.js";
 import {
   getModelCache,
   recordNamesPod,
@@ -157,26 +162,19 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
 }
 
 /** Why an election ended, as the record will say it (reason) and the log (message). */
-interface ElectionEnd {
-  reason: "LeaderGone" | "DeadlinePassed" | "CaptureEnded" | "CacheTooLarge";
+export interface ElectionEnd {
+  reason: "LeaderGone" | "DeadlinePassed" | "CaptureEnded" | "CacheTooLarge" | "LeaderEvicted";
   message: string;
+  /** The leader the kubelet evicted (CacheTooLarge, LeaderEvicted): a failed capture that counts. */
+  evicted?: { pod: k8s.V1Pod; eviction: LeaderEviction };
 }
 
 /**
- * The kubelet's eviction of a pod whose emptyDir outgrew its size limit (its message names the
- * volume): for a leader's capture volume that is the cache being too large, a failed capture that
- * counts (an oversized model would otherwise be re-elected forever), not a leader that went away.
+ * Whether the election is over, and why, from what one pass read (pure: `now` and the leader's
+ * grace are all it takes from `d`).
  */
-export function evictedForCacheSize(pod: k8s.V1Pod): boolean {
-  return (
-    pod.status?.phase === "Failed" &&
-    pod.status.reason === "Evicted" &&
-    new RegExp(`EmptyDir volume "${CACHE_VOLUME}" exceeds`).test(pod.status.message ?? "")
-  );
-}
-
-function electionFailure(
-  d: ReleaseDeps,
+export function electionFailure(
+  d: Pick<ReleaseDeps, "now" | "leaderGraceMs">,
   lease: k8s.V1Lease,
   cache: ModelCacheObject | undefined,
   pods: k8s.V1Pod[],
@@ -190,11 +188,8 @@ function electionFailure(
       message: `capture failed: ${cache.status.reason ?? ""} ${cache.status.message ?? ""}`.trim(),
     };
   }
-  const deadline = toMs(lease.metadata?.annotations?.[ANN_DEADLINE]);
-  if (deadline !== undefined && d.now() > deadline)
-    return { reason: "DeadlinePassed", message: "election past its deadline" };
   // Once promoting, the capture no longer needs its leader pod.
-  if (cache?.status?.phase === "Promoting" && statusOf(cache, holder)) return undefined;
+  const promoting = cache?.status?.phase === "Promoting" && statusOf(cache, holder);
   // The leader is the pod recorded by UID when there is one: a copy of its stamps is not it.
   // Without one, a pod wearing its id where the record says the leader is (not a copy elsewhere).
   const ours = cache?.spec.electionId === holder ? cache : undefined;
@@ -206,18 +201,25 @@ function electionFailure(
           p.metadata?.annotations?.[ANN_ELECTION_ID] === holder &&
           (!ours || recordNamesPod(ours.spec.leader, p.metadata ?? {})),
       );
+  // An eviction before the deadline's look: a leader evicted and then left past the deadline is
+  // still the eviction it was, which the next election would repeat.
+  const eviction = leader && !promoting ? leaderEviction(leader) : undefined;
+  if (leader && eviction)
+    return {
+      reason: eviction.reason,
+      message: evictionMessage(eviction, leader),
+      evicted: { pod: leader, eviction },
+    };
+  const deadline = toMs(lease.metadata?.annotations?.[ANN_DEADLINE]);
+  if (deadline !== undefined && d.now() > deadline)
+    return { reason: "DeadlinePassed", message: "election past its deadline" };
+  if (promoting) return undefined;
   if (!leader) {
     const acquired = toMs(lease.spec?.acquireTime) ?? toMs(lease.metadata?.creationTimestamp);
     if (uid || (acquired !== undefined && d.now() - acquired > d.leaderGraceMs))
       return { reason: "LeaderGone", message: "leader pod gone" };
     return undefined;
   }
-  if (evictedForCacheSize(leader))
-    return {
-      reason: "CacheTooLarge",
-      message:
-        `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} evicted: ${leader.status?.message ?? ""}`.trim(),
-    };
   if (isTerminated(leader))
     return {
       reason: "LeaderGone",
@@ -383,23 +385,38 @@ async function evictFollowers(
 /**
  * Record how the election ended, on its own record only (the record names this election, so a
  * newer one is never touched) and only over what this pass read (a Ready written meanwhile is
- * never overwritten). Nothing is counted here: only the node agent counts a failed capture, once
- * per election, so a retried retirement, a leader deleted or a deadline never counts.
+ * never overwritten). Only an evicted leader counts here (`CacheRecords.fail`, once per
+ * election, so a retried retirement counts it once): a leader deleted or a deadline never does.
  */
 async function markFailed(d: ReleaseDeps, short: string, holder: string, end: ElectionEnd): Promise<void> {
   const records = new CacheRecords(d.custom);
-  // Counted once per election, like a copy that failed: past the limit the hash is admitted cold.
-  if (end.reason === "CacheTooLarge") {
-    await records.fail(
-      short,
-      holder,
-      "CaptureFailed",
-      `the cache is larger than its volume's limit: ${end.message}`,
-    );
+  if (end.evicted) {
+    // Recorded as a failed capture (the reason admission counts), the eviction's cause first in
+    // its message: past the limit the hash is admitted cold, saying why.
+    const r = await records.fail(short, holder, "CaptureFailed", end.message);
+    if (r?.written) await warnEvicted(d, short, end.evicted, end.message, r.cache);
     return;
   }
   await records.forElection(short, holder, (c) => {
     const phase = transition(c.status?.phase, "electionEnded", statusOf(c, holder));
     return phase === "ignore" ? undefined : { phase, reason: end.reason, message: end.message };
   });
+}
+
+/** A Warning on the evicted leader and on the record: what was counted, and where it leads. */
+async function warnEvicted(
+  d: ReleaseDeps,
+  short: string,
+  evicted: NonNullable<ElectionEnd["evicted"]>,
+  message: string,
+  cache: ModelCacheObject,
+): Promise<void> {
+  const ev = {
+    type: "Warning" as const,
+    ...evictionWarning(evicted.eviction, message, short, Number(cache.status?.failedCaptures ?? 0)),
+    component: COMPONENT,
+  };
+  const warn = (err: unknown): void => d.log.warn({ err, hash: short }, "could not post event");
+  await postPodEvent(d.core, evicted.pod, ev).catch(warn);
+  await postCacheEvent(d.core, cache, ev).catch(warn);
 }
