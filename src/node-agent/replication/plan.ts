@@ -109,6 +109,21 @@ export const TreeMetaSchema = z.object({
 });
 export type TreeMeta = z.infer<typeof TreeMetaSchema>;
 
+const MAX_META_BYTES = 512 * 1024 * 1024;
+
+/**
+ * The most bytes the metadata of a tree with this manifest can take: a line per entry of the
+ * manifest (its path again, escaped alike, plus fixed fields) and one per directory (a path of at
+ * most PATH_MAX). A source sending more is not sending this tree's metadata.
+ */
+export function metaLimit(m: Manifest): number {
+  const names =
+    m.files.reduce((n, f) => n + f.path.length + (f.pathBytes?.length ?? 0), 0) +
+    m.symlinks.reduce((n, l) => n + l.path.length + (l.pathBytes?.length ?? 0), 0);
+  const entries = m.files.length + m.symlinks.length + m.dirCount + 1;
+  return Math.min(MAX_META_BYTES, 6 * names + entries * 256 + (m.dirCount + 1) * 6 * 4096 + (1 << 20));
+}
+
 export interface EntryMeta {
   mode: number;
   uid: number;

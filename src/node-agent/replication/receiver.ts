@@ -34,6 +34,7 @@ import { commitTree, digestFile, finishTree, makeSkeleton, removeStaging, staged
 import {
   checkManifest,
   DEFAULT_CHUNK_BYTES,
+  metaLimit,
   paths,
   pickSource,
   planTree,
@@ -277,8 +278,7 @@ class Run {
       this.o.log?.warn({ err, source: s.node, reason, hash: this.short }, "replication source dropped");
       return;
     }
-    // An honest peer serves only a committed tree it checked against the record (or relays what it
-    // checks as it goes): another tree is a forgery or a store changed under its agent.
+    // An honest peer serves only trees it checked against the record: another is a forgery.
     const message = `node ${s.node} served a tree that is not the record's: ${(err as Error | undefined)?.message ?? reason}`;
     this.o.metrics?.tampered.inc({ reason });
     this.o.log?.error({ err, source: s.node, reason, hash: this.short }, `tampered tree: ${message}`);
@@ -346,7 +346,7 @@ class Run {
       const s = this.sources[i] as Source;
       if (!s.alive) continue;
       try {
-        const body = await s.fetchBody(paths.meta(this.short), 2 * MAX_MANIFEST_BYTES, this.o.signal);
+        const body = await s.fetchBody(paths.meta(this.short), metaLimit(manifest), this.o.signal);
         const meta = TreeMetaSchema.parse(JSON.parse(body.toString("utf8")));
         return { plan: planTree(manifest, meta, this.chunkBytes), meta: body };
       } catch (err) {

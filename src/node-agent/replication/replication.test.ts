@@ -41,7 +41,7 @@ import { createReplicationMetrics, type ReplicationMetrics } from "../metrics.js
 import { CacheStore } from "../store.js";
 import { parseManifest } from "../../datapath/manifest.js";
 import { HaveBits, parseHave } from "./have.js";
-import { ACTIVE_STREAMS_HEADER, paths, planTree, TreeMetaSchema } from "./plan.js";
+import { ACTIVE_STREAMS_HEADER, metaLimit, paths, planTree, TreeMetaSchema } from "./plan.js";
 import { replicateTree, ReplicationError, type ReplicateOptions } from "./receiver.js";
 import { manifestDigestOf, PeerServer, type FillingTree, type PeerServerOptions } from "./server.js";
 
@@ -271,6 +271,17 @@ void test("a source serving another tree than the record's is tampering: dropped
   assert.deepEqual(reported, [{ source: forger.name, reason: "manifest" }]);
   assert.deepEqual(r.dropped, [{ node: forger.name, reason: "manifest" }]);
   assert.match(await registry.metrics(), /replication_tampered_total\{reason="manifest"\} 1/);
+});
+
+void test("a tree's metadata is read up to a limit its manifest sets, not half a gigabyte", async (t) => {
+  const f = await fixture(t, 1);
+  const node = f.nodes[0] as Node;
+  const manifest = parseManifest(readFileSync(join(node.tree, MANIFEST_FILE), "utf8"), "manifest");
+  const meta = await get(node.url, paths.meta(SHORT), tlsOf(f));
+  assert.equal(meta.status, 200);
+  const limit = metaLimit(manifest);
+  assert.ok(meta.body.length <= limit, `the honest metadata (${meta.body.length} B) fits in ${limit} B`);
+  assert.ok(limit < 4 * 1024 * 1024, `a small tree's limit is small: ${limit} B`);
 });
 
 void test("a manifest that does not hash to the record's digest fails the replication and commits nothing", async (t) => {

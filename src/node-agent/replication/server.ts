@@ -449,5 +449,5 @@ function send(res: ServerResponse, status: number, body: string | Buffer, type: 
 /** The bearer token of a request, if it sent one. */
 function bearerOf(req: IncomingMessage): { token?: string } {
   const m = /^Bearer ([A-Za-z0-9._~+/=-]{1,8192})$/.exec(req.headers.authorization ?? "");
-  return m ? { token: m[1] as string } : {};
+  return m?.[1] ? { token: m[1] } : {};
 }
