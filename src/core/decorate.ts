@@ -105,8 +105,6 @@ export interface RestoreOptions extends DecorationOptions {
   imagePullPolicy?: string;
   /** Resources for the init containers (namespaces with quotas may require them). */
   initResources?: V1ResourceRequirements;
-  /** Pull secrets for the init containers' image, added to the pod's own (each once). */
-  imagePullSecrets?: readonly string[];
   /** emptyDir size limit of the writable shadow. */
   shadowSizeLimit?: string;
   /**
@@ -281,11 +279,6 @@ function restoreFrom(p: V1Pod, opts: RestoreOptions, source: TreeSource): V1Pod 
   // The former separate wait container is ours too: a spec copied from a pod decorated before.
   const ours = new Set([LEGACY_INIT_WAIT_READY, INIT_SEED, INIT_PREWARM]);
   spec.initContainers = [...inits, ...(spec.initContainers ?? []).filter((x) => !ours.has(x.name))];
-  const secrets = (opts.imagePullSecrets ?? []).filter(
-    (name) => !(spec.imagePullSecrets ?? []).some((s) => s.name === name),
-  );
-  if (secrets.length)
-    spec.imagePullSecrets = [...(spec.imagePullSecrets ?? []), ...secrets.map((name) => ({ name }))];
   return p;
 }
 

@@ -621,7 +621,7 @@ test("by default a cache is its namespace's: the same pod in two namespaces gets
   assert.equal(await shared("team-a"), await shared("team-b"), "widened by the operator: shared");
 });
 
-test("a follower's init containers get requests (quotas), no memory limit by default, and the configured pull secrets once", async () => {
+test("a follower's init containers get requests (quotas), no memory limit by default, and the pod's own pull secrets only", async () => {
   const pod = gpuPod();
   pod.spec!.imagePullSecrets = [{ name: "own" }, { name: "registry" }];
   const follower = await decide(
@@ -639,8 +639,8 @@ test("a follower's init containers get requests (quotas), no memory limit by def
   }
   assert.deepEqual(
     follower.pod!.spec!.imagePullSecrets!.map((s) => s.name),
-    ["own", "registry", "mirror"],
-    "the pod's own kept, ours added once",
+    ["own", "registry"],
+    "a Secret the pod's namespace may lack is never named",
   );
   const limited = await decide(
     review(gpuPod()),
@@ -806,4 +806,97 @@ test("ranks of one group hash apart, and a rank the pod cannot tell apart never 
   );
   assert.equal(other.role, "follower", "a rank of another group follows");
   assert.ok(!gated(other.pod), "and waits running");
+});
+
+test("a pod that names none of the init image's pull secrets starts cold instead of stuck on its init containers", async () => {
+  const ready: ModelCacheObject = {
+    apiVersion: "warmstart.dev/v1alpha1",
+    kind: "ModelCache",
+    metadata: { name: "0123456789abcdef" },
+    spec: { hash: "0123456789abcdef".repeat(4) },
+    status: { phase: "Ready" },
+  };
+  const flags = { imagePullSecrets: "regcred,mirror" };
+  const claims: string[] = [];
+  const restoring = {
+    getModelCache: () => Promise.resolve(ready),
+    ensureClaim: (_c: ModelCacheObject, ns: string) => (claims.push(ns), Promise.resolve()),
+  };
+  const following = { tryAcquire: () => Promise.resolve({ role: "follower" as const }) };
+
+  for (const cluster of [restoring, following]) {
+    const d = await decide(review(gpuPod()), deps(cluster, flags));
+    assert.equal(d.role, "cold");
+    assert.equal(
+      d.reason,
+      "init image may not be pullable: it needs pull secret regcred or mirror, which the pod does not name (itself or through its ServiceAccount)",
+    );
+    assert.equal(d.pod?.metadata?.annotations?.[ANN_REASON], d.reason);
+    assert.equal(d.pod?.spec?.initContainers, undefined, "no init container that cannot be pulled");
+    assert.equal(d.pod?.spec?.imagePullSecrets, undefined, "no Secret named that may not be there");
+  }
+  assert.deepEqual(claims, [], "no claim made for a restore that does not happen");
+
+  // One of them, named by the pod or merged in from its ServiceAccount: restored as usual.
+  const named = gpuPod();
+  named.spec!.imagePullSecrets = [{ name: "mirror" }];
+  for (const cluster of [restoring, following]) {
+    const d = await decide(review(named), deps(cluster, flags));
+    assert.ok(d.role === "restore" || d.role === "follower", d.reason);
+    assert.deepEqual(d.pod?.spec?.imagePullSecrets, [{ name: "mirror" }]);
+    assert.ok(d.pod?.spec?.initContainers?.length);
+  }
+  // A leader runs no init container of ours: it leads wherever it is.
+  assert.equal((await decide(review(gpuPod()), deps({}, flags))).role, "leader");
+  // No pull secret configured: the image is pullable without one.
+  assert.equal((await decide(review(gpuPod()), deps(restoring))).role, "restore");
+
+  // The Event says it.
+  const d = deps(following, flags);
+  await admissionHandler(d)(review(gpuPod()));
+  assert.match(d.events[0]?.message ?? "", /^cold: init image may not be pullable: .*regcred or mirror/);
+});
+
+/** A pod whose only GPU is a DRA claim, under the names given. */
+const draPod = (claim: string, template: string): V1Pod => {
+  const pod = gpuPod();
+  pod.spec!.containers[0]!.resources = { claims: [{ name: claim }] };
+  pod.spec!.resourceClaims = [{ name: claim, resourceClaimTemplateName: template }];
+  return pod;
+};
+
+test("a DRA claim is a GPU by the device classes the cluster says it asks for, never by its names", async () => {
+  const asked: string[] = [];
+  const cluster: Partial<ClusterView> = {
+    claimGpuClasses: (namespace, refs) => {
+      asked.push(...refs.map((r) => `${namespace}/${r.template}`));
+      // The template "compute" asks for NVIDIA's GPU class; "gpu" for the example driver's.
+      return Promise.resolve(
+        new Map(
+          refs.map((r) => [`template/${r.template}`, r.template === "compute" ? ["gpu.nvidia.com"] : []]),
+        ),
+      );
+    },
+  };
+  const neutral = await decide(review(draPod("accel", "compute")), deps(cluster));
+  assert.equal(neutral.role, "leader", neutral.reason);
+  const spoof = await decide(review(draPod("gpu", "gpu")), deps(cluster));
+  assert.deepEqual([spoof.role, spoof.reason], ["pass", "no GPU requested"]);
+  assert.equal(spoof.admissionId, undefined, "no Event: not a GPU pod");
+  assert.deepEqual(asked, ["ns/compute", "ns/gpu"]);
+
+  // Without the cluster's answer (`warmstart explain`, offline) the names decide.
+  assert.equal((await decide(review(draPod("gpu", "gpu")), deps({}))).role, "leader");
+});
+
+test("a DRA lookup that fails admits the pod as written, with a warning and an Event saying why", async () => {
+  const d = deps({
+    claimGpuClasses: () => Promise.reject(new Error("reading ResourceClaimTemplate ns/t: 503")),
+  });
+  const pod = draPod("accel", "compute");
+  const res = await admissionHandler(d)(review(pod));
+  assert.equal(res.allowed, true);
+  assert.deepEqual(admitted(pod, res).spec, pod.spec);
+  assert.match(res.warnings?.[0] ?? "", /ResourceClaimTemplate ns\/t: 503/);
+  assert.equal(d.events[0]?.reason, "WarmstartFailOpen");
 });

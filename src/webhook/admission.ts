@@ -1,6 +1,13 @@
 import { randomBytes } from "node:crypto";
 import type { V1Pod } from "@kubernetes/client-node";
-import { classifyPod, REASON_NO_CONTAINERS, REASON_NO_GPU } from "../core/classify.js";
+import {
+  classifyPod,
+  REASON_NO_CONTAINERS,
+  REASON_NO_GPU,
+  type ClaimRef,
+  type DeviceClassLookup,
+} from "../core/classify.js";
+import { claimKey, podClaimRefs } from "../core/gpu.js";
 import { cacheHash, scopeOfInputs, type HashInputs } from "../core/hash.js";
 import {
   decorateCold,
@@ -23,7 +30,7 @@ import {
   shortHash,
   type Role,
 } from "../core/contract.js";
-import { redactUrlCredentials } from "../core/env.js";
+import { listOf, redactUrlCredentials } from "../core/env.js";
 import { stripStamps } from "../core/stamps.js";
 import { scopeKey } from "../core/scope.js";
 import { captureSizeLimit } from "../core/size.js";
@@ -78,6 +85,14 @@ export interface ClusterView {
   namespaceLabels(namespace: string): Promise<Record<string, string>>;
   /** The cache-env template in force (the ConfigMap's, or the built-in one), from a short cache. */
   cacheEnvTemplate(): Promise<CacheEnvTemplate>;
+  /**
+   * The NVIDIA GPU device classes of a pod's DRA claims, by `claimKey`, read from the claims and
+   * the cluster's DeviceClasses (a short cache). Without it, classify goes by the claims' names.
+   */
+  claimGpuClasses?(
+    namespace: string,
+    refs: readonly ClaimRef[],
+  ): Promise<ReadonlyMap<string, readonly string[]>>;
 }
 
 export interface AdmissionDeps {
@@ -133,7 +148,7 @@ export async function decide(
     );
   }
   const namespace = req.namespace ?? pod.metadata?.namespace ?? "default";
-  const c = classifyPod(pod);
+  const c = classifyPod(pod, { deviceClasses: await deviceClassLookup(pod, namespace, deps.cluster) });
   const gpu = c.reason !== REASON_NO_GPU && c.reason !== REASON_NO_CONTAINERS;
   // Only GPU pods get an Event for being left alone: frontends and routers are the common case.
   const leftAlone = (reason: string): Decision => {
@@ -166,9 +181,11 @@ export async function decide(
   };
   // Where this pod's engine writes, for the decorations: the same for every pod of the hash.
   const placement = { containerIndex: c.containerIndex, locations: c.locations?.locations ?? [] };
-  // What the init containers of a restore need to be pulled and admitted under a quota.
+  // What the init containers of a restore need to be admitted under a quota, and pulled.
   const initContainers = initContainerOptions(deps.cfg);
+  const unpullable = initImageUnpullable(pod, deps.cfg);
   const restore = async (cache: ModelCacheObject, reason: string): Promise<Decision> => {
+    if (unpullable) return cold(unpullable);
     const cacheHashFull = cache.spec.hash;
     // A dry run must not create the claim (the webhook declares no side effects on dry runs).
     if (!req.dryRun) await deps.cluster.ensureClaim?.(cache, namespace);
@@ -322,6 +339,7 @@ export async function decide(
     cache && cache.status?.phase !== "Failed"
       ? templateFromJson(cache.metadata?.annotations?.[ANN_CACHE_ENV])
       : undefined;
+  if (unpullable) return cold(unpullable);
   const wait = followerWait(membership, deps.cfg.followerMode);
   const reason = `another pod is downloading; ${wait.mode === "gate" ? "gated" : "waits running"}: ${wait.why}`;
   const follower = {
@@ -363,10 +381,44 @@ function stampMembership(pod: V1Pod, m: Membership, group: string | undefined): 
   return { ...pod, metadata: { ...pod.metadata, annotations } };
 }
 
-/** The init containers' pull secrets and resources, from the webhook's settings. */
-function initContainerOptions(
-  cfg: WebhookConfig,
-): Pick<RestoreOptions, "initResources" | "imagePullSecrets"> {
+/**
+ * What classify is told of the pod's DRA claims: the device classes the cluster says they ask
+ * for; a claim not looked up (past the most looked up per pod) holds no GPU. Undefined where the
+ * cluster view cannot say (classify then goes by the claims' names).
+ */
+async function deviceClassLookup(
+  pod: V1Pod,
+  namespace: string,
+  cluster: ClusterView,
+): Promise<DeviceClassLookup | undefined> {
+  if (!cluster.claimGpuClasses) return undefined;
+  const refs = podClaimRefs(pod);
+  const known = refs.length ? await cluster.claimGpuClasses(namespace, refs) : new Map<string, never>();
+  return (ref) => {
+    const key = claimKey(ref);
+    return (key !== undefined && known.get(key)) || [];
+  };
+}
+
+/**
+ * Why the init containers' image may not be pullable in this pod, when it needs a pull secret. A
+ * Secret is its namespace's: Warmstart copies none across namespaces, and may read none there,
+ * so the pod must already name one of them, itself or through its ServiceAccount (whose secrets
+ * the API server merges into the pod before any webhook). Naming one it might lack would leave
+ * the pod stuck on its init containers; it starts cold instead.
+ */
+function initImageUnpullable(pod: V1Pod, cfg: WebhookConfig): string | undefined {
+  if (!cfg.imagePullSecrets.length) return undefined;
+  const named = new Set(listOf(pod.spec?.imagePullSecrets).map((s) => (isRecord(s) ? s.name : undefined)));
+  if (cfg.imagePullSecrets.some((n) => named.has(n))) return undefined;
+  return (
+    `init image may not be pullable: it needs pull secret ${cfg.imagePullSecrets.join(" or ")}, ` +
+    "which the pod does not name (itself or through its ServiceAccount)"
+  );
+}
+
+/** The init containers' resources, from the webhook's settings. */
+function initContainerOptions(cfg: WebhookConfig): Pick<RestoreOptions, "initResources"> {
   const limits = {
     ...(cfg.initCpuLimit ? { cpu: cfg.initCpuLimit } : {}),
     ...(cfg.initMemoryLimit ? { memory: cfg.initMemoryLimit } : {}),
@@ -376,7 +428,6 @@ function initContainerOptions(
       requests: { cpu: cfg.initCpuRequest, memory: cfg.initMemoryRequest },
       ...(Object.keys(limits).length ? { limits } : {}),
     },
-    imagePullSecrets: cfg.imagePullSecrets,
   };
 }
 

@@ -145,15 +145,17 @@ export const WEBHOOK_OPTIONS = {
     schema: z.string(),
   }),
   /**
-   * Pull secrets decorated pods reference, for the init containers' image (a private registry).
-   * A pod's own secrets stay; each named Secret must exist in the pod's namespace.
+   * The pull secrets the init containers' image needs (a private registry). A Secret is its
+   * namespace's and none is copied or read there: a pod is restored only when it names one of
+   * them itself or through its ServiceAccount, and is admitted cold otherwise. None: the image
+   * is pullable without a secret (a public registry, or credentials the nodes hold).
    */
   imagePullSecrets: opt({
     flag: "--image-pull-secret <names>",
     env: "WARMSTART_IMAGE_PULL_SECRETS",
     default: [],
     defaultText: "none",
-    doc: "image pull secrets added to decorated pods, comma-separated",
+    doc: "pull secrets the init image needs, comma-separated: a pod that names none of them starts cold",
     schema: listOption,
   }),
   /**

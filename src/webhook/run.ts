@@ -15,7 +15,7 @@ import { admissionHandler, failOpen } from "./handler.js";
 import { registerWebhook, webhookConfiguration } from "./registration.js";
 import { retry } from "../promote/promote.js";
 import { promotion } from "../promote/webhook.js";
-import { CacheEnvConfig, namespaceLabels } from "./lookups.js";
+import { CacheEnvConfig, DraLookups, draApi, namespaceLabels } from "./lookups.js";
 
 export interface RunningWebhook extends RunningServer {
   caBundle: string;
@@ -57,8 +57,14 @@ export async function runWebhook(
   const cacheEnv = new CacheEnvConfig(core, cfg.systemNamespace, log, ttlMs, (invalid) =>
     metrics.configInvalid.set({ config: "cache-env" }, invalid ? 1 : 0),
   );
+  const dra = new DraLookups(
+    draApi(makeApiClient(kc, k8s.ResourceV1Api), makeApiClient(kc, k8s.ResourceV1beta1Api)),
+    log,
+    ttlMs,
+  );
   const cluster: ClusterView = {
     namespaceLabels: (ns) => namespaces.get(ns),
+    claimGpuClasses: (ns, refs) => dra.gpuClasses(ns, refs),
     cacheEnvTemplate: () => cacheEnv.template(),
     getModelCache: (h) => getModelCache(custom, h),
     tryAcquire: (hash, electionId, podNamespace, group) =>
