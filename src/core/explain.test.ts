@@ -614,3 +614,19 @@ void describe("explain: the workloads real charts ship", () => {
     );
   });
 });
+
+void test("a credential in the model URL, an e-mail address as its user included, never reaches explain's output", () => {
+  const pod = `apiVersion: v1
+kind: Pod
+metadata: { name: p }
+spec:
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.6.3
+      args: ["--model", "https://jane.doe@example.com:hunter2@models.example.com/llama.tar"]
+      resources: { limits: { nvidia.com/gpu: "1" } }
+`;
+  const view = single(pod);
+  assert.equal(view.model, "https://<redacted>@models.example.com/llama.tar");
+  assert.doesNotMatch(JSON.stringify(view), /hunter2|jane\.doe/);
+});

@@ -8,6 +8,7 @@ import { classifyPod, type Classification } from "./classify.js";
 import { DEFAULT_CACHE_ENV_TEMPLATE, DEFAULT_CACHE_ROOT } from "./decorate.js";
 import type { CacheLocation, SkippedLocation } from "./locations.js";
 import { LABEL_SHARE_GROUP, shortHash, type SharingScope } from "./contract.js";
+import { redactUrlCredentials } from "./env.js";
 import { scopeKey } from "./scope.js";
 import { hashInputs, hashOfInputs, scopeOfInputs, sealInputs, type HashInputs } from "./hash.js";
 import { diffInputs, type Difference } from "./explain-diff.js";
@@ -152,7 +153,8 @@ function view(s: Subject, o: ExplainOptions): Viewed {
       name: s.name,
       downloader: c.downloader,
       reason: c.reason,
-      model: c.model ?? null,
+      // What the pod names, never how it fetches it: a credential in the URL stays out.
+      model: c.model ? redactUrlCredentials(c.model) : null,
       scope,
       hash,
       short: hash ? shortHash(hash) : null,
