@@ -96,8 +96,14 @@ void test("the cluster agent is a Recreate singleton probed on /version, /livez 
   // The control plane keeps its database on a claim that outlives the release.
   const pvc = find<k8s.V1PersistentVolumeClaim>(objs, "PersistentVolumeClaim", "-control-plane");
   assert.equal(pvc.metadata?.annotations?.["helm.sh/resource-policy"], "keep");
-  // Every pod but the node agent runs as non-root on a read-only root file system.
-  for (const o of objs.filter((x) => x.kind === "Deployment" || x.kind === "DaemonSet" || x.kind === "Job")) {
+  // Every pod but the node agent runs as non-root on a read-only root file system; the node agent
+  // is a CSI node plugin by default (the store driver), privileged for its mounts to reach the host.
+  const plugin = find<k8s.V1DaemonSet>(objs, "DaemonSet", "-node-agent").spec!.template.spec!.containers[0]!;
+  assert.equal(plugin.securityContext?.privileged, true, "the store driver's node plugin");
+  assert.equal(plugin.securityContext?.readOnlyRootFilesystem, true, "node agent: read-only root");
+  const others = objs.filter((x) => x.kind === "Deployment" || x.kind === "Job");
+  const withoutDriver = await renderChart({ "nodeAgent.storeDriver.enabled": false });
+  for (const o of [...others, ...withoutDriver.filter((x) => x.kind === "DaemonSet")]) {
     const spec = (o as k8s.V1Deployment).spec!.template.spec!;
     for (const ct of spec.containers) {
       assert.equal(ct.securityContext?.readOnlyRootFilesystem, true, `${objectName(o)}: read-only root`);
@@ -264,15 +270,17 @@ void test("storeDriver: the chart issues the node agents' peer certificate (CA-s
   const peerSecrets = (objs: k8s.KubernetesObject[]): k8s.KubernetesObject[] =>
     objs.filter((o) => o.kind === "Secret" && o.metadata?.name?.endsWith("-peer-tls"));
 
-  // Off by default: no Secret, no peer flag, no mount.
-  const defaults = await renderChart();
-  assert.deepEqual(peerSecrets(defaults), [], "no peer Secret by default");
-  const off = agent(defaults);
-  assert.ok(
-    !(off.containers[0]!.args ?? []).some((a) => a.startsWith("--peer-")),
-    "no peer flags by default",
-  );
-  assert.ok(!(off.volumes ?? []).some((v) => v.name === "peer-tls"));
+  // On by default for a node-local store; off (or with a shared store claim): no Secret, no peer
+  // flag, no mount.
+  assert.equal(peerSecrets(await renderChart()).length, 1, "a peer Secret by default");
+  for (const values of [{ "nodeAgent.storeDriver.enabled": false }, { "nodeAgent.store.claim": "models" }]) {
+    const rendered = await renderChart(values);
+    assert.deepEqual(peerSecrets(rendered), [], `no peer Secret with ${JSON.stringify(values)}`);
+    const off = agent(rendered);
+    assert.ok(!(off.containers[0]!.args ?? []).some((a) => a.startsWith("--peer-")), "no peer flags");
+    assert.ok(!(off.volumes ?? []).some((v) => v.name === "peer-tls"));
+    assert.ok(!rendered.some((o) => o.kind === "CSIDriver"), "no CSIDriver");
+  }
 
   await runHelm(["lint", "--strict", CHART, "--set", "nodeAgent.storeDriver.enabled=true"]);
   const objs = await renderChart({ "nodeAgent.storeDriver.enabled": true }, { namespace: "ws-ns" });

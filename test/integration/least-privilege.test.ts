@@ -83,7 +83,7 @@ void test("the node agents' NetworkPolicy: peers from node agents only, metrics 
     "app.kubernetes.io/instance": "warmstart",
     "app.kubernetes.io/component": "node-agent",
   };
-  const closed = netpol(await renderChart());
+  const closed = netpol(await renderChart({ "nodeAgent.storeDriver.enabled": false }));
   assert.ok(closed, "rendered by default");
   assert.deepEqual(closed.spec?.podSelector, { matchLabels: selector });
   assert.deepEqual(closed.spec?.policyTypes, ["Ingress"]);

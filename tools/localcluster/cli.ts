@@ -68,8 +68,11 @@ export function registerClusterCommands(program: Command): void {
     .option("--no-csi", "without the CSI stack (driver stand-in and sidecars) on the first real node")
     .option(
       "--store-driver",
-      "each real node's agent serves the CSI driver store.warmstart.dev with a peer certificate (replication between nodes)",
-      false,
+      "each real node's agent serves the CSI driver store.warmstart.dev with a peer certificate and token (replication between nodes); the default wherever there are real nodes and roles",
+    )
+    .option(
+      "--no-store-driver",
+      "real nodes' agents without the store driver: restores pinned to the tree's node",
     )
     .option("--bare", "start Kubernetes alone, without the Warmstart roles", false)
     .addOption(
@@ -89,7 +92,7 @@ export function registerClusterCommands(program: Command): void {
         hubModelMib: number;
         hubMibS: number;
         csi: boolean;
-        storeDriver: boolean;
+        storeDriver?: boolean;
         bare: boolean;
         sharingScope: SharingScope;
         vllm: boolean;

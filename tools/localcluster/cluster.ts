@@ -33,7 +33,12 @@ import {
 import { GANG_FEATURE_GATES, PACKAGE_ROOT, VERSIONS, binDir, stateDir } from "./versions.js";
 import { SYSTEM_NAMESPACE, isAlreadyExists } from "../../src/common/kube.js";
 import { startRoles, type RoleUrls } from "./roles.js";
-import { checkStoreDriverOptions, enableStoreDriver, type StoreDriverState } from "./store-driver.js";
+import {
+  checkStoreDriverOptions,
+  enableStoreDriver,
+  storeDriverWanted,
+  type StoreDriverState,
+} from "./store-driver.js";
 import type { SharingScope } from "../../src/core/contract.js";
 
 export interface ClusterOptions {
@@ -48,7 +53,10 @@ export interface ClusterOptions {
   hubMiBs: number;
   /** The CSI stack on the first real node (driver stand-in, sidecars, classes). */
   csi: boolean;
-  /** Warmstart's own CSI driver and peer certificates on every real node's agent (store-driver.ts). */
+  /**
+   * Warmstart's own CSI driver and peer certificates on every real node's agent (store-driver.ts):
+   * true asks for it, false leaves it off; unset, it is on wherever it can be (real nodes, roles).
+   */
   storeDriver?: boolean;
   bare: boolean;
   /** The webhook's sharing scope (the product's default is `namespace`; the demo and tests share). */
@@ -153,13 +161,15 @@ async function withLock<T>(dir: string, fn: () => Promise<T>): Promise<T> {
 
 export async function up(opts: ClusterOptions): Promise<ClusterState> {
   checkStoreDriverOptions(opts);
+  const storeDriver = storeDriverWanted(opts);
   const dir = stateDir();
   return withLock(dir, async () => {
     const existing = await status(dir);
     if (existing.running) {
-      const driverLater = opts.storeDriver && !existing.storeDriver;
-      // Its agents run without the driver: only a fresh cluster gets it (never quietly without).
-      if (driverLater && existing.roles.webhook)
+      const driverLater = storeDriver && !existing.storeDriver;
+      // Its agents run without the driver: only a fresh cluster gets it (never quietly without,
+      // when it was asked for by name).
+      if (driverLater && existing.roles.webhook && opts.storeDriver)
         throw new Error(
           `a local cluster is already running (${existing.apiServer}) without the store driver: ` +
             "`cluster down`, then `cluster up --store-driver`",
@@ -167,7 +177,8 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
       opts.progress(`a local cluster is already running (${existing.apiServer}); reusing it`);
       // One started with --bare gets the roles when they are asked for now.
       if (!opts.bare && !existing.roles.webhook) {
-        if (driverLater) existing.storeDriver = await enableStoreDriver(dir, existing.nodes, opts.progress);
+        if (driverLater && existing.nodes.some((n) => n.real))
+          existing.storeDriver = await enableStoreDriver(dir, existing.nodes, opts.progress);
         existing.roles = {
           ...existing.roles,
           ...(await startRoles({
@@ -370,7 +381,7 @@ export async function up(opts: ClusterOptions): Promise<ClusterState> {
           });
           await writeState(state);
         }
-        if (opts.storeDriver) {
+        if (storeDriver) {
           state.storeDriver = await enableStoreDriver(dir, state.nodes, opts.progress);
           await writeState(state);
         }

@@ -12,6 +12,7 @@ import {
   enableStoreDriver,
   peerTlsFiles,
   storeDriverArgs,
+  storeDriverWanted,
   writePeerTls,
 } from "./store-driver.js";
 
@@ -130,6 +131,18 @@ void test("cluster up --store-driver: certificates for the real nodes only, unde
     enableStoreDriver(dir, [{ name: "gpu-0" }], () => undefined),
     /--real-nodes/,
   );
+});
+
+void test("the store driver is on by default wherever there are real nodes and roles; asked or refused by name", () => {
+  assert.equal(storeDriverWanted({ realNodes: 3, bare: false }), true);
+  assert.equal(storeDriverWanted({ realNodes: 0, bare: false }), false, "no kubelet registers it");
+  assert.equal(storeDriverWanted({ realNodes: 1, bare: true }), false, "no node agents");
+  assert.equal(
+    storeDriverWanted({ storeDriver: false, realNodes: 3, bare: false }),
+    false,
+    "--no-store-driver",
+  );
+  assert.equal(storeDriverWanted({ storeDriver: true, realNodes: 1, bare: false }), true);
 });
 
 void test("--store-driver without real nodes, or with --bare, is refused with a clear error", () => {

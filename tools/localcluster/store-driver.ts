@@ -171,6 +171,11 @@ export function checkStoreDriverOptions(o: {
   if (o.bare) throw new Error("--store-driver needs the node agents: not with --bare");
 }
 
+/** Whether `cluster up` runs the store driver: as asked, else wherever it can (real nodes, roles). */
+export function storeDriverWanted(o: { storeDriver?: boolean; realNodes: number; bare: boolean }): boolean {
+  return o.storeDriver ?? (o.realNodes >= 1 && !o.bare);
+}
+
 /** `cluster up --store-driver`: the real nodes' peer certificates under the state folder. */
 export async function enableStoreDriver(
   stateDir: string,
