@@ -1,15 +1,24 @@
 /**
  * Promote: a committed tree becomes claim `rox-<short>` in every namespace that needs it, and the
  * record goes Promoting, then Ready (or Failed for this election only). Called by the cache
- * reconciler, so one promote per cache runs at a time.
+ * reconciler, so one promote per cache runs at a time. A promote creates objects only while its
+ * election is the record's, and one that fails or is superseded takes back what it created.
  */
 import { performance } from "node:perf_hooks";
 import type * as k8s from "@kubernetes/client-node";
+import type { ModelCacheObject } from "../common/modelcache.js";
 import { ANN_CACHE_SOURCE, claimName, shortHash } from "../core/contract.js";
 import { scopeOfInputs } from "../core/hash.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { formatBytes } from "../datapath/progress.js";
-import { describeFailures, ensureClaimsForStampedPods, type ClaimsResult } from "../promote/promote.js";
+import { SupersededError, type CreatedObject } from "../promote/claims.js";
+import {
+  describeFailures,
+  ensureClaimsForStampedPods,
+  type ClaimsResult,
+  type EnsureAllOptions,
+} from "../promote/promote.js";
+import { removeCreated } from "../promote/rollback.js";
 import { unshareable, type StorageProfile } from "../promote/profiles.js";
 import { publishSource } from "../promote/publish.js";
 import { encodeSource, sourceOf, type CacheSource } from "../promote/source.js";
@@ -92,6 +101,26 @@ export class Promoter {
       return "skipped";
     }
     let source: CacheSource | undefined = wasReady ? sourceOf(moved.cache) : undefined;
+    // What this promote creates for its election, each creation only while the election is still
+    // the record's; taken back when it fails or is superseded (a Ready cache's claims stay).
+    const made: CreatedObject[] = [];
+    const forElection = wasReady
+      ? {}
+      : { created: (o: CreatedObject) => made.push(o), current: () => this.current(short, election) };
+    const takeBack = async (): Promise<void> => {
+      if (!made.length) return;
+      const left = await removeCreated(p.clients, short, election, made, { log });
+      log.info({ created: made.length, left: left.length }, "took back what the promote created");
+    };
+    const superseded = async (found?: ModelCacheObject): Promise<PromoteOutcome> => {
+      log.warn(
+        { recordElection: found?.spec.electionId, phase: found?.status?.phase },
+        "not published: the record moved on to another election (or was deleted) during the promote",
+      );
+      p.metrics.promotes.inc({ result: "superseded" });
+      await takeBack();
+      return "skipped";
+    };
     if (!source) {
       try {
         const uid = moved.cache.metadata.uid;
@@ -115,28 +144,27 @@ export class Promoter {
           tree,
           sizeBytes: m.totalBytes,
           snapshotTimeoutMs: cfg.snapshotTimeoutMs,
+          ...forElection,
         });
         const encoded = encodeSource(source);
         if (wasReady) await p.records.annotate(short, ANN_CACHE_SOURCE, encoded);
-        else if (!(await p.records.annotateForElection(short, election, ANN_CACHE_SOURCE, encoded))) {
-          log.warn(
-            "not published: the record moved on to another election (or was deleted) during the promote",
-          );
-          p.metrics.promotes.inc({ result: "superseded" });
-          return "skipped";
-        }
+        else if (!(await p.records.annotateForElection(short, election, ANN_CACHE_SOURCE, encoded)))
+          return await superseded();
       } catch (err) {
         if (wasReady) throw err;
+        if (err instanceof SupersededError) return await superseded();
         const message = `publishing the captured tree failed: ${(err as Error).message}`;
         log.error({ err }, "failed: promote");
         await recordFailure(p, hash, election, "PromoteFailed", message, pod);
         p.metrics.promotes.inc({ result: "failed" });
+        await takeBack();
         return "failed";
       }
     }
 
     const scope = scopeOfInputs(moved.cache.spec.inputs);
-    const claims = await this.ensureClaims(short, scope, source, pod?.metadata?.namespace);
+    const claims = await this.ensureClaims(short, scope, source, pod?.metadata?.namespace, forElection);
+    if (claims.superseded) return await superseded();
     if (!claims.ok) {
       const message = claims.unsupported ?? describeFailures(claims);
       if (wasReady) {
@@ -156,6 +184,9 @@ export class Promoter {
         pod,
       );
       p.metrics.promotes.inc({ result: "failed" });
+      // The namespaces that got their claim keep none: the next try (a resync, or the next
+      // election) makes them again from its own source.
+      await takeBack();
       return "failed";
     }
     if (wasReady) {
@@ -168,14 +199,7 @@ export class Promoter {
       message: `${claimName(short)} in ${claims.namespaces.length} namespace(s) (${profile.backend} on ${cfg.node})`,
       namespaces: claims.namespaces,
     });
-    if (!done?.written && done?.cache.status?.phase !== "Ready") {
-      log.warn(
-        { recordElection: done?.cache.spec.electionId, phase: done?.cache.status?.phase },
-        "not published: the record moved on to another election (or was deleted) during the promote",
-      );
-      p.metrics.promotes.inc({ result: "superseded" });
-      return "skipped";
-    }
+    if (!done?.written && done?.cache.status?.phase !== "Ready") return await superseded(done?.cache);
     const seconds = Math.round(performance.now() - t0) / 1000;
     p.metrics.promoteSeconds.observe(seconds);
     p.metrics.promotes.inc({ result: "ready" });
@@ -204,11 +228,28 @@ export class Promoter {
     return claims.ok;
   }
 
+  /**
+   * Whether the promote of `election` may still create objects: the record is about that election,
+   * its status is this promote's (Promoting), and it is neither Ready nor being deleted. Read
+   * afresh: the informer may lag behind a newer election.
+   */
+  private async current(short: string, election: string): Promise<boolean> {
+    const c = await this.p.records.get(short);
+    return (
+      c !== undefined &&
+      !c.metadata.deletionTimestamp &&
+      c.spec.electionId === election &&
+      c.status?.electionId === election &&
+      c.status.phase === "Promoting"
+    );
+  }
+
   private ensureClaims(
     short: string,
     scope: string,
     source: CacheSource,
     leaderNamespace: string | undefined,
+    forElection: Pick<EnsureAllOptions, "created" | "current"> = {},
   ): Promise<ClaimsResult> {
     const { cfg, metrics } = this.p;
     const storeNamespace = this.storage.claimNamespace;
@@ -226,6 +267,7 @@ export class Promoter {
         maxMs: Math.max(cfg.claimBackoffMs, 5_000),
       },
       onAttempt: (_ns, result) => metrics.claims.inc({ result }),
+      ...forElection,
     });
   }
 

@@ -35,6 +35,29 @@ export class UnsupportedBackendError extends Error {
   readonly reason = "Unsupported";
 }
 
+/**
+ * The election a promote creates objects for is no longer the record's (a newer election, the
+ * election ended, the cache Ready or being deleted): nothing more is created for it.
+ */
+export class SupersededError extends Error {}
+
+/**
+ * An object a call created, not one it found: what a failed or superseded promote may take back
+ * (by UID, so one made again since under the same name is never removed).
+ */
+export interface CreatedObject {
+  kind: "PersistentVolumeClaim" | "PersistentVolume" | "VolumeSnapshot" | "VolumeSnapshotContent";
+  name: string;
+  namespace?: string;
+  uid?: string;
+}
+
+/** What a promote passes to the calls that create its objects. */
+export interface CreateOptions {
+  /** Told of each object created. */
+  created?: (o: CreatedObject) => void;
+}
+
 /** `created`: this call made the claim; `exists`: it was there; `namespace-gone`: nothing can run there. */
 export type EnsureOutcome = "created" | "exists" | "namespace-gone";
 
@@ -45,14 +68,28 @@ export function isNamespaceGone(err: unknown, namespace: string): boolean {
   return i.code === 404 && new RegExp(`namespaces? "?${namespace}"? not found`, "i").test(i.message);
 }
 
-async function createOnce(what: string, create: () => Promise<unknown>): Promise<boolean> {
+/** The object as created, or undefined when it already existed. */
+async function createOnce<T extends k8s.KubernetesObject>(
+  what: string,
+  create: () => Promise<T>,
+): Promise<T | undefined> {
   try {
-    await create();
-    return true;
+    return await create();
   } catch (err) {
-    if (isAlreadyExists(err)) return false;
+    if (isAlreadyExists(err)) return undefined;
     throw apiError(`creating ${what}`, err);
   }
+}
+
+function tell(o: CreateOptions, kind: CreatedObject["kind"], made: k8s.KubernetesObject | undefined): void {
+  const m = made?.metadata;
+  if (!m?.name) return;
+  o.created?.({
+    kind,
+    name: m.name,
+    ...(m.namespace ? { namespace: m.namespace } : {}),
+    ...(m.uid ? { uid: m.uid } : {}),
+  });
 }
 
 async function claimExists(
@@ -78,7 +115,7 @@ export async function ensureClaim(
   short: string,
   source: CacheSource,
   namespace: string,
-  opts: { storeNamespace?: string } = {},
+  opts: { storeNamespace?: string } & CreateOptions = {},
 ): Promise<EnsureOutcome> {
   if (source.backend === "per-pod-clone") {
     throw new UnsupportedBackendError(
@@ -95,19 +132,29 @@ export async function ensureClaim(
       if (namespace !== opts.storeNamespace) {
         const content = snapshotContentFor(short, source, namespace);
         const ref = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION };
-        const madeContent = await createOnce(`VolumeSnapshotContent ${content.metadata.name}`, () =>
-          c.custom.createClusterCustomObject({ ...ref, plural: "volumesnapshotcontents", body: content }),
+        const madeContent = await createOnce(
+          `VolumeSnapshotContent ${content.metadata.name}`,
+          () =>
+            c.custom.createClusterCustomObject({
+              ...ref,
+              plural: "volumesnapshotcontents",
+              body: content,
+            }) as Promise<k8s.KubernetesObject>,
         );
+        tell(opts, "VolumeSnapshotContent", madeContent);
         const snap = snapshotFor(short, source, namespace);
         try {
-          await createOnce(`VolumeSnapshot ${namespace}/${snap.metadata.name}`, () =>
-            c.custom.createNamespacedCustomObject({
-              ...ref,
-              plural: "volumesnapshots",
-              namespace,
-              body: snap,
-            }),
+          const madeSnap = await createOnce(
+            `VolumeSnapshot ${namespace}/${snap.metadata.name}`,
+            () =>
+              c.custom.createNamespacedCustomObject({
+                ...ref,
+                plural: "volumesnapshots",
+                namespace,
+                body: snap,
+              }) as Promise<k8s.KubernetesObject>,
           );
+          tell(opts, "VolumeSnapshot", madeSnap);
         } catch (err) {
           // Retain: deleting the content this call just made leaves the snapshot itself alone.
           if (madeContent && isNamespaceGone((err as Error).cause ?? err, namespace)) {
@@ -124,9 +171,11 @@ export async function ensureClaim(
       }
       if (!existing) {
         const claim = cloneClaim(short, source, namespace);
-        created = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
+        const made = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
           c.core.createNamespacedPersistentVolumeClaim({ namespace, body: claim }),
         );
+        tell(opts, "PersistentVolumeClaim", made);
+        created = Boolean(made);
       }
     } else {
       const volume =
@@ -136,16 +185,18 @@ export async function ensureClaim(
             ? nodeStoreVolume(short, source, namespace)
             : sharedVolume(short, source, namespace);
       const pvName = volume.metadata!.name!;
-      let ours: k8s.V1PersistentVolume | undefined;
-      await createOnce(`PersistentVolume ${pvName}`, async () => {
-        ours = await c.core.createPersistentVolume({ body: volume });
-      });
+      const ours = await createOnce(`PersistentVolume ${pvName}`, () =>
+        c.core.createPersistentVolume({ body: volume }),
+      );
+      tell(opts, "PersistentVolume", ours);
       if (!existing) {
         const claim = preBoundClaim(short, source, namespace, volume);
         try {
-          created = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
+          const made = await createOnce(`claim ${namespace}/${claimName(short)}`, () =>
             c.core.createNamespacedPersistentVolumeClaim({ namespace, body: claim }),
           );
+          tell(opts, "PersistentVolumeClaim", made);
+          created = Boolean(made);
         } catch (err) {
           // The PV this call just made would outlive a namespace that is going away.
           if (ours && isNamespaceGone((err as Error).cause ?? err, namespace)) {

@@ -1,7 +1,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { UnsupportedBackendError, isNamespaceGone } from "./claims.js";
-import { describeFailures, retry } from "./promote.js";
+import type * as k8s from "@kubernetes/client-node";
+import { pino } from "pino";
+import { CLUSTER_SCOPE_KEY } from "../core/scope.js";
+import {
+  UnsupportedBackendError,
+  isNamespaceGone,
+  type CreatedObject,
+  type PromoteClients,
+} from "./claims.js";
+import { describeFailures, ensureClaimsForStampedPods, retry } from "./promote.js";
+import { CacheSourceSchema } from "./source.js";
 
 void test("retry: fails twice, then succeeds on the third attempt after growing waits", async () => {
   const waits: number[] = [];
@@ -96,4 +105,53 @@ void test("the failure summary names each namespace that still lacks its claim",
     ],
   });
   assert.equal(s, "claim in b failed after 5 attempt(s): creating claim b/rox-x: 500 InternalError boom");
+});
+
+void test("claims for an election: once `current` says it moved on, no namespace gets anything more, and each object made is told", async () => {
+  const creates: string[] = [];
+  let uid = 0;
+  const made = <T extends k8s.KubernetesObject>(body: T): Promise<T> => {
+    creates.push(`${body.kind ?? "?"} ${body.metadata?.namespace ?? ""}/${body.metadata?.name ?? ""}`);
+    return Promise.resolve({ ...body, metadata: { ...body.metadata, uid: `u${++uid}` } });
+  };
+  const core = {
+    listPodForAllNamespaces: () =>
+      Promise.resolve({ items: ["a", "b", "c"].map((namespace) => ({ metadata: { namespace } })) }),
+    readNamespacedPersistentVolumeClaim: () =>
+      Promise.reject(Object.assign(new Error("not found"), { code: 404 })),
+    createPersistentVolume: ({ body }: { body: k8s.V1PersistentVolume }) => made(body),
+    createNamespacedPersistentVolumeClaim: ({ body }: { body: k8s.V1PersistentVolumeClaim }) => made(body),
+  };
+  const told: CreatedObject[] = [];
+  let asked = 0;
+  const r = await ensureClaimsForStampedPods({
+    clients: { core, custom: {} } as unknown as PromoteClients,
+    short: "0123456789abcdef",
+    scope: CLUSTER_SCOPE_KEY,
+    source: CacheSourceSchema.parse({
+      backend: "host-path",
+      provisioner: "warmstart.dev/host-path",
+      sizeBytes: 1,
+      node: "gpu-0",
+      path: "/store/0123456789abcdef",
+    }),
+    log: pino({ level: "silent" }),
+    parallel: 1,
+    retry: { attempts: 2, initialMs: 1, maxMs: 1 },
+    // Current for namespace a only.
+    current: () => Promise.resolve(++asked === 1),
+    created: (o) => told.push(o),
+  });
+  assert.equal(r.superseded, true);
+  assert.equal(r.ok, false);
+  assert.deepEqual(r.namespaces, ["a"]);
+  assert.equal(asked, 2, "asked again before b, never before c");
+  assert.deepEqual(creates, [
+    "PersistentVolume /warmstart-0123456789abcdef-a",
+    "PersistentVolumeClaim a/rox-0123456789abcdef",
+  ]);
+  assert.deepEqual(told, [
+    { kind: "PersistentVolume", name: "warmstart-0123456789abcdef-a", uid: "u1" },
+    { kind: "PersistentVolumeClaim", name: "rox-0123456789abcdef", namespace: "a", uid: "u2" },
+  ]);
 });

@@ -12,7 +12,14 @@ import { Backoff } from "../core/backoff.js";
 import { apiError, isNotFound } from "../common/kube.js";
 import { namespaceInScope, scopeNeedsLabels } from "../core/scope.js";
 import type { Logger } from "../common/log.js";
-import { ensureClaim, UnsupportedBackendError, type EnsureOutcome, type PromoteClients } from "./claims.js";
+import {
+  ensureClaim,
+  SupersededError,
+  UnsupportedBackendError,
+  type CreateOptions,
+  type EnsureOutcome,
+  type PromoteClients,
+} from "./claims.js";
 import type { CacheSource } from "./source.js";
 
 export interface RetryOptions {
@@ -55,6 +62,8 @@ export interface ClaimsResult {
   namespaces: string[];
   results: NamespaceResult[];
   unsupported?: string;
+  /** `current` said the election moved on: the namespaces left were not tried. */
+  superseded?: true;
 }
 
 /** The namespaces holding pods stamped with this cache's short hash (any phase: a gated follower counts). */
@@ -69,7 +78,7 @@ export async function stampedNamespaces(core: k8s.CoreV1Api, short: string): Pro
   }
 }
 
-export interface EnsureAllOptions {
+export interface EnsureAllOptions extends CreateOptions {
   clients: PromoteClients;
   short: string;
   /** The cache's scope key (its record's): no claim is made in a namespace outside it. */
@@ -84,6 +93,11 @@ export interface EnsureAllOptions {
   parallel?: number;
   signal?: AbortSignal;
   onAttempt?: (namespace: string, result: "created" | "exists" | "gone" | "retry" | "failed") => void;
+  /**
+   * Whether the objects are still wanted (a promote's election is still the record's), asked
+   * before each attempt creates anything: once it says no, nothing more is created.
+   */
+  current?: () => Promise<boolean>;
 }
 
 async function inScope(o: EnsureAllOptions, namespace: string): Promise<boolean> {
@@ -125,22 +139,27 @@ export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<C
   }
   const results: NamespaceResult[] = [];
   let unsupported: string | undefined;
+  let superseded = false;
   const queue = [...namespaces];
   const worker = async (): Promise<void> => {
-    for (let ns = queue.shift(); ns !== undefined; ns = queue.shift()) {
+    for (let ns = queue.shift(); ns !== undefined && !superseded; ns = queue.shift()) {
       const namespace = ns;
       const r: NamespaceResult = { namespace, attempts: 0 };
       try {
         r.outcome = await retry(
           async (attempt) => {
             r.attempts = attempt;
-            return ensureClaim(o.clients, o.short, o.source, namespace, { storeNamespace: o.storeNamespace });
+            if (o.current && !(await o.current())) throw new SupersededError("the election moved on");
+            return ensureClaim(o.clients, o.short, o.source, namespace, {
+              storeNamespace: o.storeNamespace,
+              ...(o.created ? { created: o.created } : {}),
+            });
           },
           {
             ...DEFAULT_CLAIM_RETRY,
             ...o.retry,
             signal: o.signal,
-            retryable: (err) => !(err instanceof UnsupportedBackendError),
+            retryable: (err) => !(err instanceof UnsupportedBackendError || err instanceof SupersededError),
             onRetry: (attempt, err, delayMs) => {
               o.onAttempt?.(namespace, "retry");
               o.log.warn({ namespace, attempt, retryInMs: delayMs, err }, "claim not ensured yet; retrying");
@@ -149,6 +168,10 @@ export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<C
         );
         o.onAttempt?.(namespace, r.outcome === "namespace-gone" ? "gone" : r.outcome);
       } catch (err) {
+        if (err instanceof SupersededError) {
+          superseded = true;
+          continue;
+        }
         if (err instanceof UnsupportedBackendError) unsupported = err.message;
         r.error = (err as Error).message;
         o.onAttempt?.(namespace, "failed");
@@ -160,7 +183,7 @@ export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<C
     Array.from({ length: Math.max(1, Math.min(o.parallel ?? 4, namespaces.length)) }, worker),
   );
   results.sort((a, b) => (a.namespace < b.namespace ? -1 : 1));
-  const ok = results.every((r) => !r.error);
+  const ok = !superseded && results.every((r) => !r.error);
   return {
     ok,
     namespaces: results
@@ -168,6 +191,7 @@ export async function ensureClaimsForStampedPods(o: EnsureAllOptions): Promise<C
       .map((r) => r.namespace),
     results,
     ...(unsupported ? { unsupported } : {}),
+    ...(superseded ? { superseded: true as const } : {}),
   };
 }
 

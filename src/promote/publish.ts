@@ -17,7 +17,7 @@ import {
 } from "./objects.js";
 import { unshareable, type StorageProfile } from "./profiles.js";
 import type { CacheSource } from "./source.js";
-import type { PromoteClients } from "./claims.js";
+import { SupersededError, type CreateOptions, type PromoteClients } from "./claims.js";
 import { removeTreeVolume, TREE_FOLDER, writeTreeVolume } from "./tree-volume.js";
 
 export interface StoreLocation {
@@ -119,7 +119,7 @@ async function describeTreeVolumes(
   };
 }
 
-export interface PublishInput {
+export interface PublishInput extends CreateOptions {
   short: string;
   hash: string;
   /**
@@ -138,6 +138,8 @@ export interface PublishInput {
   /** snapshot-clone: how long to wait for the snapshot to be ready to use. */
   snapshotTimeoutMs?: number;
   signal?: AbortSignal;
+  /** Whether the promote's election is still the record's, asked before the snapshot is taken. */
+  current?: () => Promise<boolean>;
 }
 
 /** What every namespace's claim of this cache will be made from. Throws when the storage cannot back it. */
@@ -201,7 +203,10 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
         ...(i.signal ? { signal: i.signal } : {}),
       });
       try {
-        const snap = await snapshotStore(c, i.short, volume, i.profile.snapshotClass, timeoutMs, i.signal);
+        // The copy may have taken long: an election that moved on meanwhile gets no snapshot.
+        if (i.current && !(await i.current()))
+          throw new SupersededError("the election moved on while its tree was written");
+        const snap = await snapshotStore(c, i, volume, timeoutMs);
         return {
           ...base,
           driver: snap.driver,
@@ -223,16 +228,25 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
 /** Snapshots the tree's volume (once per cache: the name is the lock) and waits until it can be cloned. */
 async function snapshotStore(
   c: PromoteClients,
-  short: string,
+  i: PublishInput,
   claim: { namespace: string; name: string },
-  snapshotClass: string | undefined,
   timeoutMs: number,
-  signal: AbortSignal | undefined,
 ): Promise<{ driver: string; handle: string; restoreSize?: string }> {
-  const body = storeSnapshot(short, claim, snapshotClass);
+  const signal = i.signal;
+  const body = storeSnapshot(i.short, claim, i.profile.snapshotClass);
   const ref = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION, namespace: claim.namespace };
   try {
-    await c.custom.createNamespacedCustomObject({ ...ref, plural: "volumesnapshots", body });
+    const made = (await c.custom.createNamespacedCustomObject({
+      ...ref,
+      plural: "volumesnapshots",
+      body,
+    })) as VolumeSnapshot;
+    i.created?.({
+      kind: "VolumeSnapshot",
+      name: body.metadata.name!,
+      namespace: claim.namespace,
+      ...(made.metadata?.uid ? { uid: made.metadata.uid } : {}),
+    });
   } catch (err) {
     if (!isAlreadyExists(err))
       throw apiError(`creating VolumeSnapshot ${claim.namespace}/${body.metadata.name}`, err);

@@ -23,7 +23,7 @@ import {
   claimName,
   shortHash,
 } from "../core/contract.js";
-import type { PromoteClients } from "./claims.js";
+import type { CreatedObject, PromoteClients } from "./claims.js";
 import { SNAPSHOT_GROUP, SNAPSHOT_VERSION } from "./objects.js";
 import { retry, type RetryOptions } from "./promote.js";
 
@@ -53,6 +53,14 @@ export interface CleanupOptions {
 }
 
 const DEFAULT_RETRY = { attempts: 4, initialMs: 200, maxMs: 2_000 } as const;
+
+/** Claims first: a PV or snapshot goes after whatever was made from it. */
+const DELETE_ORDER: readonly CleanupKind[] = [
+  "PersistentVolumeClaim",
+  "PersistentVolume",
+  "VolumeSnapshot",
+  "VolumeSnapshotContent",
+];
 
 interface Found {
   kind: CleanupKind;
@@ -104,15 +112,21 @@ async function listCreated(c: PromoteClients, short: string): Promise<Found[]> {
   return out;
 }
 
-async function deleteOne(c: PromoteClients, f: Found): Promise<void> {
+/** Deletes one object; with `uid`, only that very object (another one of its name is not ours). */
+async function deleteOne(c: PromoteClients, f: Found, uid?: string): Promise<void> {
   const snap = { group: SNAPSHOT_GROUP, version: SNAPSHOT_VERSION };
+  const only = uid ? { body: { preconditions: { uid } } } : {};
   try {
     switch (f.kind) {
       case "PersistentVolumeClaim":
-        await c.core.deleteNamespacedPersistentVolumeClaim({ name: f.name, namespace: f.namespace! });
+        await c.core.deleteNamespacedPersistentVolumeClaim({
+          name: f.name,
+          namespace: f.namespace!,
+          ...only,
+        });
         return;
       case "PersistentVolume":
-        await c.core.deletePersistentVolume({ name: f.name });
+        await c.core.deletePersistentVolume({ name: f.name, ...only });
         return;
       case "VolumeSnapshot":
         await c.custom.deleteNamespacedCustomObject({
@@ -120,14 +134,20 @@ async function deleteOne(c: PromoteClients, f: Found): Promise<void> {
           plural: "volumesnapshots",
           namespace: f.namespace!,
           name: f.name,
+          ...only,
         });
         return;
       case "VolumeSnapshotContent":
-        await c.custom.deleteClusterCustomObject({ ...snap, plural: "volumesnapshotcontents", name: f.name });
+        await c.custom.deleteClusterCustomObject({
+          ...snap,
+          plural: "volumesnapshotcontents",
+          name: f.name,
+          ...only,
+        });
         return;
     }
   } catch (err) {
-    if (isNotFound(err)) return;
+    if (isNotFound(err) || (uid && isConflict(err))) return;
     throw apiError(`deleting ${describe(f)}`, err);
   }
 }
@@ -175,14 +195,7 @@ async function removeCacheObjects(
   const items: CleanupItem[] = [];
   const errors = new Map<string, string>();
   const found = await retry(() => listCreated(c, short), opts);
-  // Claims first: a PV or snapshot goes after whatever was made from it.
-  const order: CleanupKind[] = [
-    "PersistentVolumeClaim",
-    "PersistentVolume",
-    "VolumeSnapshot",
-    "VolumeSnapshotContent",
-  ];
-  for (const kind of order) {
+  for (const kind of DELETE_ORDER) {
     for (const f of found.filter((x) => x.kind === kind && !x.deleting)) {
       try {
         await retry(() => deleteOne(c, f), {
@@ -348,4 +361,70 @@ async function markDeleting(c: PromoteClients, name: string): Promise<void> {
 /** One line per thing left, for operators. */
 export function describeLeft(left: CleanupItem[]): string[] {
   return left.map((i) => `${describe(i)}: ${i.why ?? "still there"}`);
+}
+
+const leftItem = (f: Found, why: string): CleanupItem => ({
+  kind: f.kind,
+  name: f.name,
+  ...(f.namespace ? { namespace: f.namespace } : {}),
+  state: "left",
+  why,
+});
+
+/**
+ * Why a failed or superseded promote of `election` must leave its objects where they are, or
+ * undefined when they are its own to take back. Objects are named per cache, so a promote of
+ * another election (and admission, for a Ready cache) converges on them through AlreadyExists:
+ * once the record says another election is promoting, or the cache is Ready, they may be in use.
+ */
+async function takenOver(c: PromoteClients, short: string, election: string): Promise<string | undefined> {
+  const cache = await getModelCache(c.custom, short);
+  const s = cache?.status;
+  if (!cache || cache.metadata.deletionTimestamp) return undefined;
+  if (s?.phase === "Ready") return "the cache is Ready";
+  if (s?.phase === "Promoting" && s.electionId !== election)
+    return `election ${s.electionId ?? "?"} is promoting`;
+  return undefined;
+}
+
+/**
+ * Takes back what one election's promote created (never what it found) once that promote failed
+ * or was superseded, so neither leaves claims, volumes or snapshots behind. The record is looked
+ * at before each delete (see `takenOver`), and each delete is conditional on the UID created: an
+ * object removed and made again since by someone else stays. Returns what was left, and why.
+ */
+export async function removeCreated(
+  c: PromoteClients,
+  short: string,
+  election: string,
+  made: readonly CreatedObject[],
+  o: CleanupOptions = {},
+): Promise<CleanupItem[]> {
+  const opts = { ...DEFAULT_RETRY, ...o.retry };
+  const left: CleanupItem[] = [];
+  const todo = [...made].sort((a, b) => DELETE_ORDER.indexOf(a.kind) - DELETE_ORDER.indexOf(b.kind));
+  const itemOf = (m: CreatedObject): Found => ({
+    kind: m.kind,
+    name: m.name,
+    ...(m.namespace ? { namespace: m.namespace } : {}),
+    deleting: false,
+    finalizers: [],
+  });
+  for (const [i, m] of todo.entries()) {
+    const why = await retry(() => takenOver(c, short, election), opts).catch(
+      (err: unknown) => `the record could not be read: ${(err as Error).message}`,
+    );
+    if (why) {
+      left.push(...todo.slice(i).map((x) => leftItem(itemOf(x), why)));
+      break;
+    }
+    try {
+      await retry(() => deleteOne(c, itemOf(m), m.uid), opts);
+    } catch (err) {
+      left.push(leftItem(itemOf(m), (err as Error).message));
+    }
+  }
+  if (left.length)
+    o.log?.warn({ hash: short, election, left: describeLeft(left) }, "promote objects left in place");
+  return left;
 }

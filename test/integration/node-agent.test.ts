@@ -631,6 +631,113 @@ void test("a promote that fails after its election was replaced leaves the next 
   assert.equal(await metric(ta.agent, "warmstart_node_agent_promotes_total", 'result="failed"'), 1);
 });
 
+/**
+ * The claim in `namespace` and every volume of the cache deleted (each goes once its protection
+ * finalizer sees nothing use it) and not made again.
+ */
+async function takenBack(namespace: string, short: string): Promise<void> {
+  const { core } = await kube();
+  const deleted = (o: k8s.KubernetesObject | undefined): boolean =>
+    !o || Boolean(o.metadata?.deletionTimestamp);
+  const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+  assert.ok(deleted(await claimIn(namespace, short)), "the claim it made is taken back");
+  assert.deepEqual(
+    pvs.items.filter((v) => !deleted(v)).map((v) => v.metadata!.name),
+    [],
+    "and the volumes it made",
+  );
+  await waitFor("the claim and volumes gone", async () => {
+    const left = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+    return !(await claimIn(namespace, short)) && left.items.length === 0;
+  });
+}
+
+/** A claim of this cache that the API server created in `namespace` (status 201 through the proxy). */
+const claimMade = (
+  ta: { proxy: { seen: (m: string, p: RegExp) => { status: number }[] } },
+  namespace: string,
+) =>
+  ta.proxy
+    .seen("POST", new RegExp(`^/api/v1/namespaces/${namespace}/persistentvolumeclaims$`))
+    .some((r) => r.status === 201);
+
+void test("a promote superseded midway creates nothing more for its election and takes back what it made: no claim or volume left", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { claimAttempts: 3 });
+  const ns = await tempNamespace(t, "sup-a");
+  const nsB = await tempNamespace(t, "sup-b");
+  const model = `org/sup-${ns}`;
+  let hash = "";
+  let next: string | undefined;
+  // B's first claim create fails, and just then admission records the next election: B's retry
+  // must not create anything for the election that was superseded.
+  ta.proxy.inject({
+    method: "POST",
+    path: new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`),
+    status: [500],
+    times: 1,
+    onMatch: async () => {
+      next = await nextElection(hash, ns);
+    },
+  });
+  const created = await createPod(ns, workerPod("leader", model, { manualReady: true, node: ta.node }));
+  hash = created.metadata!.annotations![ANN_HASH]!;
+  const short = shortHash(hash);
+  cleanupCache(t, short, [ta.store]);
+  await createPod(nsB, workerPod("follower", model));
+  const pod = await bound(ns, "leader");
+  await writeCacheTree(emptyDirPath(ta.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME));
+  await makeReady(ns, "leader");
+  await waitFor(
+    "the promote superseded",
+    async () => (await metric(ta.agent, "warmstart_node_agent_promotes_total", 'result="superseded"')) === 1,
+    30_000,
+  );
+  await ta.agent.idle();
+
+  assert.ok(next, "superseded in the middle of the claims");
+  assert.ok(claimMade(ta, ns), "the leader's namespace got its claim before the election moved on");
+  assert.equal(
+    ta.proxy.seen("POST", new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`)).length,
+    1,
+    "no claim was tried for the superseded election after it moved on",
+  );
+  assert.equal(await claimIn(nsB, short), undefined);
+  await takenBack(ns, short);
+  const cache = (await getCache(short))!;
+  assert.equal(cache.spec.electionId, next, "the next election's record");
+  assert.notEqual(cache.status?.phase, "Ready");
+  assert.equal(await metric(ta.agent, "warmstart_node_agent_promotes_total", 'result="failed"'), 0);
+});
+
+void test("a promote that fails in one namespace takes back the claims and volumes it made in the others", async (t) => {
+  const where = await testNode(t);
+  const ta = await startAgent(t, where, { claimAttempts: 2 });
+  const ns = await tempNamespace(t, "fail-a");
+  const nsB = await tempNamespace(t, "fail-b");
+  const model = `org/fail-${ns}`;
+  ta.proxy.inject({
+    method: "POST",
+    path: new RegExp(`^/api/v1/namespaces/${nsB}/persistentvolumeclaims$`),
+    status: [500],
+  });
+  const created = await createPod(ns, workerPod("leader", model, { manualReady: true, node: ta.node }));
+  const short = shortHash(created.metadata!.annotations![ANN_HASH]!);
+  cleanupCache(t, short, [ta.store]);
+  await createPod(nsB, workerPod("follower", model));
+  const pod = await bound(ns, "leader");
+  await writeCacheTree(emptyDirPath(ta.kubeletRoot, pod.metadata!.uid!, CACHE_VOLUME));
+  await makeReady(ns, "leader");
+  const { cache } = await watchCache(short, (c) => c.status?.phase === "Failed", 30_000);
+  await ta.agent.idle();
+
+  assert.equal(cache.status?.reason, "PromoteFailed", JSON.stringify(cache.status));
+  assert.match(cache.status?.message ?? "", new RegExp(`claim in ${nsB} failed`));
+  assert.ok(claimMade(ta, ns), "the leader's namespace got its claim before B failed");
+  // Nor a volume: A's, or B's, made before its claim failed.
+  await takenBack(ns, short);
+});
+
 /** A committed tree of `hash` in the store, as a capture left it. */
 async function committedTree(store: string, hash: string): Promise<void> {
   const src = await mkdtemp(join(tmpdir(), "ws-src-"));

@@ -21,6 +21,7 @@ import {
   LABEL_HASH,
   LABEL_NAMESPACE,
   LABEL_SHARE_GROUP,
+  MODELCACHE,
   SKIP,
   STORAGE_PROFILES_CONFIGMAP,
   claimName,
@@ -28,7 +29,9 @@ import {
 import { SYSTEM_NAMESPACE, isAlreadyExists, isNotFound } from "../../src/common/kube.js";
 import { createLogger } from "../../src/common/log.js";
 import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
-import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
+import { ensureClaim, promoteClients, type CreatedObject } from "../../src/promote/claims.js";
+import { removeCreated } from "../../src/promote/rollback.js";
+import { cleanupCache, mcRef } from "../agents.js";
 import {
   SNAPSHOT_GROUP,
   SNAPSHOT_VERSION,
@@ -1247,4 +1250,91 @@ void test("a store claim that attaches to one node (ReadWriteOnce) is refused wi
   );
   // A ReadWriteMany claim is read on (it names no provisioner yet: unbound, no class).
   await assert.rejects(describeStore(kc, store("rwx")), /cannot tell the provisioner/);
+});
+
+void test("taking back a failed or superseded promote's objects leaves what a newer promote or a Ready cache may use, and an object made again since", async (t) => {
+  const { core, custom } = await kube();
+  const clients = promoteClients((await kube()).kc);
+  const ns = await tempNamespace(t, "take-back");
+  const short = newShort();
+  const hash = short + randomBytes(24).toString("hex");
+  cleanupCache(t, short, []);
+  await custom.createClusterCustomObject({
+    ...mcRef,
+    body: {
+      apiVersion: `${MODELCACHE.group}/${MODELCACHE.version}`,
+      kind: MODELCACHE.kind,
+      metadata: { name: short, labels: { [LABEL_HASH]: short } },
+      spec: { hash, electionId: "e1" },
+    },
+  });
+  const record = async (electionId: string, phase: string): Promise<void> => {
+    await custom.patchClusterCustomObject(
+      { ...mcRef, name: short, body: { spec: { electionId } } },
+      mergePatch,
+    );
+    await custom.patchClusterCustomObjectStatus(
+      { ...mcRef, name: short, body: { status: { phase, electionId } } },
+      mergePatch,
+    );
+  };
+  const made: CreatedObject[] = [];
+  await record("e1", "Promoting");
+  assert.equal(
+    await ensureClaim(clients, short, hostPathSource(short), ns, { created: (o) => made.push(o) }),
+    "created",
+  );
+  assert.deepEqual(made.map((m) => m.kind).sort(), ["PersistentVolume", "PersistentVolumeClaim"]);
+  assert.ok(made.every((m) => m.uid));
+  const claimThere = async (): Promise<k8s.V1PersistentVolumeClaim | undefined> =>
+    core
+      .readNamespacedPersistentVolumeClaim({ namespace: ns, name: claimName(short) })
+      .catch((err: unknown) => {
+        ignoreNotFound(err);
+        return undefined;
+      });
+
+  // A newer election's promote may have found them by name (AlreadyExists), as may a Ready cache.
+  await record("e2", "Promoting");
+  const whileE2 = await removeCreated(clients, short, "e1", made);
+  assert.deepEqual(
+    whileE2.map((l) => [l.kind, l.why]),
+    [
+      ["PersistentVolumeClaim", "election e2 is promoting"],
+      ["PersistentVolume", "election e2 is promoting"],
+    ],
+  );
+  await record("e2", "Ready");
+  assert.equal((await removeCreated(clients, short, "e1", made)).length, 2, "a Ready cache's");
+  assert.ok(await claimThere(), "left in place");
+
+  // The next election has not promoted anything yet: they are e1's own to take back.
+  await record("e2", "Electing");
+  assert.deepEqual(await removeCreated(clients, short, "e1", made), []);
+  await waitFor("the claim and its volume gone", async () => {
+    const pvs = await core.listPersistentVolume({ labelSelector: `${LABEL_HASH}=${short}` });
+    return !(await claimThere()) && pvs.items.length === 0;
+  });
+
+  // One made again under the same names since (another UID) is someone else's.
+  const again: CreatedObject[] = [];
+  await ensureClaim(clients, short, hostPathSource(short), ns, { created: (o) => again.push(o) });
+  await core.deleteNamespacedPersistentVolumeClaim({ namespace: ns, name: claimName(short) });
+  await waitFor("the claim gone", async () => !(await claimThere()));
+  assert.equal(await ensureClaim(clients, short, hostPathSource(short), ns), "created");
+  const theirs = (await claimThere())!;
+  assert.deepEqual(
+    await removeCreated(
+      clients,
+      short,
+      "e1",
+      again.filter((o) => o.kind === "PersistentVolumeClaim"),
+    ),
+    [],
+  );
+  assert.equal(
+    (await claimThere())?.metadata?.uid,
+    theirs.metadata?.uid,
+    "not removed: not the object e1 made",
+  );
 });
