@@ -201,7 +201,14 @@ export function compareRbac(
 export async function installPolicyCopy(
   t: { after: (fn: () => Promise<void>) => void },
   admission: k8s.AdmissionregistrationV1Api,
-  o: { suffix: string; name: string; namespace: string; matchResources?: k8s.V1MatchResources },
+  o: {
+    suffix: string;
+    name: string;
+    namespace: string;
+    matchResources?: k8s.V1MatchResources;
+    /** The chart's account names replaced (`from` -> `to`) in the copy's expressions. */
+    renameUser?: { from: string; to: string };
+  },
 ): Promise<k8s.KubernetesObject[]> {
   const objs = await renderChart({}, { namespace: o.namespace });
   const policy = objs.find(
@@ -211,7 +218,10 @@ export async function installPolicyCopy(
     (x) => x.kind === "ValidatingAdmissionPolicyBinding" && x.metadata?.name === policy.metadata?.name,
   ) as k8s.V1ValidatingAdmissionPolicyBinding;
   const { name } = o;
-  await admission.createValidatingAdmissionPolicy({ body: { ...policy, metadata: { name } } });
+  const body = o.renameUser
+    ? (JSON.parse(JSON.stringify(policy).split(o.renameUser.from).join(o.renameUser.to)) as typeof policy)
+    : policy;
+  await admission.createValidatingAdmissionPolicy({ body: { ...body, metadata: { name } } });
   t.after(() => admission.deleteValidatingAdmissionPolicy({ name }).then(() => undefined));
   const spec = {
     ...shipped.spec,

@@ -69,8 +69,16 @@ export const WEBHOOK_OPTIONS = {
   }),
   configurationName: opt({
     default: "warmstart",
-    doc: "the MutatingWebhookConfiguration's name",
+    doc: "the MutatingWebhookConfiguration's name (and, with -records, the ValidatingWebhookConfiguration's)",
     schema: z.string(),
+  }),
+  /** Whose writes to cache records are reviewed (records-review.ts): the node agents' account. */
+  nodeAgentAccount: opt({
+    flag: "--node-agent-account <user>",
+    env: "WARMSTART_NODE_AGENT_ACCOUNT",
+    default: `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-node-agent`,
+    doc: "the node agents' ServiceAccount (system:serviceaccount:<ns>:<name>), whose record writes claiming a capture are reviewed",
+    schema: z.string().regex(/^system:serviceaccount:[a-z0-9-]+:[a-z0-9.-]+$/),
   }),
   timeoutSeconds: opt({
     flag: "--timeout-seconds <n>",

@@ -1,6 +1,7 @@
 import * as k8s from "@kubernetes/client-node";
 import { apiError, isAlreadyExists, isNotFound } from "../common/kube.js";
 import { UNADMITTED_NAMESPACES } from "../core/contract.js";
+import { RECORDS_PATH } from "./server.js";
 
 /**
  * The MutatingWebhookConfiguration for pod CREATE. Fail open (`Ignore`) with a short timeout so a
@@ -53,6 +54,59 @@ export function webhookConfiguration(opts: {
   };
 }
 
+/**
+ * The ValidatingWebhookConfiguration for node agents' writes to cache records that claim a
+ * capture (records-review.ts): refused when the webhook cannot answer (`Fail`), which holds only
+ * those writes, never a pod. The match conditions send nothing else.
+ */
+export function recordsWebhookConfiguration(opts: {
+  name: string;
+  url?: string;
+  service?: { namespace: string; name: string; port: number };
+  caBundle: string;
+  timeoutSeconds: number;
+  nodeAgentUser: string;
+}): k8s.V1ValidatingWebhookConfiguration {
+  return {
+    apiVersion: "admissionregistration.k8s.io/v1",
+    kind: "ValidatingWebhookConfiguration",
+    metadata: { name: opts.name, labels: { "app.kubernetes.io/name": "warmstart" } },
+    webhooks: [
+      {
+        name: "records.warmstart.dev",
+        admissionReviewVersions: ["v1"],
+        clientConfig: {
+          ...(opts.url ? { url: `${opts.url.replace(/\/$/, "")}${RECORDS_PATH}` } : {}),
+          ...(opts.service ? { service: { ...opts.service, path: RECORDS_PATH } } : {}),
+          caBundle: Buffer.from(opts.caBundle).toString("base64"),
+        },
+        rules: [
+          {
+            operations: ["CREATE", "UPDATE"],
+            apiGroups: ["warmstart.dev"],
+            apiVersions: ["*"],
+            resources: ["modelcaches", "modelcaches/status"],
+            scope: "Cluster",
+          },
+        ],
+        failurePolicy: "Fail",
+        sideEffects: "None",
+        timeoutSeconds: opts.timeoutSeconds,
+        matchPolicy: "Equivalent",
+        matchConditions: [
+          {
+            name: "a-node-agent-claiming-a-capture",
+            expression:
+              `request.userInfo.username == '${opts.nodeAgentUser}' && (request.operation == 'CREATE' || ` +
+              "object.?status.?node.orValue('') != oldObject.?status.?node.orValue('') || " +
+              "object.?status.?manifestDigest.orValue('') != oldObject.?status.?manifestDigest.orValue(''))",
+          },
+        ],
+      },
+    ],
+  };
+}
+
 /** Create or replace the configuration (replace keeps a rotated CA bundle current). */
 export async function registerWebhook(
   api: k8s.AdmissionregistrationV1Api,
@@ -67,6 +121,25 @@ export async function registerWebhook(
   }
   const current = await api.readMutatingWebhookConfiguration({ name });
   await api.replaceMutatingWebhookConfiguration({
+    name,
+    body: { ...config, metadata: { ...config.metadata, resourceVersion: current.metadata?.resourceVersion } },
+  });
+}
+
+/** Create or replace the records review's configuration. */
+export async function registerRecordsWebhook(
+  api: k8s.AdmissionregistrationV1Api,
+  config: k8s.V1ValidatingWebhookConfiguration,
+): Promise<void> {
+  const name = config.metadata!.name!;
+  try {
+    await api.createValidatingWebhookConfiguration({ body: config });
+    return;
+  } catch (err) {
+    if (!isAlreadyExists(err)) throw apiError(`registering ValidatingWebhookConfiguration ${name}`, err);
+  }
+  const current = await api.readValidatingWebhookConfiguration({ name });
+  await api.replaceValidatingWebhookConfiguration({
     name,
     body: { ...config, metadata: { ...config.metadata, resourceVersion: current.metadata?.resourceVersion } },
   });

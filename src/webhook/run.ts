@@ -12,7 +12,13 @@ import { recordElection, releaseLease, tryAcquire } from "./election.js";
 import { getModelCache } from "../common/modelcache.js";
 import type { AdmissionDeps, ClusterView } from "./admission.js";
 import { admissionHandler, failOpen } from "./handler.js";
-import { registerWebhook, webhookConfiguration } from "./registration.js";
+import { recordsHandler } from "./records-review.js";
+import {
+  recordsWebhookConfiguration,
+  registerRecordsWebhook,
+  registerWebhook,
+  webhookConfiguration,
+} from "./registration.js";
 import { retry } from "../promote/promote.js";
 import { promotion } from "../promote/webhook.js";
 import { CacheEnvConfig, DraLookups, draApi, namespaceLabels } from "./lookups.js";
@@ -121,6 +127,7 @@ export async function runWebhook(
       : {}),
     maxBodyBytes: cfg.maxBodyBytes,
     handler: admissionHandler(deps),
+    recordsHandler: recordsHandler({ core, coordination, systemNamespace: cfg.systemNamespace }, log),
     onHandlerError: (err, review) => failOpen(deps, err, review),
     registry: metrics.registry,
     log,
@@ -138,7 +145,18 @@ export async function runWebhook(
       caBundle,
       timeoutSeconds: cfg.timeoutSeconds,
     });
-    void retry(() => registerWebhook(admission, config), {
+    const records = recordsWebhookConfiguration({
+      name: `${cfg.configurationName}-records`,
+      url: cfg.registerUrl,
+      caBundle,
+      timeoutSeconds: cfg.timeoutSeconds,
+      nodeAgentUser: cfg.nodeAgentAccount,
+    });
+    const register = async (): Promise<void> => {
+      await registerWebhook(admission, config);
+      await registerRecordsWebhook(admission, records);
+    };
+    void retry(register, {
       attempts: Number.POSITIVE_INFINITY,
       initialMs: 250,
       maxMs: 30_000,

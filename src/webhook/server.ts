@@ -21,13 +21,22 @@ export const AdmissionReviewSchema = z.object({
     operation: z.string().optional(),
     dryRun: z.boolean().optional(),
     object: z.unknown().optional(),
+    oldObject: z.unknown().optional(),
+    userInfo: z
+      .object({
+        username: z.string().optional(),
+        extra: z.record(z.string(), z.array(z.string())).optional(),
+      })
+      .optional(),
   }),
 });
 export type AdmissionReview = z.infer<typeof AdmissionReviewSchema>;
 
 export interface AdmissionResponse {
   uid: string;
-  allowed: true;
+  /** Pods are always admitted (fail open); only a records review refuses. */
+  allowed: boolean;
+  status?: { code: number; message: string };
   patch?: string;
   patchType?: "JSONPatch";
   warnings?: string[];
@@ -35,12 +44,17 @@ export interface AdmissionResponse {
 
 export type AdmissionHandler = (review: AdmissionReview) => Promise<AdmissionResponse>;
 
+/** Where the API server sends node agents' writes to cache records (records-review.ts). */
+export const RECORDS_PATH = "/validate-records";
+
 export interface ServerOptions {
   host: string;
   port: number;
   cert: { certFile: string; keyFile: string } | { cert: string; key: string };
   maxBodyBytes: number;
   handler: AdmissionHandler;
+  /** Reviews of node agents' writes to cache records (RECORDS_PATH), when served. */
+  recordsHandler?: AdmissionHandler;
   /** Called when the handler throws: answers must still carry the uid and admit the pod. */
   onHandlerError: (err: unknown, review: AdmissionReview) => AdmissionResponse;
   registry?: Registry;
@@ -103,7 +117,9 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
       res.end(await opts.registry.metrics());
       return;
     }
-    if (path !== "/mutate") return send(res, 404, { error: `no route for ${req.method} ${path}` });
+    const handler =
+      path === "/mutate" ? opts.handler : path === RECORDS_PATH ? opts.recordsHandler : undefined;
+    if (!handler) return send(res, 404, { error: `no route for ${req.method} ${path}` });
     const refused = callerRefused(req);
     if (refused) {
       opts.clientAuth?.onRefused?.(refused.why);
@@ -127,9 +143,13 @@ export async function startAdmissionServer(opts: ServerOptions): Promise<Running
     }
     let response: AdmissionResponse;
     try {
-      response = await opts.handler(review);
+      response = await handler(review);
     } catch (err) {
-      response = opts.onHandlerError(err, review);
+      // A pod is admitted whatever failed; a record write that cannot be checked is refused.
+      response =
+        handler === opts.handler
+          ? opts.onHandlerError(err, review)
+          : { uid: review.request.uid, allowed: false, status: { code: 500, message: String(err) } };
     }
     send(res, 200, { apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview", response });
   }

@@ -13,7 +13,7 @@ import * as k8s from "@kubernetes/client-node";
 import { parse as parseYaml } from "yaml";
 import { kube, tempNamespace } from "../harness.js";
 import { CHART, objectName, renderChart, runHelm } from "../chart.js";
-import { webhookConfiguration } from "../../src/webhook/registration.js";
+import { recordsWebhookConfiguration, webhookConfiguration } from "../../src/webhook/registration.js";
 import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 
 const EVERYTHING = {
@@ -136,6 +136,23 @@ void test("the webhook configuration is the one src/webhook/registration.ts regi
   // Its CA bundle is the CA of the certificate the webhook serves.
   const secret = find<k8s.V1Secret>(objs, "Secret", "-webhook-tls");
   assert.equal(mwc.webhooks![0]!.clientConfig.caBundle, secret.data!["ca.crt"]);
+  // The records review likewise, for the chart's node agents' account.
+  const vwc = find<k8s.V1ValidatingWebhookConfiguration>(objs, "ValidatingWebhookConfiguration", "-records");
+  const recordsFromCode = recordsWebhookConfiguration({
+    name: vwc.metadata!.name!,
+    service: { namespace: "ws-ns", name: "warmstart-webhook", port: 443 },
+    caBundle: "x",
+    timeoutSeconds: 5,
+    nodeAgentUser: "system:serviceaccount:ws-ns:warmstart-node-agent",
+  });
+  assert.deepEqual(
+    { ...vwc.webhooks![0]!, clientConfig: { ...vwc.webhooks![0]!.clientConfig, caBundle: undefined } },
+    {
+      ...recordsFromCode.webhooks![0]!,
+      clientConfig: { ...recordsFromCode.webhooks![0]!.clientConfig, caBundle: undefined },
+    },
+  );
+  assert.equal(vwc.webhooks![0]!.clientConfig.caBundle, secret.data!["ca.crt"]);
 
   // With cert-manager served, the certificate is its and the bundle is injected.
   const cm = await renderChart({}, { extra: ["--api-versions", "cert-manager.io/v1"] });

@@ -33,8 +33,9 @@ const INIT_STEPS: RoleEntry[] = ["wait-ready", "seed", "prewarm", "capture"].map
 const NOT_CONFIGURED: { role: string; match: (c: ApiCall) => boolean; why: string }[] = [
   {
     role: "webhook",
-    match: (c) => c.resource === "mutatingwebhookconfigurations",
-    why: "self-registration runs only with --register-url; the chart renders the configuration",
+    match: (c) =>
+      c.resource === "mutatingwebhookconfigurations" || c.resource === "validatingwebhookconfigurations",
+    why: "self-registration runs only with --register-url; the chart renders the configurations",
   },
 ];
 

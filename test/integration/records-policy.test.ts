@@ -16,7 +16,10 @@ import { CacheRecords } from "../../src/common/cache-record.js";
 import { SYSTEM_NAMESPACE } from "../../src/common/kube.js";
 import { ANN_CACHE_ENV, ANN_CACHE_SOURCE, shortHash } from "../../src/core/contract.js";
 
-const NODE_AGENT = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-node-agent`;
+/** The chart's node agents' account, and this test's stand-in for it (the cluster's own webhook
+ * reviews the real account's capture claims, which this test's made-up leader would not pass). */
+const CHART_NODE_AGENT = `system:serviceaccount:${SYSTEM_NAMESPACE}:warmstart-node-agent`;
+const NODE_AGENT = `system:serviceaccount:${SYSTEM_NAMESPACE}:records-policy-${randomBytes(3).toString("hex")}`;
 const NODE_NAME = "authentication.kubernetes.io/node-name";
 
 /** The custom-objects API as the node agent of `node` (undefined: a token bound to no pod). */
@@ -36,7 +39,12 @@ test("a node agent's token writes only what its own node may say on a cache reco
   const admission = kc.makeApiClient(k8s.AdmissionregistrationV1Api);
   const suffix = randomBytes(3).toString("hex");
   const name = `records-${suffix}`;
-  await installPolicyCopy(t, admission, { suffix: "-records", name, namespace: SYSTEM_NAMESPACE });
+  await installPolicyCopy(t, admission, {
+    suffix: "-records",
+    name,
+    namespace: SYSTEM_NAMESPACE,
+    renameUser: { from: CHART_NODE_AGENT, to: NODE_AGENT },
+  });
   // The chart's grants on records, for the impersonated account.
   await rbac.createClusterRole({
     body: {
