@@ -2,7 +2,10 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { V1Pod } from "@kubernetes/client-node";
 import type { ModelCacheObject } from "../common/modelcache.js";
-import { decideFill } from "./fill-decide.js";
+import { status } from "@grpc/grpc-js";
+import { CsiError } from "./csi/request.js";
+import { ScopeOverShareError, StoreFullError } from "./fair-share.js";
+import { afterFillFailure, decideFill } from "./fill-decide.js";
 
 const HASH = "ab".repeat(32);
 const NOW = Date.parse("2026-12-05T10:00:00Z");
@@ -110,4 +113,28 @@ test("attacker: a container of the pod that can write the fill volume (an epheme
     "cold",
     "the agent writes as root into that folder: never while the pod can write it too",
   );
+});
+
+void test("a fill refused because its sharing scope holds its fair share starts cold at once, saying so; a full store is tried again", () => {
+  const over = new CsiError(
+    status.RESOURCE_EXHAUSTED,
+    "no room for cache abababababababab in this node's store",
+  );
+  over.cause = new ScopeOverShareError(
+    "namespace:a",
+    "sharing scope namespace:a holds 70.0 MB of this node's store",
+  );
+  assert.deepEqual(afterFillFailure(over, "abababababababab"), {
+    do: "cold",
+    reason:
+      "cache abababababababab is Ready but has no room in this node's store: sharing scope namespace:a holds 70.0 MB of this node's store",
+  });
+  const full = new CsiError(status.RESOURCE_EXHAUSTED, "no room: the store budget is 1 MB");
+  full.cause = new StoreFullError("the store budget is 1 MB");
+  assert.equal(afterFillFailure(full, "abababababababab").do, "retry");
+  assert.equal(
+    afterFillFailure(new CsiError(status.UNAVAILABLE, "no copy yet"), "abababababababab").do,
+    "retry",
+  );
+  assert.equal(afterFillFailure(new Error("digest mismatch"), "abababababababab").do, "cold");
 });

@@ -5,6 +5,7 @@
  * otherwise looks again when something changes or at the pod's wait deadline.
  */
 import type * as k8s from "@kubernetes/client-node";
+import { status } from "@grpc/grpc-js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import {
   ANN_HASH,
@@ -15,6 +16,8 @@ import {
   LABEL_WAITING,
   shortHash,
 } from "../core/contract.js";
+import { CsiError } from "./csi/request.js";
+import { ScopeOverShareError } from "./fair-share.js";
 
 export type FillDecision =
   /** Nothing to do for this pod (not a waiting follower, or past its wait). */
@@ -96,4 +99,26 @@ export function decideFill(
     return waiting(`cache ${short}: a failure from before this pod; waiting for the next election`);
   }
   return waiting(`cache ${short} is ${phase ?? "new"}`);
+}
+
+export type FillFailure = { do: "retry"; why: string } | { do: "cold"; reason: string };
+
+/**
+ * What a fill that failed leaves its waiting follower with. The record turns Ready a moment
+ * before the leader's node records its copy, and a full store frees room as restores end: tried
+ * again until the pod's deadline. A store whose room this cache's sharing scope has used up (its
+ * fair share) frees none for it while its own engines run: cold at once, saying so.
+ */
+export function afterFillFailure(err: unknown, short: string): FillFailure {
+  if (err instanceof CsiError && err.cause instanceof ScopeOverShareError)
+    return {
+      do: "cold",
+      reason: `cache ${short} is Ready but has no room in this node's store: ${err.cause.message}`,
+    };
+  if (err instanceof CsiError && (err.code === status.UNAVAILABLE || err.code === status.RESOURCE_EXHAUSTED))
+    return { do: "retry", why: err.message };
+  return {
+    do: "cold",
+    reason: `cache ${short} is Ready but could not be filled here: ${(err as Error).message}`,
+  };
 }

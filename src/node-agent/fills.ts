@@ -15,10 +15,8 @@ import type { Logger } from "../common/log.js";
 import { ANN_HASH, COLD_MARKER, FILL_TREE, FILL_VOLUME, READY_MARKER, shortHash } from "../core/contract.js";
 import { capture, CaptureStoppedError } from "../datapath/capture.js";
 import { formatBytes } from "../datapath/progress.js";
-import { status } from "@grpc/grpc-js";
 import { fetchTree, type FillDeps } from "./csi/fill.js";
-import { CsiError } from "./csi/request.js";
-import { decideFill } from "./fill-decide.js";
+import { afterFillFailure, decideFill } from "./fill-decide.js";
 import { podEvent, type AgentParts } from "./parts.js";
 import { emptyDirPath } from "./store.js";
 
@@ -149,21 +147,12 @@ export class WaitingFills {
         log.info({ why: (signal.reason as Error | undefined)?.message }, "fill stopped");
         return undefined;
       }
-      // The record turns Ready a moment before the leader's node records its copy, and a full
-      // store frees room as restores end: tried again until the pod's deadline.
-      if (
-        err instanceof CsiError &&
-        (err.code === status.UNAVAILABLE || err.code === status.RESOURCE_EXHAUSTED)
-      ) {
-        log.info({ why: err.message }, "the tree is not reachable yet; trying again");
+      const next = afterFillFailure(err, short);
+      if (next.do === "retry") {
+        log.info({ why: next.why }, "the tree is not reachable yet; trying again");
         return RETRY_MS;
       }
-      await this.cold(
-        pod,
-        vol,
-        `cache ${short} is Ready but could not be filled here: ${(err as Error).message}`,
-        log,
-      );
+      await this.cold(pod, vol, next.reason, log);
     }
   }
 

@@ -8,13 +8,15 @@ import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
+import type * as k8s from "@kubernetes/client-node";
+import { isNotFound, SYSTEM_NAMESPACE } from "../../src/common/kube.js";
 import { createLogger, type Logger } from "../../src/common/log.js";
-import { shortHash } from "../../src/core/contract.js";
+import { ANN_HASH, ANN_ROLE, claimName, RO_VOLUME, shortHash } from "../../src/core/contract.js";
 import { capture } from "../../src/datapath/capture.js";
 import { NodeAgent } from "../../src/node-agent/agent.js";
 import type { StoreBudget } from "../../src/node-agent/budget.js";
 import { NodeAgentConfig } from "../../src/node-agent/config.js";
-import { kube } from "../harness.js";
+import { kube, tempNamespace, uniqueName } from "../harness.js";
 
 const X = randomBytes(32).toString("hex");
 const Y = randomBytes(32).toString("hex");
@@ -25,6 +27,7 @@ const BYTES = 4096;
 async function agentWithCommittedTree(
   t: TestContext,
   budget: number,
+  node = "n1",
 ): Promise<{ agent: NodeAgent; room: StoreBudget; log: Logger }> {
   const dir = await mkdtemp(join(tmpdir(), "ws-agent-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
@@ -33,7 +36,7 @@ async function agentWithCommittedTree(
   await writeFile(join(src, "cache/k"), Buffer.alloc(BYTES, 7));
   const log = createLogger("node-agent", "silent");
   const cfg = NodeAgentConfig.parse({
-    node: "n1",
+    node,
     kubeletRoot: join(dir, "kubelet"),
     store: join(dir, "store"),
     storeBudget: budget,
@@ -60,4 +63,41 @@ void test("a committed tree whose capture still holds its reservation counts onc
   await room.doMakeRoom(shortHash(Y), BYTES, log);
   assert.equal(room.reserved.get(shortHash(Y)), BYTES, "room granted");
   assert.ok(await agent.store.committed(X));
+});
+
+void test("a pod that mounts a cache's claim by hand, with or without Warmstart's stamps written on it, does not keep its tree from eviction", async (t) => {
+  const { core, coordination } = await kube();
+  // A node of this test's own (no kubelet): the pods wait there, bound, and never run.
+  const node = uniqueName("ws-nokubelet");
+  const { agent, room, log } = await agentWithCommittedTree(t, BYTES + BYTES / 2, node);
+  room.release(shortHash(X));
+  // Making room publishes the store's use on the node's Lease, which no Node owns here.
+  t.after(() =>
+    coordination
+      .deleteNamespacedLease({ name: `warmstart-store-${node}`, namespace: SYSTEM_NAMESPACE })
+      .then(() => undefined)
+      .catch((err: unknown) => {
+        if (!isNotFound(err)) throw err;
+      }),
+  );
+  const ns = await tempNamespace(t, "pin");
+  const byHand = (name: string, stamps: Record<string, string>): k8s.V1Pod => ({
+    metadata: { name, annotations: stamps },
+    spec: {
+      nodeName: node,
+      containers: [{ name: "c", image: "busybox", command: ["sleep", "3600"] }],
+      volumes: [{ name: RO_VOLUME, persistentVolumeClaim: { claimName: claimName(X), readOnly: true } }],
+    },
+  });
+  await core.createNamespacedPod({ namespace: ns, body: byHand("plain", {}) });
+  const forged = await core.createNamespacedPod({
+    namespace: ns,
+    body: byHand("forged", { [ANN_ROLE]: "restore", [ANN_HASH]: X }),
+  });
+  // Admission owns the stamps: the forged ones are gone before anything reads them.
+  assert.equal(forged.metadata?.annotations?.[ANN_ROLE], undefined, "the webhook removed the forged role");
+
+  await room.doMakeRoom(shortHash(Y), BYTES, log);
+  assert.equal(await agent.store.committed(X), undefined, "the tree the pods mount by hand was evicted");
+  assert.equal(room.reserved.get(shortHash(Y)), BYTES, "room granted");
 });

@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { status } from "@grpc/grpc-js";
 import { createLogger } from "../../common/log.js";
 import type { ModelCacheObject } from "../../common/modelcache.js";
-import { StoreFullError } from "../budget.js";
+import { ScopeOverShareError, StoreFullError } from "../budget.js";
 import { createNodeAgentMetrics } from "../metrics.js";
 import type { AgentParts } from "../parts.js";
 import { CsiError } from "./request.js";
@@ -90,4 +90,24 @@ void test("the room a fill holds is given back when the fill fails, and so is th
   );
   assert.deepEqual(released, [SHORT]);
   assert.deepEqual(finalizers, [`+${SHORT}`, `-${HASH}`]);
+});
+
+void test("a fill refused because its sharing scope holds its fair share says so, and carries why for a waiting follower", async (t) => {
+  const { parts } = await harness(t);
+  const over = new ScopeOverShareError(
+    "namespace:a",
+    "sharing scope namespace:a holds 70.0 MB of this node's store",
+  );
+  const budget = { makeRoom: () => Promise.reject(over), release: () => undefined };
+  const err = await fetchTree(parts, HASH, new AbortController().signal, {
+    budget,
+    fetched: () => assert.fail("nothing was fetched"),
+  }).catch((e: unknown) => e);
+  assert.ok(err instanceof CsiError, String(err));
+  assert.equal(err.code, status.RESOURCE_EXHAUSTED);
+  assert.match(
+    err.message,
+    /no room for cache 89abcdef01234567 in this node's store: sharing scope namespace:a holds/,
+  );
+  assert.equal(err.cause, over);
 });

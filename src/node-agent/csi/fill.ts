@@ -101,12 +101,14 @@ export async function fetchTree(
   const tls = await peerTls(p.cfg, short);
   const log = p.log.child({ component: "replication", hash: short });
   await o.budget.makeRoom(short, cache?.status?.sizeBytes ?? 0, log).catch((err: unknown) => {
-    if (err instanceof StoreFullError)
-      throw new CsiError(
-        status.RESOURCE_EXHAUSTED,
-        `no room for cache ${short} in this node's store: ${err.message}`,
-      );
-    throw err;
+    if (!(err instanceof StoreFullError)) throw err;
+    const refused = new CsiError(
+      status.RESOURCE_EXHAUSTED,
+      `no room for cache ${short} in this node's store: ${err.message}`,
+    );
+    // A waiting follower tells a scope over its fair share from a full store by this.
+    refused.cause = err;
+    throw refused;
   });
   try {
     return await fill(p, { hash, short, digest, sources, tls, signal, log }, o);
