@@ -80,6 +80,26 @@ export function impersonatingConfig(
   return ikc;
 }
 
+/** Grants `user` these cluster-wide rules (a ClusterRole and its binding, both named `name`) for the test. */
+export async function grantCluster(
+  t: { after: (fn: () => Promise<void>) => void },
+  name: string,
+  user: string,
+  rules: k8s.V1PolicyRule[],
+): Promise<void> {
+  const rbac = (await kube()).kc.makeApiClient(k8s.RbacAuthorizationV1Api);
+  await rbac.createClusterRole({ body: { metadata: { name }, rules } });
+  t.after(() => rbac.deleteClusterRole({ name }).then(() => undefined));
+  await rbac.createClusterRoleBinding({
+    body: {
+      metadata: { name },
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name },
+      subjects: [{ kind: "User", apiGroup: "rbac.authorization.k8s.io", name: user }],
+    },
+  });
+  t.after(() => rbac.deleteClusterRoleBinding({ name }).then(() => undefined));
+}
+
 export async function localCluster(): Promise<ClusterState | undefined> {
   return readState();
 }

@@ -108,40 +108,49 @@ export function recordsWebhookConfiguration(opts: {
 }
 
 /** Create or replace the configuration (replace keeps a rotated CA bundle current). */
-export async function registerWebhook(
+export function registerWebhook(
   api: k8s.AdmissionregistrationV1Api,
   config: k8s.V1MutatingWebhookConfiguration,
 ): Promise<void> {
-  const name = config.metadata!.name!;
-  try {
-    await api.createMutatingWebhookConfiguration({ body: config });
-    return;
-  } catch (err) {
-    if (!isAlreadyExists(err)) throw apiError(`registering MutatingWebhookConfiguration ${name}`, err);
-  }
-  const current = await api.readMutatingWebhookConfiguration({ name });
-  await api.replaceMutatingWebhookConfiguration({
-    name,
-    body: { ...config, metadata: { ...config.metadata, resourceVersion: current.metadata?.resourceVersion } },
+  return createOrReplace("MutatingWebhookConfiguration", config, {
+    create: (body) => api.createMutatingWebhookConfiguration({ body }),
+    read: (name) => api.readMutatingWebhookConfiguration({ name }),
+    replace: (name, body) => api.replaceMutatingWebhookConfiguration({ name, body }),
   });
 }
 
 /** Create or replace the records review's configuration. */
-export async function registerRecordsWebhook(
+export function registerRecordsWebhook(
   api: k8s.AdmissionregistrationV1Api,
   config: k8s.V1ValidatingWebhookConfiguration,
 ): Promise<void> {
+  return createOrReplace("ValidatingWebhookConfiguration", config, {
+    create: (body) => api.createValidatingWebhookConfiguration({ body }),
+    read: (name) => api.readValidatingWebhookConfiguration({ name }),
+    replace: (name, body) => api.replaceValidatingWebhookConfiguration({ name, body }),
+  });
+}
+
+async function createOrReplace<T extends { metadata?: k8s.V1ObjectMeta }>(
+  kind: string,
+  config: T,
+  api: {
+    create(body: T): Promise<unknown>;
+    read(name: string): Promise<T>;
+    replace(name: string, body: T): Promise<unknown>;
+  },
+): Promise<void> {
   const name = config.metadata!.name!;
   try {
-    await api.createValidatingWebhookConfiguration({ body: config });
+    await api.create(config);
     return;
   } catch (err) {
-    if (!isAlreadyExists(err)) throw apiError(`registering ValidatingWebhookConfiguration ${name}`, err);
+    if (!isAlreadyExists(err)) throw apiError(`registering ${kind} ${name}`, err);
   }
-  const current = await api.readValidatingWebhookConfiguration({ name });
-  await api.replaceValidatingWebhookConfiguration({
-    name,
-    body: { ...config, metadata: { ...config.metadata, resourceVersion: current.metadata?.resourceVersion } },
+  const current = await api.read(name);
+  await api.replace(name, {
+    ...config,
+    metadata: { ...config.metadata, resourceVersion: current.metadata?.resourceVersion },
   });
 }
 

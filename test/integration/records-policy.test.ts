@@ -9,7 +9,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import * as k8s from "@kubernetes/client-node";
-import { impersonatingConfig, kube, waitFor } from "../harness.js";
+import { grantCluster, impersonatingConfig, kube, waitFor } from "../harness.js";
 import { installPolicyCopy } from "../chart.js";
 import { cleanupCache, getCache, mcRef, mergePatch } from "../agents.js";
 import { CacheRecords } from "../../src/common/cache-record.js";
@@ -35,7 +35,6 @@ const refusal = (err: unknown): string => (err as { body?: string }).body ?? Str
 
 test("a node agent's token writes only what its own node may say on a cache record", async (t) => {
   const { kc } = await kube();
-  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
   const admission = kc.makeApiClient(k8s.AdmissionregistrationV1Api);
   const suffix = randomBytes(3).toString("hex");
   const name = `records-${suffix}`;
@@ -46,24 +45,10 @@ test("a node agent's token writes only what its own node may say on a cache reco
     renameUser: { from: CHART_NODE_AGENT, to: NODE_AGENT },
   });
   // The chart's grants on records, for the impersonated account.
-  await rbac.createClusterRole({
-    body: {
-      metadata: { name },
-      rules: [
-        { apiGroups: ["warmstart.dev"], resources: ["modelcaches"], verbs: ["get", "create", "patch"] },
-        { apiGroups: ["warmstart.dev"], resources: ["modelcaches/status"], verbs: ["patch"] },
-      ],
-    },
-  });
-  t.after(() => rbac.deleteClusterRole({ name }).then(() => undefined));
-  await rbac.createClusterRoleBinding({
-    body: {
-      metadata: { name },
-      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name },
-      subjects: [{ kind: "User", apiGroup: "rbac.authorization.k8s.io", name: NODE_AGENT }],
-    },
-  });
-  t.after(() => rbac.deleteClusterRoleBinding({ name }).then(() => undefined));
+  await grantCluster(t, name, NODE_AGENT, [
+    { apiGroups: ["warmstart.dev"], resources: ["modelcaches"], verbs: ["get", "create", "patch"] },
+    { apiGroups: ["warmstart.dev"], resources: ["modelcaches/status"], verbs: ["patch"] },
+  ]);
 
   const [a, b, unbound] = await Promise.all([nodeAgent("node-a"), nodeAgent("node-b"), nodeAgent(undefined)]);
   const hash = randomBytes(32).toString("hex");

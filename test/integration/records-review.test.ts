@@ -12,6 +12,7 @@ import * as k8s from "@kubernetes/client-node";
 import {
   cleanupHash,
   createWorkers,
+  grantCluster,
   impersonatingConfig,
   kube,
   listPods,
@@ -32,7 +33,6 @@ const refusal = (err: unknown): string => (err as { body?: string }).body ?? Str
 
 test("a node agent claims a capture only from its leader's node, and creates a record only for a held election", async (t) => {
   const { kc, core, coordination, admission } = await kube();
-  const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
   const suffix = randomBytes(3).toString("hex");
   const user = `system:serviceaccount:${SYSTEM_NAMESPACE}:records-review-${suffix}`;
   const ns = await tempNamespace(t, "records");
@@ -73,24 +73,10 @@ test("a node agent claims a capture only from its leader's node, and creates a r
     }),
   );
   t.after(() => admission.deleteValidatingWebhookConfiguration({ name }).then(() => undefined));
-  await rbac.createClusterRole({
-    body: {
-      metadata: { name },
-      rules: [
-        { apiGroups: ["warmstart.dev"], resources: ["modelcaches"], verbs: ["get", "create", "patch"] },
-        { apiGroups: ["warmstart.dev"], resources: ["modelcaches/status"], verbs: ["patch"] },
-      ],
-    },
-  });
-  t.after(() => rbac.deleteClusterRole({ name }).then(() => undefined));
-  await rbac.createClusterRoleBinding({
-    body: {
-      metadata: { name },
-      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name },
-      subjects: [{ kind: "User", apiGroup: "rbac.authorization.k8s.io", name: user }],
-    },
-  });
-  t.after(() => rbac.deleteClusterRoleBinding({ name }).then(() => undefined));
+  await grantCluster(t, name, user, [
+    { apiGroups: ["warmstart.dev"], resources: ["modelcaches"], verbs: ["get", "create", "patch"] },
+    { apiGroups: ["warmstart.dev"], resources: ["modelcaches/status"], verbs: ["patch"] },
+  ]);
   const agentOf = (node: string): k8s.CustomObjectsApi =>
     impersonatingConfig(kc, user, { [NODE_NAME]: node }).makeApiClient(k8s.CustomObjectsApi);
   const claim = (node: string, status: object): Promise<unknown> =>
@@ -110,8 +96,8 @@ test("a node agent claims a capture only from its leader's node, and creates a r
   });
   // The leader's node claims it.
   await claim(there, { node: there, manifestDigest: digest });
-  // Another node naming the leader's node is still another node.
-  await assert.rejects(claim(other, { node: there }), (err) =>
+  // Another node writing only a digest (the leader's node left as recorded) is still another node.
+  await assert.rejects(claim(other, { manifestDigest: randomBytes(32).toString("hex") }), (err) =>
     /may not speak for the capture/.test(refusal(err)),
   );
   // A record for a hash nobody elected: refused, whatever node creates it.
