@@ -87,7 +87,11 @@ export class NodeAgent {
     const promoter = new Promoter(p, storage);
     const busy = (short: string): boolean =>
       this.jobs.busyWith(short) || this.fills.busyWith(short) || this.cacheController.queue.isActive(short);
-    this.budget = new StoreBudget(p, { busy, removeTree: (short, why) => this.removeTree(short, why) });
+    this.budget = new StoreBudget(p, {
+      busy,
+      removeTree: (short, why) => this.removeTree(short, why),
+      scopeShare: cfg.storeScopeShare,
+    });
     const fetched = (short: string): void => this.cacheController.add(short);
     this.csi = storeDriverFor(p, { budget: this.budget, peers, fetched });
     this.fills = new WaitingFills(p, {

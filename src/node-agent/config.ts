@@ -212,6 +212,17 @@ export const NODE_AGENT_OPTIONS = {
     doc: "bytes the store may hold, e.g. 500Gi; unused caches make room, least recently restored first",
     schema: byteSize,
   },
+  /**
+   * The fair share of one sharing scope, a fraction of the budget (fair-share.ts): past it a
+   * scope's capture or fill makes room only from its own unused trees.
+   */
+  storeScopeShare: {
+    flag: "--store-scope-share <fraction>",
+    env: "WARMSTART_STORE_SCOPE_SHARE",
+    default: 0.5,
+    doc: "the share of the store budget one sharing scope may hold before it makes room only from its own unused caches (0 < fraction <= 1)",
+    schema: z.coerce.number().gt(0).lte(1),
+  },
   /** Flush captured data to disk before committing (off only for throwaway stores). */
   durable: {
     flag: "--no-durable",

@@ -381,3 +381,12 @@ void test("storeDriver: the chart issues the node agents' peer certificate (CA-s
     /peerPort/,
   );
 });
+
+void test("nodeAgent.store.scopeShare reaches the node agents as --store-scope-share; a share outside (0, 1] is refused", async () => {
+  const args = async (values: Record<string, unknown>): Promise<string[]> =>
+    find<k8s.V1DaemonSet>(await renderChart(values), "DaemonSet", "-node-agent").spec!.template.spec!
+      .containers[0]!.args ?? [];
+  assert.ok(!(await args({})).some((a) => a.startsWith("--store-scope-share")), "the agent's default (half)");
+  assert.ok((await args({ "nodeAgent.store.scopeShare": 0.3 })).includes("--store-scope-share=0.3"));
+  await assert.rejects(renderChart({ "nodeAgent.store.scopeShare": 2 }), /scopeShare/);
+});
