@@ -7,6 +7,7 @@
  * is stale).
  */
 export * from "./names.js";
+export * from "./reasons.js";
 export * from "./modelcache.js";
 export * from "./conditions.js";
 export * from "./transitions.js";

@@ -14,3 +14,11 @@ export const MODELCACHE = {
 /** `status.phase`: Electing → Capturing → Promoting → Ready, or Failed (SPEC 1.4). */
 export const CACHE_PHASES = ["Electing", "Capturing", "Promoting", "Ready", "Failed"] as const;
 export type CachePhase = (typeof CACHE_PHASES)[number];
+/** The phases by name (`PHASE.Ready`): code outside api/ writes no phase as a string literal. */
+export const PHASE = {
+  Electing: "Electing",
+  Capturing: "Capturing",
+  Promoting: "Promoting",
+  Ready: "Ready",
+  Failed: "Failed",
+} as const satisfies { [P in CachePhase]: P };

@@ -12,19 +12,30 @@ import { apiError, isAlreadyExists, isConflict, isNotFound } from "./kube.js";
 import { LABEL_HASH, MODELCACHE, type CachePhase, shortHash } from "../core/contract.js";
 import { getModelCache, recordedLeader, type ModelCacheObject } from "./modelcache.js";
 import { stampStatus } from "../api/conditions.js";
+import { PHASE } from "../api/names.js";
+import { NOT_LEADER, REASON, type CacheReason, type NotLeaderReason } from "../api/reasons.js";
 import { next as nextPhase, transition as phaseAfter, type CacheEvent } from "../api/transitions.js";
 
 const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
 
-export type StatusPatch = Record<string, unknown> & { phase?: CachePhase; reason?: string; message?: string };
+export type StatusPatch = Record<string, unknown> & {
+  phase?: CachePhase;
+  // A `REASON` value; typed string while budget.ts still writes its own.
+  reason?: string;
+  message?: string;
+};
 
-/** Why a pod is not the leader the record and the Lease name, or undefined when it is. */
+/**
+ * Whether a pod is the leader the record and the Lease name; when not, `reason` says why (what
+ * callers branch on) and `why` says it to people.
+ */
 export type LeaderClaim =
-  { ok: true; cache: ModelCacheObject } | { ok: false; why: string; cache?: ModelCacheObject };
+  | { ok: true; cache: ModelCacheObject }
+  | { ok: false; reason: NotLeaderReason; why: string; cache?: ModelCacheObject };
 
 /** Reasons of a Failed that count as a failed capture (admission goes cold after a few of them). */
-const COUNTED_FAILURES: ReadonlySet<string> = new Set(["CaptureFailed", "PromoteFailed"]);
+const COUNTED_FAILURES: ReadonlySet<string> = new Set([REASON.CaptureFailed, REASON.PromoteFailed]);
 
 /** Whether the record is about this election now (and not being deleted). */
 function isCurrentElection(c: ModelCacheObject, election: string): boolean {
@@ -144,7 +155,7 @@ export class CacheRecords {
     o: { failedBefore?: number } = {},
   ): Promise<{ cache: ModelCacheObject; written: boolean } | undefined> {
     return this.forElection(hashOrShort, election, (c) => {
-      if (event === "retryPromote" && o.failedBefore !== undefined && c.status?.phase === "Failed") {
+      if (event === "retryPromote" && o.failedBefore !== undefined && c.status?.phase === PHASE.Failed) {
         const at = Date.parse(
           typeof c.status.lastTransitionTime === "string" ? c.status.lastTransitionTime : "",
         );
@@ -163,7 +174,7 @@ export class CacheRecords {
   fail(
     hashOrShort: string,
     election: string | undefined,
-    reason: string,
+    reason: CacheReason,
     message: string,
   ): Promise<{ cache: ModelCacheObject; written: boolean } | undefined> {
     return this.forElection(hashOrShort, election, (c) => {
@@ -173,7 +184,7 @@ export class CacheRecords {
       if (phaseAfter(s.phase, "failed", s.electionId === election) === "ignore") return undefined;
       const counts = COUNTED_FAILURES.has(reason) && s.lastFailedElection !== election;
       return {
-        phase: "Failed",
+        phase: PHASE.Failed,
         reason,
         message,
         ...(counts ? { failedCaptures: (s.failedCaptures ?? 0) + 1, lastFailedElection: election } : {}),
@@ -190,12 +201,18 @@ export class CacheRecords {
     let verdict: LeaderClaim | undefined;
     const r = await this.transition(hashOrShort, (c) => {
       if (c.metadata.deletionTimestamp) {
-        verdict = { ok: false, why: "the cache is being deleted", cache: c };
+        verdict = {
+          ok: false,
+          reason: NOT_LEADER.CacheDeleting,
+          why: "the cache is being deleted",
+          cache: c,
+        };
         return undefined;
       }
       if (c.spec.electionId !== election) {
         verdict = {
           ok: false,
+          reason: NOT_LEADER.OtherElection,
           why: `the record is about election ${c.spec.electionId ?? "(none)"}`,
           cache: c,
         };
@@ -207,7 +224,7 @@ export class CacheRecords {
       const stale = s.electionId !== undefined && s.electionId !== election;
       const phase = phaseAfter(s.phase, "leaderSeen", !stale);
       if (phase === "ignore") {
-        verdict = { ok: false, why: "cache Ready", cache: c };
+        verdict = { ok: false, reason: NOT_LEADER.CacheReady, why: "cache Ready", cache: c };
         return undefined;
       }
       const known = recordedLeader(c);
@@ -215,7 +232,12 @@ export class CacheRecords {
         verdict =
           known === uid
             ? { ok: true, cache: c }
-            : { ok: false, why: `pod ${known} is this election's recorded leader`, cache: c };
+            : {
+                ok: false,
+                reason: NOT_LEADER.OtherPod,
+                why: `pod ${known} is this election's recorded leader`,
+                cache: c,
+              };
         return undefined;
       }
       verdict = undefined;
@@ -223,11 +245,11 @@ export class CacheRecords {
       return {
         electionId: election,
         leaderUid: uid,
-        ...(phase !== s.phase ? { phase, reason: "LeaderElected", message: "" } : {}),
+        ...(phase !== s.phase ? { phase, reason: REASON.LeaderElected, message: "" } : {}),
       };
     });
     if (verdict) return verdict;
-    if (!r) return { ok: false, why: "the cache has no record" };
+    if (!r) return { ok: false, reason: NOT_LEADER.NoRecord, why: "the cache has no record" };
     return { ok: true, cache: r.cache };
   }
 
@@ -280,7 +302,12 @@ export class CacheRecords {
     const name = shortHash(hashOrShort);
     for (let attempt = 0; attempt < 8; attempt++) {
       const c = await this.get(name);
-      if (!c || c.metadata.deletionTimestamp || c.spec.electionId !== election || c.status?.phase === "Ready")
+      if (
+        !c ||
+        c.metadata.deletionTimestamp ||
+        c.spec.electionId !== election ||
+        c.status?.phase === PHASE.Ready
+      )
         return false;
       try {
         await this.custom.patchClusterCustomObject(

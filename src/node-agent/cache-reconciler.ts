@@ -7,6 +7,8 @@
  * newer one.
  */
 import type * as k8s from "@kubernetes/client-node";
+import { PHASE } from "../api/names.js";
+import { REASON } from "../api/reasons.js";
 import type { ReconcileContext, ReconcileResult } from "../common/controller/controller.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import { STALE_FILLING_MS } from "../api/modelcache.js";
@@ -66,18 +68,18 @@ export function cacheReconciler(
     const election = cache.spec.electionId;
     const ours = Boolean(election) && status.electionId === election;
 
-    if (status.phase === "Ready") {
+    if (status.phase === PHASE.Ready) {
       const source = sourceOf(cache);
       if (source) await d.keepClaims(short, scopeOfInputs(cache.spec.inputs), source);
       return;
     }
     if (!ours) return;
-    const retry = status.phase === "Failed" && status.reason === "PromoteFailed";
+    const retry = status.phase === PHASE.Failed && status.reason === REASON.PromoteFailed;
     if (retry) {
       // Retried once per resync, never on the record change its own failure made.
       const at = typeof status.lastTransitionTime === "string" ? status.lastTransitionTime : "";
       if (Date.parse(at) >= d.lastResync()) return;
-    } else if (status.phase !== "Capturing" && status.phase !== "Promoting") return;
+    } else if (status.phase !== PHASE.Capturing && status.phase !== PHASE.Promoting) return;
 
     log.info({ phase: status.phase, election }, "promoting the committed tree of the record's election");
     const leader = cache.spec.leader;

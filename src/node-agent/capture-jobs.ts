@@ -7,6 +7,8 @@
  */
 import { performance } from "node:perf_hooks";
 import type * as k8s from "@kubernetes/client-node";
+import { PHASE } from "../api/names.js";
+import { REASON } from "../api/reasons.js";
 import type { Logger } from "../common/log.js";
 import { classifyPod } from "../core/classify.js";
 import { quantityBytes } from "../core/size.js";
@@ -124,16 +126,16 @@ export class CaptureJobs {
         await unsupportedStorage(p, mark.hash, election, profile, pod);
         return "unsupported";
       }
-      await p.hooks.beforeStatus?.(short, "Capturing");
+      await p.hooks.beforeStatus?.(short, PHASE.Capturing);
       // Not over Ready, nor over this election's own end (its leader went, its deadline passed).
       const started = await p.records.advance(short, election, "captureStarted", {
-        reason: "CaptureStarted",
+        reason: REASON.CaptureStarted,
         message: `capturing ${namespace}/${name} on node ${cfg.node}`,
         node: cfg.node,
       });
       if (!started) return "cache-deleted";
       if (!started.written) {
-        if (started.cache.status?.phase === "Ready") return "cache-ready";
+        if (started.cache.status?.phase === PHASE.Ready) return "cache-ready";
         log.info({ phase: started.cache.status?.phase }, "skipped: the election ended before its capture");
         return "election-ended";
       }
@@ -156,7 +158,14 @@ export class CaptureJobs {
         if (!(err instanceof StoreFullError)) throw err;
         p.metrics.captures.inc({ result: "failed" });
         log.error({ err }, "failed: capture (no room)");
-        await recordFailure(p, mark.hash, election, "CaptureFailed", `node ${cfg.node}: ${err.message}`, pod);
+        await recordFailure(
+          p,
+          mark.hash,
+          election,
+          REASON.CaptureFailed,
+          `node ${cfg.node}: ${err.message}`,
+          pod,
+        );
         return "capture-failed";
       }
       // Before anything of this cache exists on this node or in the cluster, the record holds
@@ -278,7 +287,7 @@ export class CaptureJobs {
       p,
       mark.hash,
       election,
-      "CaptureFailed",
+      REASON.CaptureFailed,
       `capture on node ${p.cfg.node} failed: ${message}`,
       pod,
     );
@@ -297,13 +306,13 @@ export class CaptureJobs {
     const pod = p.pod(namespace, name);
     const eviction = pod?.metadata?.uid === mark.uid ? leaderEviction(pod) : undefined;
     if (!pod || !eviction) {
-      await recordFailure(p, mark.hash, election, "LeaderGone", gone);
+      await recordFailure(p, mark.hash, election, REASON.LeaderGone, gone);
       return;
     }
     const short = shortHash(mark.hash);
     const message = `${evictionMessage(eviction, pod)}; ${stopped}`;
-    await p.hooks.beforeStatus?.(short, "Failed");
-    const r = await p.records.fail(short, election, "CaptureFailed", message).catch((err: unknown) => {
+    await p.hooks.beforeStatus?.(short, PHASE.Failed);
+    const r = await p.records.fail(short, election, REASON.CaptureFailed, message).catch((err: unknown) => {
       p.log.error({ err }, "could not record the failure");
       return undefined;
     });

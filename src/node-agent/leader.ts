@@ -5,6 +5,8 @@
  * its leader (a copy of its stamps can only come later).
  */
 import type * as k8s from "@kubernetes/client-node";
+import { PHASE } from "../api/names.js";
+import { NOT_LEADER } from "../api/reasons.js";
 import type { LeaderClaim } from "../common/cache-record.js";
 import { apiError, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
@@ -40,7 +42,11 @@ export async function sightLeader(
     return;
   }
   const claim = await p.records.claimLeader(seen.hash, seen.election, uid);
-  if (!claim.ok) log.warn({ election: seen.election, why: claim.why }, "ignored: not the elected leader");
+  if (!claim.ok)
+    log.warn(
+      { election: seen.election, reason: claim.reason, why: claim.why },
+      "ignored: not the elected leader",
+    );
 }
 
 export async function checkLeader(
@@ -51,25 +57,31 @@ export async function checkLeader(
 ): Promise<LeaderClaim> {
   const short = shortHash(hash);
   let cache = p.record(short);
-  if (cache?.status?.phase === "Ready" && !cache.metadata.deletionTimestamp)
-    return { ok: false, why: "cache Ready", cache };
+  if (cache?.status?.phase === PHASE.Ready && !cache.metadata.deletionTimestamp)
+    return { ok: false, reason: NOT_LEADER.CacheReady, why: "cache Ready", cache };
   const lease = await readLease(p, short);
   const holder = lease?.spec?.holderIdentity;
   if (!lease || holder !== election) {
     return {
       ok: false,
+      reason: NOT_LEADER.NotElected,
       why: lease ? `the election Lease is held by ${holder ?? "nobody"}` : "no election Lease",
     };
   }
   const leaseHash = lease.metadata?.annotations?.[ANN_HASH];
-  if (leaseHash && leaseHash !== hash) return { ok: false, why: `the Lease is for hash ${leaseHash}` };
+  if (leaseHash && leaseHash !== hash)
+    return { ok: false, reason: NOT_LEADER.NotElected, why: `the Lease is for hash ${leaseHash}` };
   const at = { namespace: pod.metadata?.namespace, name: pod.metadata?.name };
   const leaseNamespace = lease.metadata?.annotations?.[ANN_LEADER_NAMESPACE];
   if (leaseNamespace !== at.namespace)
-    return { ok: false, why: `the election's leader is in namespace ${leaseNamespace ?? "(none)"}` };
+    return {
+      ok: false,
+      reason: NOT_LEADER.OtherPod,
+      why: `the election's leader is in namespace ${leaseNamespace ?? "(none)"}`,
+    };
   if (cache?.spec.electionId !== election) cache = await p.records.get(short);
   if (cache && cache.spec.electionId === election && !recordNamesPod(cache.spec.leader, at))
-    return { ok: false, why: "the election's record names another pod", cache };
+    return { ok: false, reason: NOT_LEADER.OtherPod, why: "the election's record names another pod", cache };
   if (!cache) {
     // The election's record is gone (deleted on purpose, or never written): the Lease vouches for it.
     const model = classifyPod(pod).model;

@@ -3,6 +3,8 @@
  * the capture marks, and reads from the informers (never one GET for what an informer holds).
  */
 import type * as k8s from "@kubernetes/client-node";
+import { PHASE, type CachePhase } from "../api/names.js";
+import { REASON, type CacheReason } from "../api/reasons.js";
 import type { Clock } from "../common/clock.js";
 import type { CacheRecords } from "../common/cache-record.js";
 import { postPodEvent } from "../common/events.js";
@@ -23,7 +25,7 @@ export interface NodeAgentHooks {
   /** Passed to every capture (the copy waits on them). */
   capture?: CaptureHooks;
   /** Before each record write about an election (phase: the one about to be written). */
-  beforeStatus?: (short: string, phase: string) => void | Promise<void>;
+  beforeStatus?: (short: string, phase: CachePhase) => void | Promise<void>;
 }
 
 export interface AgentParts {
@@ -54,11 +56,11 @@ export async function recordFailure(
   p: AgentParts,
   hash: string,
   election: string,
-  reason: string,
+  reason: CacheReason,
   message: string,
   pod?: k8s.V1Pod,
 ): Promise<void> {
-  await p.hooks.beforeStatus?.(shortHash(hash), "Failed");
+  await p.hooks.beforeStatus?.(shortHash(hash), PHASE.Failed);
   const r = await p.records.fail(shortHash(hash), election, reason, message).catch((err: unknown) => {
     p.log.error({ err }, "could not record the failure");
     return undefined;
@@ -74,14 +76,16 @@ export async function recordFailure(
       },
       "failure not recorded: the record is Ready or about another election",
     );
-  const eventReason =
-    {
-      Unsupported: "WarmstartUnsupported",
-      PromoteFailed: "WarmstartPromoteFailed",
-      LeaderGone: "WarmstartCaptureCancelled",
-    }[reason] ?? "WarmstartCaptureFailed";
+  const eventReason = EVENT_REASONS[reason] ?? "WarmstartCaptureFailed";
   if (pod) await podEvent(p, pod, "Warning", eventReason, message);
 }
+
+/** The leader's Warning for a failure, by the record's reason (a failed capture otherwise). */
+const EVENT_REASONS: Partial<Record<CacheReason, string>> = {
+  [REASON.Unsupported]: "WarmstartUnsupported",
+  [REASON.PromoteFailed]: "WarmstartPromoteFailed",
+  [REASON.LeaderGone]: "WarmstartCaptureCancelled",
+};
 
 export async function podEvent(
   p: AgentParts,

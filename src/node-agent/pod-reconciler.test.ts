@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { V1Pod } from "@kubernetes/client-node";
+import { NOT_LEADER } from "../api/reasons.js";
 import type { LeaderClaim } from "../common/cache-record.js";
 import type { Manifest } from "../datapath/manifest.js";
 import { FakeClock, memoryLogger } from "../../test/support/testing.js";
@@ -163,9 +164,29 @@ test("a pod deleted or replaced during its warm-up releases its mark and starts 
   );
 });
 
+test("why a pod is not the leader is read from the claim's reason, never its message", async () => {
+  const cases = [
+    [NOT_LEADER.CacheReady, "the cache is being deleted", "cache-ready"],
+    [NOT_LEADER.CacheDeleting, "cache Ready", "cache-deleted"],
+    [NOT_LEADER.NotElected, "cache Ready", "not-leader"],
+  ] as const;
+  for (const [reason, why, released] of cases) {
+    const s = setup();
+    s.leaderClaim.value = { ok: false, reason, why };
+    s.pods.set(KEY, leader({ readyAt: s.clock.now() - 60_000 }));
+    await s.pass();
+    assert.equal(s.marks.lastRelease("u1"), released, reason);
+    assert.equal(s.started.length, 0, reason);
+  }
+});
+
 test("a pod that is not the elected leader is settled: no second election check", async () => {
   const s = setup();
-  s.leaderClaim.value = { ok: false, why: "pod u0 is this election's recorded leader" };
+  s.leaderClaim.value = {
+    ok: false,
+    reason: NOT_LEADER.OtherPod,
+    why: "pod u0 is this election's recorded leader",
+  };
   s.pods.set(KEY, leader({ readyAt: s.clock.now() - 60_000 }));
   await s.pass();
   await s.pass();

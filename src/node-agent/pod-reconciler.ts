@@ -7,6 +7,8 @@
  * whose tree is already committed here hands its cache to the cache reconciler.
  */
 import type * as k8s from "@kubernetes/client-node";
+import { PHASE } from "../api/names.js";
+import { NOT_LEADER, REASON } from "../api/reasons.js";
 import type { LeaderClaim } from "../common/cache-record.js";
 import type { ReconcileContext, ReconcileResult } from "../common/controller/controller.js";
 import type { Logger } from "../common/log.js";
@@ -88,6 +90,7 @@ export function podReconciler(
       decision(`skipped-${dec.reason}`);
       // A pod in a final phase (evicted, say) never runs again, and the kubelet tears its volume
       // down under the copy: that is no blip, the copy stops (the job records how it ended).
+      // eslint-disable-next-line no-restricted-syntax -- a Pod's phase, not the cache's
       const ended = pod.status?.phase === "Failed" || pod.status?.phase === "Succeeded";
       if (mark && (mark.stage !== "capturing" || cancelsCapture(dec.reason) || ended))
         end(mark, ended ? "terminating" : cancelReasonFor(dec.reason));
@@ -134,7 +137,7 @@ export function podReconciler(
 
     const leader = await d.checkLeader(pod, dec.hash, dec.election);
     if (m.controller.signal.aborted) return;
-    if (!leader.ok) return notLeader(leader.why, m, log);
+    if (!leader.ok) return notLeader(leader, m, log);
 
     if (stored) {
       await d.adoptStored(dec.hash, dec.election);
@@ -155,16 +158,16 @@ export function podReconciler(
     d.startCapture(m, pod, dec.election);
   };
 
-  function notLeader(why: string, m: Mark, log: Logger): void {
-    if (why === "cache Ready") {
+  function notLeader(claim: Extract<LeaderClaim, { ok: false }>, m: Mark, log: Logger): void {
+    if (claim.reason === NOT_LEADER.CacheReady) {
       log.info("skipped: cache already Ready");
       d.marks.release(m, "cache-ready");
-    } else if (why === "the cache is being deleted") {
+    } else if (claim.reason === NOT_LEADER.CacheDeleting) {
       // Not this pod's fault: once the record is gone its Lease vouches for it again.
       log.info("skipped for now: the cache is being deleted");
       d.marks.release(m, "cache-deleted");
     } else {
-      log.warn({ why }, "ignored: not the elected leader");
+      log.warn({ reason: claim.reason, why: claim.why }, "ignored: not the elected leader");
       decision("ignored-not-leader");
       d.marks.release(m, "not-leader");
     }
@@ -187,14 +190,14 @@ export function podReconcilerDeps(
     committed: (hash) => p.store.committed(hash),
     cacheReady: (short) => {
       const c = p.record(short);
-      return c?.status?.phase === "Ready" && !c.metadata.deletionTimestamp;
+      return c?.status?.phase === PHASE.Ready && !c.metadata.deletionTimestamp;
     },
     sight: (seen, uid, log) => sightLeader(p, seen, uid, log),
     checkLeader: (pod, hash, election) => checkLeader(p, pod, hash, election),
     observeStart: (pod, log) => startups.observe(pod, log),
     adoptStored: async (hash, election) => {
       await p.records.advance(hash, election, "captureStarted", {
-        reason: "CaptureStarted",
+        reason: REASON.CaptureStarted,
         message: `node ${p.cfg.node} already holds the committed tree`,
         node: p.cfg.node,
       });

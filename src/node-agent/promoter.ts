@@ -6,6 +6,8 @@
  */
 import { performance } from "node:perf_hooks";
 import type * as k8s from "@kubernetes/client-node";
+import { PHASE } from "../api/names.js";
+import { REASON } from "../api/reasons.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import { ANN_CACHE_SOURCE, claimName, shortHash } from "../core/contract.js";
 import { scopeOfInputs } from "../core/hash.js";
@@ -74,7 +76,7 @@ export class Promoter {
     const ttr = pod ? timeToReadySeconds(pod) : undefined;
     if (ttr !== undefined) stats.leaderReadySeconds = ttr;
 
-    await p.hooks.beforeStatus?.(short, "Promoting");
+    await p.hooks.beforeStatus?.(short, PHASE.Promoting);
     // Not over Ready, nor over an election that ended, except to retry its own failed promote.
     const retry = ctx.retryFailedBefore;
     const moved = await p.records.advance(
@@ -82,7 +84,7 @@ export class Promoter {
       election,
       retry === undefined ? "captured" : "retryPromote",
       {
-        reason: "Captured",
+        reason: REASON.Captured,
         message: `captured on node ${cfg.node}; promoting (${profile.backend})`,
         ...stats,
       },
@@ -92,7 +94,7 @@ export class Promoter {
       log.info("skipped promote: the cache has no record (removed on purpose)");
       return "skipped";
     }
-    const wasReady = moved.cache.status?.phase === "Ready" && !moved.cache.metadata.deletionTimestamp;
+    const wasReady = moved.cache.status?.phase === PHASE.Ready && !moved.cache.metadata.deletionTimestamp;
     if (!moved.written && !wasReady) {
       log.info(
         { recordElection: moved.cache.spec.electionId, phase: moved.cache.status?.phase },
@@ -155,7 +157,7 @@ export class Promoter {
         if (err instanceof SupersededError) return await superseded();
         const message = `publishing the captured tree failed: ${(err as Error).message}`;
         log.error({ err }, "failed: promote");
-        await recordFailure(p, hash, election, "PromoteFailed", message, pod);
+        await recordFailure(p, hash, election, REASON.PromoteFailed, message, pod);
         p.metrics.promotes.inc({ result: "failed" });
         await takeBack();
         return "failed";
@@ -179,7 +181,7 @@ export class Promoter {
         p,
         hash,
         election,
-        claims.unsupported ? "Unsupported" : "PromoteFailed",
+        claims.unsupported ? REASON.Unsupported : REASON.PromoteFailed,
         message,
         pod,
       );
@@ -193,13 +195,13 @@ export class Promoter {
       await this.recordNamespaces(short, claims.namespaces);
       return "ready";
     }
-    await p.hooks.beforeStatus?.(short, "Ready");
+    await p.hooks.beforeStatus?.(short, PHASE.Ready);
     const done = await p.records.advance(short, election, "promoted", {
-      reason: "Promoted",
+      reason: REASON.Promoted,
       message: `${claimName(short)} in ${claims.namespaces.length} namespace(s) (${profile.backend} on ${cfg.node})`,
       namespaces: claims.namespaces,
     });
-    if (!done?.written && done?.cache.status?.phase !== "Ready") return await superseded(done?.cache);
+    if (!done?.written && done?.cache.status?.phase !== PHASE.Ready) return await superseded(done?.cache);
     const seconds = Math.round(performance.now() - t0) / 1000;
     p.metrics.promoteSeconds.observe(seconds);
     p.metrics.promotes.inc({ result: "ready" });
@@ -240,7 +242,7 @@ export class Promoter {
       !c.metadata.deletionTimestamp &&
       c.spec.electionId === election &&
       c.status?.electionId === election &&
-      c.status.phase === "Promoting"
+      c.status.phase === PHASE.Promoting
     );
   }
 
@@ -275,7 +277,11 @@ export class Promoter {
   private async recordNamespaces(short: string, namespaces: string[]): Promise<void> {
     await this.p.records.transition(short, (c) => {
       const have = new Set(c.status?.namespaces ?? []);
-      if (c.status?.phase !== "Ready" || c.metadata.deletionTimestamp || namespaces.every((n) => have.has(n)))
+      if (
+        c.status?.phase !== PHASE.Ready ||
+        c.metadata.deletionTimestamp ||
+        namespaces.every((n) => have.has(n))
+      )
         return undefined;
       return { namespaces: [...new Set([...have, ...namespaces])].sort() };
     });
@@ -299,6 +305,6 @@ export async function unsupportedStorage(
     "skipped: storage cannot be shared (Unsupported)",
   );
   p.metrics.promotes.inc({ result: "unsupported" });
-  await recordFailure(p, hash, election, "Unsupported", message, pod);
+  await recordFailure(p, hash, election, REASON.Unsupported, message, pod);
   return "unsupported";
 }

@@ -8,6 +8,7 @@
 import * as k8s from "@kubernetes/client-node";
 import { apiError, apiErrorInfo, isAlreadyExists, isNotFound, makeApiClient } from "../common/kube.js";
 import { claimName } from "../core/contract.js";
+import { REASON } from "../api/reasons.js";
 import {
   SNAPSHOT_GROUP,
   SNAPSHOT_VERSION,
@@ -32,7 +33,7 @@ export function promoteClients(kc: k8s.KubeConfig): PromoteClients {
 
 /** The storage cannot name a claim ahead of time (per-pod clones): pods of this cache start cold. */
 export class UnsupportedBackendError extends Error {
-  readonly reason = "Unsupported";
+  readonly reason = REASON.Unsupported;
 }
 
 /**

@@ -11,10 +11,11 @@
  */
 import type * as k8s from "@kubernetes/client-node";
 import { CACHE_VOLUME } from "../core/contract.js";
+import { REASON } from "../api/reasons.js";
 
 export interface LeaderEviction {
   /** CacheTooLarge: its capture volume outgrew its size limit; LeaderEvicted: any other eviction. */
-  reason: "CacheTooLarge" | "LeaderEvicted";
+  reason: typeof REASON.CacheTooLarge | typeof REASON.LeaderEvicted;
   /** What it means for the cache, for the record and the events: "node disk pressure". */
   cause: string;
   /** The kubelet's own words. */
@@ -39,18 +40,19 @@ export function leaderEviction(pod: k8s.V1Pod): LeaderEviction | undefined {
 /** The kubelet's messages (pkg/kubelet/eviction/helpers.go), from the most to the least specific. */
 function classify(detail: string): Pick<LeaderEviction, "reason" | "cause"> {
   if (new RegExp(`EmptyDir volume "${CACHE_VOLUME}" exceeds`).test(detail))
-    return { reason: "CacheTooLarge", cause: "cache larger than its size limit" };
+    return { reason: REASON.CacheTooLarge, cause: "cache larger than its size limit" };
   const low = /low on resource: ([A-Za-z-]+(?:\.[A-Za-z-]+)*)/.exec(detail)?.[1];
   const pressure = /\b(Disk|Memory|PID)Pressure\b/.exec(detail)?.[1];
   if (low === "ephemeral-storage" || low === "inodes" || pressure === "Disk")
-    return { reason: "LeaderEvicted", cause: "node disk pressure" };
+    return { reason: REASON.LeaderEvicted, cause: "node disk pressure" };
   if (low === "memory" || pressure === "Memory")
-    return { reason: "LeaderEvicted", cause: "node memory pressure" };
-  if (low === "pids" || pressure === "PID") return { reason: "LeaderEvicted", cause: "node PID pressure" };
-  if (low) return { reason: "LeaderEvicted", cause: `node pressure (${low})` };
+    return { reason: REASON.LeaderEvicted, cause: "node memory pressure" };
+  if (low === "pids" || pressure === "PID")
+    return { reason: REASON.LeaderEvicted, cause: "node PID pressure" };
+  if (low) return { reason: REASON.LeaderEvicted, cause: `node pressure (${low})` };
   if (/ephemeral (local )?storage|EmptyDir volume/i.test(detail))
-    return { reason: "LeaderEvicted", cause: "over its ephemeral-storage limit" };
-  return { reason: "LeaderEvicted", cause: "evicted by the kubelet" };
+    return { reason: REASON.LeaderEvicted, cause: "over its ephemeral-storage limit" };
+  return { reason: REASON.LeaderEvicted, cause: "evicted by the kubelet" };
 }
 
 /**
@@ -59,7 +61,7 @@ function classify(detail: string): Pick<LeaderEviction, "reason" | "cause"> {
  */
 export function evictionMessage(e: LeaderEviction, pod: k8s.V1Pod): string {
   const who = `leader pod ${pod.metadata?.namespace ?? "?"}/${pod.metadata?.name ?? "?"}`;
-  const head = e.reason === "CacheTooLarge" ? `CacheTooLarge: ${e.cause}` : `LeaderEvicted: ${e.cause}`;
+  const head = e.reason === REASON.CacheTooLarge ? `CacheTooLarge: ${e.cause}` : `LeaderEvicted: ${e.cause}`;
   return `${head}: ${who} evicted by the kubelet${e.detail ? ` (${e.detail})` : ""}`;
 }
 
@@ -74,7 +76,7 @@ export function evictionWarning(
   count: number,
 ): { reason: string; message: string } {
   return {
-    reason: e.reason === "CacheTooLarge" ? "WarmstartCacheTooLarge" : "WarmstartLeaderEvicted",
+    reason: e.reason === REASON.CacheTooLarge ? "WarmstartCacheTooLarge" : "WarmstartLeaderEvicted",
     message:
       `${message}. Counted as failed capture ${count} of cache ${short}: once the count reaches the ` +
       `webhook's --max-failed-captures, its pods start cold instead of electing again ` +

@@ -12,6 +12,8 @@
 import * as k8s from "@kubernetes/client-node";
 import { CacheRecords } from "../common/cache-record.js";
 import { transition } from "../api/transitions.js";
+import { PHASE } from "../api/names.js";
+import { REASON } from "../api/reasons.js";
 import { apiError, isConflict, isNotFound } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import { getModelCache, storeFinalizer, type ModelCacheObject } from "../common/modelcache.js";
@@ -352,9 +354,9 @@ async function markDeleting(c: PromoteClients, name: string): Promise<void> {
     const s = cache.status;
     // Deletion is not about an election: any phase moves, and once marked it is left alone.
     const phase = transition(s?.phase, "deleting", false);
-    return s?.reason === "Deleting" || phase === "ignore"
+    return s?.reason === REASON.Deleting || phase === "ignore"
       ? undefined
-      : { phase, reason: "Deleting", message: "the cache is being deleted" };
+      : { phase, reason: REASON.Deleting, message: "the cache is being deleted" };
   });
 }
 
@@ -381,8 +383,8 @@ async function takenOver(c: PromoteClients, short: string, election: string): Pr
   const cache = await getModelCache(c.custom, short);
   const s = cache?.status;
   if (!cache || cache.metadata.deletionTimestamp) return undefined;
-  if (s?.phase === "Ready") return "the cache is Ready";
-  if (s?.phase === "Promoting" && s.electionId !== election)
+  if (s?.phase === PHASE.Ready) return "the cache is Ready";
+  if (s?.phase === PHASE.Promoting && s.electionId !== election)
     return `election ${s.electionId ?? "?"} is promoting`;
   return undefined;
 }

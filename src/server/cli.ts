@@ -7,6 +7,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { CacheRecords } from "../common/cache-record.js";
 import { createLogger } from "../common/log.js";
 import { shortHash } from "../core/contract.js";
+import { PHASE } from "../api/names.js";
 import { HASH_REF, normalizeHashRef } from "../core/refs.js";
 import { promoteClients } from "../promote/claims.js";
 import { deleteCachePass, describeLeft, type DeleteReport } from "../promote/rollback.js";
@@ -201,7 +202,7 @@ export function registerServerCommands(program: Command): void {
       process.stdout.write(
         before
           ? `cache ${short}: failed captures ${before} → 0; the next pod of its hash is elected again\n`
-          : `cache ${short}: no failed capture counted; nothing to clear (phase ${r.cache.status?.phase ?? "Electing"})\n`,
+          : `cache ${short}: no failed capture counted; nothing to clear (phase ${r.cache.status?.phase ?? PHASE.Electing})\n`,
       );
     });
 

@@ -36,6 +36,8 @@ import { scopeKey } from "../core/scope.js";
 import { captureSizeLimit } from "../core/size.js";
 import { templateFromJson } from "../core/cacheenv.js";
 import { isRecord } from "../core/guards.js";
+import { PHASE } from "../api/names.js";
+import { REASON } from "../api/reasons.js";
 import { followerWait, groupKey, membershipOf, type Membership } from "../core/gangs.js";
 import { HASH_REF, restoreFromOf } from "../core/refs.js";
 import type { Logger } from "../common/log.js";
@@ -234,7 +236,7 @@ export async function decide(
         `restore-from ${shortHash(restoreFrom)}: no cache of that hash in this pod's sharing scope`,
       );
     if (isDeleting(cache)) return cold(`restore-from ${shortHash(restoreFrom)}: the cache is being deleted`);
-    if (cache.status?.phase !== "Ready")
+    if (cache.status?.phase !== PHASE.Ready)
       return cold(`restore-from ${shortHash(restoreFrom)} has no Ready cache`);
     return restore(cache, `restore from ${shortHash(restoreFrom)} (requested)`);
   }
@@ -248,8 +250,8 @@ export async function decide(
   const cache = deleting ? undefined : found;
   const whileDeleting = (why: string): string =>
     deleting ? `${why} (cache ${shortHash(hash)} is being deleted)` : why;
-  if (cache?.status?.phase === "Ready") return restore(cache, "cache Ready");
-  if (cache?.status?.phase === "Failed" && cache.status.reason === "Unsupported") {
+  if (cache?.status?.phase === PHASE.Ready) return restore(cache, "cache Ready");
+  if (cache?.status?.phase === PHASE.Failed && cache.status.reason === REASON.Unsupported) {
     return cold(`cache backend unsupported: ${cache.status.message ?? ""}`.trim());
   }
   // Only captures that failed count: a leader deleted or an election past its deadline is
@@ -336,7 +338,7 @@ export async function decide(
   // The leader's template, when its record already says it (a Failed record is the previous
   // election's, about to be reset by the new leader): the follower restores the tree it writes.
   const recorded =
-    cache && cache.status?.phase !== "Failed"
+    cache && cache.status?.phase !== PHASE.Failed
       ? templateFromJson(cache.metadata?.annotations?.[ANN_CACHE_ENV])
       : undefined;
   if (unpullable) return cold(unpullable);

@@ -13,6 +13,8 @@ import {
 import { getModelCache, type ModelCacheObject } from "../common/modelcache.js";
 import { conditionsFor } from "../api/conditions.js";
 import { transition } from "../api/transitions.js";
+import { PHASE } from "../api/names.js";
+import { REASON } from "../api/reasons.js";
 import { sealInputs, type HashInputs } from "../core/hash.js";
 import { redactUrlCredentials } from "../core/env.js";
 import type { CacheEnvTemplate } from "../core/decorate.js";
@@ -147,7 +149,7 @@ export async function recordElection(
   // resourceVersion only when `conditional` (not right after this webhook created it).
   const electing = (current: ModelCacheObject, conditional: boolean): Promise<ModelCacheObject> => {
     const now = new Date();
-    const status = { phase: "Electing", reason: "LeaderElected", message: "" } as const;
+    const status = { phase: PHASE.Electing, reason: REASON.LeaderElected, message: "" } as const;
     const resourceVersion = conditional ? current.metadata.resourceVersion : undefined;
     return custom.patchClusterCustomObjectStatus(
       {

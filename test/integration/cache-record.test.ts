@@ -13,6 +13,7 @@ import { cleanupCache, getCache, mcRef, mergePatch } from "../agents.js";
 import { FINALIZER_CLEANUP, LABEL_HASH, MODELCACHE, shortHash } from "../../src/core/contract.js";
 import { isConflict } from "../../src/common/kube.js";
 import { CacheRecords } from "../../src/common/cache-record.js";
+import { NOT_LEADER } from "../../src/api/reasons.js";
 import type { ModelCacheObject } from "../../src/common/modelcache.js";
 
 type Status = Record<string, unknown>;
@@ -341,16 +342,25 @@ void test("claimLeader: a status of an earlier election restarts at Electing; th
   writes.length = 0;
   assert.equal((await records.claimLeader(mine.metadata.name, "e1", "u1")).ok, true);
   const copy = await records.claimLeader(mine.metadata.name, "e1", "u2");
-  assert.deepEqual([copy.ok, !copy.ok && copy.why], [false, "pod u1 is this election's recorded leader"]);
+  assert.deepEqual(
+    [copy.ok, !copy.ok && copy.reason, !copy.ok && copy.why],
+    [false, NOT_LEADER.OtherPod, "pod u1 is this election's recorded leader"],
+  );
   assert.deepEqual(writes, []);
 
   const ready = await record(t, { phase: "Ready", electionId: "e1" });
   const r = await records.claimLeader(ready.metadata.name, "e1", "u1");
-  assert.deepEqual([r.ok, !r.ok && r.why], [false, "cache Ready"]);
+  assert.deepEqual([r.ok, !r.ok && r.reason, !r.ok && r.why], [false, NOT_LEADER.CacheReady, "cache Ready"]);
   const other = await records.claimLeader(mine.metadata.name, "e9", "u1");
-  assert.deepEqual([other.ok, !other.ok && other.why], [false, "the record is about election e1"]);
+  assert.deepEqual(
+    [other.ok, !other.ok && other.reason, !other.ok && other.why],
+    [false, NOT_LEADER.OtherElection, "the record is about election e1"],
+  );
   const none = await records.claimLeader(randomBytes(8).toString("hex"), "e1", "u1");
-  assert.deepEqual([none.ok, !none.ok && none.why], [false, "the cache has no record"]);
+  assert.deepEqual(
+    [none.ok, !none.ok && none.reason, !none.ok && none.why],
+    [false, NOT_LEADER.NoRecord, "the cache has no record"],
+  );
   assert.deepEqual(writes, []);
 });
 
