@@ -4,8 +4,8 @@
  * certificate may serve every node. Which node it is comes from the ServiceAccount token it sends,
  * bound to its pod: the API server's TokenReview names the node that pod runs on (the user extra
  * authentication.kubernetes.io/node-name), so a node's token speaks for that node only. The tree
- * then goes to that node while a pod there, in the cache's scope, wears the cache's hash label (a
- * follower waiting for it, a restore mounting it).
+ * then goes to that node while a pod there, in the cache's scope, wears the cache's hash label or
+ * mounts its read-only claim (a follower waiting for it, a restore mounting it).
  */
 import { createHash } from "node:crypto";
 import type * as k8s from "@kubernetes/client-node";
@@ -13,7 +13,7 @@ import { apiError } from "../common/kube.js";
 import type { Logger } from "../common/log.js";
 import type { ModelCacheObject } from "../common/modelcache.js";
 import { TtlCache } from "../common/ttl-cache.js";
-import { LABEL_HASH } from "../core/contract.js";
+import { claimName, LABEL_HASH } from "../core/contract.js";
 import { scopeOfInputs } from "../core/hash.js";
 import { namespaceInScope, scopeNeedsLabels } from "../core/scope.js";
 import type { PeerIdentity } from "./replication/server.js";
@@ -95,7 +95,10 @@ export class PeerAccess {
     return s?.authenticated === true && s.user?.username === this.d.serviceAccount && node ? node : undefined;
   }
 
-  /** Whether a pod on `node` wears the cache's hash, in a namespace of the cache's scope. */
+  /**
+   * Whether a pod on `node`, in a namespace of the cache's scope, restores the cache: it wears its
+   * hash, or mounts its read-only claim (a restore-from another hash wears its own).
+   */
   private async restoresThere(key: string): Promise<boolean> {
     const [short, node] = key.split("/") as [string, string];
     const cache = this.d.record(short);
@@ -104,13 +107,18 @@ export class PeerAccess {
     let pods: k8s.V1PodList;
     try {
       pods = await this.d.core.listPodForAllNamespaces({
-        labelSelector: `${LABEL_HASH}=${short}`,
         fieldSelector: `spec.nodeName=${node},status.phase!=Succeeded,status.phase!=Failed`,
       });
     } catch (err) {
-      throw apiError(`listing the pods of cache ${short} on node ${node}`, err);
+      throw apiError(`listing the pods on node ${node}`, err);
     }
-    for (const ns of new Set(pods.items.map((p) => p.metadata?.namespace ?? ""))) {
+    const claim = claimName(short);
+    const restoring = pods.items.filter(
+      (p) =>
+        p.metadata?.labels?.[LABEL_HASH] === short ||
+        (p.spec?.volumes ?? []).some((v) => v.persistentVolumeClaim?.claimName === claim),
+    );
+    for (const ns of new Set(restoring.map((p) => p.metadata?.namespace ?? ""))) {
       const labels = scopeNeedsLabels(scope) ? await this.labels.get(ns) : undefined;
       if (namespaceInScope(scope, ns, labels)) return true;
     }

@@ -31,7 +31,7 @@ const peer = (token?: string): PeerIdentity => ({
   ...(token ? { token } : {}),
 });
 
-test("a tree goes only to the node a node agent's token names, while a pod there in the cache's scope wears its hash", async (t) => {
+test("a tree goes only to the node a node agent's token names, while a pod there in the cache's scope wears its hash or mounts its claim", async (t) => {
   const { kc, core } = await kube();
   const ns = await tempNamespace(t, "peers");
   await createWorkers(ns, { replicas: 1, args: ["--model", `org/peers-${randomBytes(4).toString("hex")}`] });
@@ -112,7 +112,6 @@ test("a tree goes only to the node a node agent's token names, while a pod there
     log: createLogger("peer-access", "silent"),
   });
   assert.equal(await fresh.allows(short, peer(await token(other))), false, "a forged stamp in kube-system");
-
   // Over HTTPS: the token travels as a bearer; the refused node gets 403 before any byte of a tree.
   const ca = await createCA("warmstart node agents");
   const pem = await issueCert(ca, { commonName: "node agents", usage: "both", ips: ["127.0.0.1"] });
@@ -147,4 +146,30 @@ test("a tree goes only to the node a node agent's token names, while a pod there
   assert.equal(await get(await token(other)), 403, "the other node is refused");
   // The leader's node passes authorization; this store holds no tree, so nothing is found.
   assert.equal(await get(await token(there)), 404, "the leader's node is let through");
+  // A restore of this cache under another hash (restore-from) wears its own: its claim says.
+  await core.createNamespacedPod({
+    namespace: ns,
+    body: {
+      metadata: { name: "restore-from" },
+      spec: {
+        nodeName: other,
+        containers: [{ name: "c", image: "busybox" }],
+        volumes: [
+          { name: "warmstart-ro", persistentVolumeClaim: { claimName: `rox-${short}`, readOnly: true } },
+        ],
+      },
+    },
+  });
+  const later = new PeerAccess({
+    core,
+    auth: kc.makeApiClient(k8s.AuthenticationV1Api),
+    serviceAccount: NODE_AGENT_USER,
+    record: () => cache,
+    log: createLogger("peer-access", "silent"),
+  });
+  assert.equal(
+    await later.allows(short, peer(await token(other))),
+    true,
+    "a pod there mounts the cache's claim",
+  );
 });
