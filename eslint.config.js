@@ -56,14 +56,6 @@ const CACHE_WORD_SELECTOR = {
  * comes off when its file names them through src/api/.
  */
 const CACHE_WORD_EXCEPTIONS = [
-  // Left for their own change (the release controller, the dashboard, the store's budget and
-  // the replica fills are being reworked): they still compare and write the literals.
-  "src/server/release-controller/release.ts",
-  "src/server/release-controller/restores.ts",
-  "src/server/dashboard/views.ts",
-  "src/node-agent/budget.ts",
-  "src/node-agent/fill-decide.ts",
-  "src/node-agent/csi/fill.ts",
   // Their own vocabularies: the control plane's workload and request phases, a Pod's phase.
   "src/cluster-agent/**/*.ts",
   "src/control-plane/**/*.ts",

@@ -4,6 +4,7 @@
  * scope's fair share (fair-share.ts); a cache in use is never removed. They make room one at a
  * time, each holding what it needs until its tree is committed.
  */
+import { PHASE, REASON } from "../api/index.js";
 import type * as k8s from "@kubernetes/client-node";
 import { Counter, type Registry } from "prom-client";
 import { transition } from "../api/transitions.js";
@@ -157,7 +158,7 @@ export class StoreBudget {
         return c.metadata.resourceVersion === cache.metadata.resourceVersion && phase !== "ignore"
           ? {
               phase,
-              reason: "Deleting",
+              reason: REASON.Deleting,
               message: `removed from node ${p.cfg.node} to make room in its store`,
             }
           : undefined;
@@ -166,9 +167,9 @@ export class StoreBudget {
       if ((await this.pinned()).has(short)) {
         // A restore was admitted in between: the cache stays as it was.
         await p.records.transition(short, (c) =>
-          c.status?.reason === "Deleting"
+          c.status?.reason === REASON.Deleting
             ? {
-                phase: before.phase ?? "Ready",
+                phase: before.phase ?? PHASE.Ready,
                 reason: before.reason ?? "",
                 message: before.message ?? "",
               }

@@ -4,6 +4,7 @@
  * cache's tree once the record is Ready, writes the cold marker when no cache will come, and
  * otherwise looks again when something changes or at the pod's wait deadline.
  */
+import { PHASE } from "../api/index.js";
 import type * as k8s from "@kubernetes/client-node";
 import { status } from "@grpc/grpc-js";
 import type { ModelCacheObject } from "../common/modelcache.js";
@@ -63,6 +64,7 @@ export function decideFill(
   const meta = pod.metadata;
   if (meta.labels?.[LABEL_WAITING] !== "true" || meta.annotations?.[ANN_ROLE] !== "follower")
     return { do: "none", why: "not a waiting follower" };
+  // eslint-disable-next-line no-restricted-syntax -- a Pod's own phase, not the cache's
   if (meta.deletionTimestamp || pod.status?.phase === "Succeeded" || pod.status?.phase === "Failed")
     return { do: "none", why: "pod terminating" };
   const hash = meta.annotations?.[ANN_HASH];
@@ -84,8 +86,8 @@ export function decideFill(
   if (cache.spec.hash !== hash) return { do: "cold", reason: `record ${short} is another cache's` };
   if (cache.metadata.deletionTimestamp) return { do: "cold", reason: `cache ${short} is being deleted` };
   const phase = cache.status?.phase;
-  if (phase === "Ready") return { do: "fill", hash };
-  if (phase === "Failed") {
+  if (phase === PHASE.Ready) return { do: "fill", hash };
+  if (phase === PHASE.Failed) {
     // A failure written before this pod existed is the previous election's: the one it follows
     // resets the record to Electing.
     const at = toMs(cache.status?.lastTransitionTime);

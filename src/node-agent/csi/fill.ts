@@ -4,6 +4,7 @@
  * record's manifest digest, served to the other nodes while it fills (they find it, and its
  * progress, on the record), and nodes that start filling later are taken as sources too.
  */
+import { PHASE } from "../../api/index.js";
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
@@ -47,7 +48,7 @@ export function replicationSources(
   if (!cache || cache.spec.hash !== hash)
     throw new CsiError(status.NOT_FOUND, `no cache record holds hash ${short}...: nothing to fetch`);
   const phase = cache.metadata.deletionTimestamp ? "being deleted" : (cache.status?.phase ?? "new");
-  if (phase !== "Ready")
+  if (phase !== PHASE.Ready)
     throw new CsiError(
       status.UNAVAILABLE,
       `cache ${short} is ${phase}, not Ready: its tree is not replicated`,

@@ -1,4 +1,5 @@
 import * as k8s from "@kubernetes/client-node";
+import { PHASE } from "../../api/index.js";
 import {
   ANN_DEADLINE,
   ANN_LEADER_NAMESPACE,
@@ -150,7 +151,7 @@ function waitsFor(p: k8s.V1Pod, caches: ReadonlyMap<string, ModelCacheObject>): 
   return {
     cache: short,
     leader: leader?.name ? `${leader.namespace}/${leader.name}` : (leader?.namespace ?? ""),
-    phase: c?.status?.phase ?? "Electing",
+    phase: c?.status?.phase ?? PHASE.Electing,
     gated,
     until: until !== undefined ? new Date(until).toISOString() : null,
   };
@@ -198,7 +199,7 @@ export function buildSnapshot(
       hash: short,
       // Records are written redacted; a record from before that must not show a credential either.
       model: redactUrlCredentials(c.spec.model ?? ""),
-      phase: s.phase ?? "Electing",
+      phase: s.phase ?? PHASE.Electing,
       reason: s.reason ?? "",
       backend: s.backend ?? "",
       sizeBytes: Number(s.sizeBytes ?? 0),
@@ -264,7 +265,7 @@ export function buildSnapshot(
       savedSeconds: cacheRows.reduce((a, c) => a + c.savedSeconds, 0),
       savedBytes: cacheRows.reduce((a, c) => a + c.savedBytes, 0),
       restores: cacheRows.reduce((a, c) => a + c.restores, 0),
-      caches: cacheRows.filter((c) => c.phase === "Ready").length,
+      caches: cacheRows.filter((c) => c.phase === PHASE.Ready).length,
     },
   };
 }

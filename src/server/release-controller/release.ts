@@ -1,4 +1,5 @@
 import * as k8s from "@kubernetes/client-node";
+import { PHASE, REASON } from "../../api/index.js";
 import type { Logger } from "../../common/log.js";
 import { apiError, apiErrorInfo, isConflict, isNotFound } from "../../common/kube.js";
 import { postCacheEvent, postPodEvent } from "../../common/events.js";
@@ -83,6 +84,7 @@ export const isGated = (p: k8s.V1Pod): boolean =>
 const hasController = (p: k8s.V1Pod): boolean =>
   (p.metadata?.ownerReferences ?? []).some((o) => o.controller);
 export const isTerminated = (p: k8s.V1Pod): boolean =>
+  // eslint-disable-next-line no-restricted-syntax -- a Pod's own phase, not the cache's
   Boolean(p.metadata?.deletionTimestamp) || p.status?.phase === "Failed" || p.status?.phase === "Succeeded";
 export const toMs = (t: Date | string | undefined): number | undefined =>
   t ? new Date(t).getTime() : undefined;
@@ -131,7 +133,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   await recordRestores(d, short, pods, log);
   await settleWaiting(d, short, pods, log);
 
-  if (phase === "Ready") {
+  if (phase === PHASE.Ready) {
     // Released at once, whether the claims are Bound yet or not: the scheduler's volume binder
     // completes a pre-bound claim for the pod it places as it places it, where waiting for the PV
     // controller to bind it alone costs up to its resync period (15 s by default).
@@ -165,7 +167,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   }
 
   if (!followers.length) return {};
-  if (phase === "Capturing" || phase === "Promoting") {
+  if (phase === PHASE.Capturing || phase === PHASE.Promoting) {
     log.info("orphaned followers wait: capture in progress");
     return { requeueAfterMs: d.recheckMs };
   }
@@ -177,7 +179,7 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
   )
     return { requeueAfterMs: d.recheckMs };
   const why =
-    phase === "Failed" ? `cache Failed: ${cache?.status?.reason ?? ""}` : "no election and no cache";
+    phase === PHASE.Failed ? `cache Failed: ${cache?.status?.reason ?? ""}` : "no election and no cache";
   log.warn({ why }, "orphaned followers: evicting them to re-elect");
   await evictFollowers(d, followers, short, why);
   return {};
@@ -185,7 +187,12 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
 
 /** Why an election ended, as the record will say it (reason) and the log (message). */
 export interface ElectionEnd {
-  reason: "LeaderGone" | "DeadlinePassed" | "CaptureEnded" | "CacheTooLarge" | "LeaderEvicted";
+  reason:
+    | typeof REASON.LeaderGone
+    | typeof REASON.DeadlinePassed
+    | typeof REASON.CaptureEnded
+    | typeof REASON.CacheTooLarge
+    | typeof REASON.LeaderEvicted;
   message: string;
   /** The leader the kubelet evicted (CacheTooLarge, LeaderEvicted): a failed capture that counts. */
   evicted?: { pod: k8s.V1Pod; eviction: LeaderEviction };
@@ -204,14 +211,14 @@ export function electionFailure(
   const holder = lease.spec?.holderIdentity;
   // Only a failure recorded for this election counts: a Failed left by the previous election
   // (before the new leader's record is written) must not end the new one.
-  if (cache?.status?.phase === "Failed" && cache.spec.electionId === holder && statusOf(cache, holder)) {
+  if (cache?.status?.phase === PHASE.Failed && cache.spec.electionId === holder && statusOf(cache, holder)) {
     return {
-      reason: "CaptureEnded",
+      reason: REASON.CaptureEnded,
       message: `capture failed: ${cache.status.reason ?? ""} ${cache.status.message ?? ""}`.trim(),
     };
   }
   // Once promoting, the capture no longer needs its leader pod.
-  const promoting = cache?.status?.phase === "Promoting" && statusOf(cache, holder);
+  const promoting = cache?.status?.phase === PHASE.Promoting && statusOf(cache, holder);
   // The leader is the pod recorded by UID when there is one: a copy of its stamps is not it.
   // Without one, a pod wearing its id where the record says the leader is (not a copy elsewhere).
   const ours = cache?.spec.electionId === holder ? cache : undefined;
@@ -234,17 +241,17 @@ export function electionFailure(
     };
   const deadline = toMs(lease.metadata?.annotations?.[ANN_DEADLINE]);
   if (deadline !== undefined && d.now() > deadline)
-    return { reason: "DeadlinePassed", message: "election past its deadline" };
+    return { reason: REASON.DeadlinePassed, message: "election past its deadline" };
   if (promoting) return undefined;
   if (!leader) {
     const acquired = toMs(lease.spec?.acquireTime) ?? toMs(lease.metadata?.creationTimestamp);
     if (uid || (acquired !== undefined && d.now() - acquired > d.leaderGraceMs))
-      return { reason: "LeaderGone", message: "leader pod gone" };
+      return { reason: REASON.LeaderGone, message: "leader pod gone" };
     return undefined;
   }
   if (isTerminated(leader))
     return {
-      reason: "LeaderGone",
+      reason: REASON.LeaderGone,
       message: `leader pod ${leader.metadata?.namespace}/${leader.metadata?.name} terminated`,
     };
   return undefined;
@@ -415,7 +422,7 @@ async function markFailed(d: ReleaseDeps, short: string, holder: string, end: El
   if (end.evicted) {
     // Recorded as a failed capture (the reason admission counts), the eviction's cause first in
     // its message: past the limit the hash is admitted cold, saying why.
-    const r = await records.fail(short, holder, "CaptureFailed", end.message);
+    const r = await records.fail(short, holder, REASON.CaptureFailed, end.message);
     if (r?.written) await warnEvicted(d, short, end.evicted, end.message, r.cache);
     return;
   }

@@ -2,6 +2,7 @@
  * What becomes of the pods that restore (ADR 0005): each restore that turned Ready is counted on
  * its cache's record once, and a waiting follower whose wait ended cold has its decision say so.
  */
+import { PHASE } from "../../api/index.js";
 import * as k8s from "@kubernetes/client-node";
 import type { Logger } from "../../common/log.js";
 import { apiError, apiErrorInfo, isNotFound } from "../../common/kube.js";
@@ -48,7 +49,7 @@ export async function recordRestores(
     const r = await records.transition(source, (c) => {
       counted.length = 0;
       const s = c.status ?? {};
-      if (s.phase !== "Ready" || c.metadata.deletionTimestamp) return undefined;
+      if (s.phase !== PHASE.Ready || c.metadata.deletionTimestamp) return undefined;
       const recent = s.recentRestores ?? [];
       const known = new Set(recent.map((x) => x.uid));
       for (const p of restored) {
