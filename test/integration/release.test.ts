@@ -39,7 +39,7 @@ import { createServerMetrics } from "../../src/server/metrics.js";
 import { fetchSnapshot } from "../../src/server/dashboard/views.js";
 import { ensureClaim, promoteClients } from "../../src/promote/claims.js";
 import { CacheSourceSchema, encodeSource } from "../../src/promote/source.js";
-import { getModelCache, type ModelCacheObject } from "../../src/common/modelcache.js";
+import type { ModelCacheObject } from "../../src/common/modelcache.js";
 
 const merge = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch);
 const ref = { group: MODELCACHE.group, version: MODELCACHE.version, plural: MODELCACHE.plural };
@@ -206,7 +206,6 @@ test("retiring a Lease never deletes a newer election's Lease of the same name",
   );
   const result = await retireLease(
     {
-      reads: undefined as never,
       core: undefined as never,
       custom: undefined as never,
       coordination,
@@ -259,24 +258,10 @@ test("the dashboard and the operators' API show caches, elections and pods", asy
 const silent = pino({ level: "silent" });
 
 function deps(kc: k8s.KubeConfig, extra: Partial<ReleaseDeps> = {}): ReleaseDeps {
-  const core = makeApiClient(kc, k8s.CoreV1Api);
-  const coordination = makeApiClient(kc, k8s.CoordinationV1Api);
-  const custom = makeApiClient(kc, k8s.CustomObjectsApi);
   return {
-    // Live reads, so the interleaving a test injects between them (a hook) is the one the pass sees.
-    reads: {
-      pods: async (short) =>
-        (await core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items,
-      lease: (name) =>
-        coordination.readNamespacedLease({ name, namespace: SYSTEM_NAMESPACE }).catch((err: unknown) => {
-          if (isNotFound(err)) return undefined;
-          throw err;
-        }),
-      cache: (short) => getModelCache(custom, short),
-    },
-    core,
-    coordination,
-    custom,
+    core: makeApiClient(kc, k8s.CoreV1Api),
+    coordination: makeApiClient(kc, k8s.CoordinationV1Api),
+    custom: makeApiClient(kc, k8s.CustomObjectsApi),
     systemNamespace: SYSTEM_NAMESPACE,
     log: process.env.LOG_LEVEL ? pino({ level: process.env.LOG_LEVEL }) : silent,
     now: Date.now,

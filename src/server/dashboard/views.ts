@@ -18,7 +18,6 @@ import { liveReplicas } from "../../api/modelcache.js";
 import { type ModelCacheObject, type StartupRecord } from "../../common/modelcache.js";
 import { ENGINE_PHASES, type EnginePhase } from "../../core/engine-log.js";
 import { redactUrlCredentials } from "../../core/env.js";
-import { readySeconds } from "../../core/ready.js";
 
 /** What operators see: caches, elections and pods, derived from the cluster's objects. */
 export interface CacheRow {
@@ -114,6 +113,25 @@ export interface Snapshot {
 }
 
 const iso = (t: Date | string | undefined): string => (t ? new Date(t).toISOString() : "");
+const toMs = (t: Date | string | undefined): number | undefined => (t ? new Date(t).getTime() : undefined);
+
+/**
+ * A pod's seconds to Ready (to a tenth), or undefined while it is not Ready. A follower's run from
+ * its release (when it was scheduled): its gated wait is the leader's download, not its own start.
+ * Any other pod's run from its admission.
+ */
+export function readySeconds(p: k8s.V1Pod): number | undefined {
+  const condition = (type: string): k8s.V1PodCondition | undefined =>
+    p.status?.conditions?.find((c) => c.type === type && c.status === "True");
+  const from =
+    p.metadata?.annotations?.[ANN_ROLE] === "follower"
+      ? condition("PodScheduled")?.lastTransitionTime
+      : p.metadata?.creationTimestamp;
+  const start = toMs(from);
+  const end = toMs(condition("Ready")?.lastTransitionTime);
+  if (end === undefined || start === undefined) return undefined;
+  return Math.max(0, Math.round((end - start) / 100) / 10);
+}
 
 function podStartup(e: StartupRecord | undefined): PodStartup | null {
   if (!e) return null;

@@ -3,13 +3,11 @@ import type { Logger } from "../../common/log.js";
 import { makeApiClient } from "../../common/kube.js";
 import { Controller } from "../../common/controller/controller.js";
 import { Informer } from "../../common/controller/informer.js";
-import { resyncEvery } from "../../common/controller/resync.js";
 import { LABEL_GATED, LABEL_HASH, LABEL_STORE, MODELCACHE } from "../../core/contract.js";
 import { realClock, type Clock } from "../../common/clock.js";
 import { reconcileHash, type ReleaseDeps } from "./release.js";
 import type { ServerMetrics } from "../metrics.js";
 import type { ModelCacheObject } from "../../common/modelcache.js";
-import { parseModelCache } from "../../api/modelcache.js";
 
 /** The objects the views are built from, as the controller's informers hold them. */
 export interface CachedObjects {
@@ -49,25 +47,14 @@ export class ReleaseController {
   };
   private readonly clock: Clock;
   private cancelResync: (() => void) | undefined;
+  private stopped = false;
 
   constructor(private readonly o: ReleaseControllerOptions) {
     const clock = (this.clock = o.clock ?? realClock);
     const core = makeApiClient(o.kc, k8s.CoreV1Api);
     const coordination = makeApiClient(o.kc, k8s.CoordinationV1Api);
     const custom = makeApiClient(o.kc, k8s.CustomObjectsApi);
-    const hashOf = (obj: k8s.KubernetesObject): string | undefined => obj.metadata?.labels?.[LABEL_HASH];
-    // Every read of a pass, from the informers (listed before the workers start).
-    const reads: ReleaseDeps["reads"] = {
-      pods: (short) => this.informers.pods.list().filter((p) => hashOf(p) === short),
-      lease: (name) => this.informers.leases.get(name, o.systemNamespace),
-      // Checked against its schema, as a record read from the API server is.
-      cache: (short) => {
-        const c = this.informers.caches.get(short);
-        return c && parseModelCache(c);
-      },
-    };
     const deps: ReleaseDeps = {
-      reads,
       core,
       coordination,
       custom,
@@ -132,7 +119,7 @@ export class ReleaseController {
       synced: [() => i.pods.synced(), () => i.leases.synced(), () => i.caches.synced()],
     });
     const byLabel = (obj: k8s.KubernetesObject): void => {
-      const short = hashOf(obj);
+      const short = obj.metadata?.labels?.[LABEL_HASH];
       if (short) this.controller.add(short);
     };
     i.pods.onChange(byLabel);
@@ -153,27 +140,48 @@ export class ReleaseController {
   start(): void {
     for (const i of Object.values(this.informers)) i.start();
     void this.controller.start();
-    const i = this.informers;
-    this.cancelResync = resyncEvery({
-      clock: this.clock,
-      periodMs: this.o.resyncMs ?? 60_000,
-      // Every hash an election, a follower or a record names, looked at again (a missed change, a
-      // deadline no event marks, a pass that failed for good).
-      keys: function* () {
-        const gated = i.pods.list().filter((p) => p.metadata?.labels?.[LABEL_GATED] === "true");
-        for (const obj of [...i.leases.list(), ...gated]) {
-          const short = obj.metadata?.labels?.[LABEL_HASH];
-          if (short) yield short;
-        }
-        for (const c of i.caches.list()) yield c.metadata.name!;
-      },
-      add: (key) => this.controller.add(key),
-    });
+    this.resync();
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
     this.cancelResync?.();
     await Promise.all(Object.values(this.informers).map((i) => i.stop()));
     await this.controller.stop();
+  }
+
+  /**
+   * Every hash the cluster names, looked at again (a missed change is caught here): from fresh
+   * lists, not the informers, so a watch that silently fell behind cannot hide an election.
+   */
+  private resync(): void {
+    if (this.stopped) return;
+    this.resyncAll()
+      .catch((err: unknown) => this.o.log.warn({ err }, "resync failed; the next one retries"))
+      .finally(() => {
+        if (!this.stopped)
+          this.cancelResync = this.clock.setTimeout(() => this.resync(), this.o.resyncMs ?? 60_000);
+      });
+  }
+
+  private async resyncAll(): Promise<void> {
+    const { kc, systemNamespace } = this.o;
+    const core = makeApiClient(kc, k8s.CoreV1Api);
+    const coordination = makeApiClient(kc, k8s.CoordinationV1Api);
+    const custom = makeApiClient(kc, k8s.CustomObjectsApi);
+    const [leases, caches, gated] = await Promise.all([
+      coordination.listNamespacedLease({ namespace: systemNamespace, labelSelector: LABEL_HASH }),
+      custom.listClusterCustomObject({
+        group: MODELCACHE.group,
+        version: MODELCACHE.version,
+        plural: MODELCACHE.plural,
+      }) as Promise<{ items: k8s.KubernetesObject[] }>,
+      core.listPodForAllNamespaces({ labelSelector: `${LABEL_GATED}=true` }),
+    ]);
+    for (const obj of [...leases.items, ...gated.items]) {
+      const short = obj.metadata?.labels?.[LABEL_HASH];
+      if (short) this.controller.add(short);
+    }
+    for (const c of caches.items) this.controller.add(c.metadata!.name!);
   }
 }

@@ -35,21 +35,7 @@ import { transition } from "../../api/transitions.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
 
-/**
- * What a pass reads, by name: the informers' caches in the server (no call to the API server),
- * anything in tests.
- */
-export interface ReleaseReads {
-  /** The pods stamped with this hash. */
-  pods(short: string): k8s.V1Pod[] | Promise<k8s.V1Pod[]>;
-  /** A Lease of the system namespace. */
-  lease(name: string): k8s.V1Lease | undefined | Promise<k8s.V1Lease | undefined>;
-  cache(short: string): ModelCacheObject | undefined | Promise<ModelCacheObject | undefined>;
-}
-
 export interface ReleaseDeps {
-  reads: ReleaseReads;
-  /** The writes, with their preconditions, and the few live reads that confirm an absence. */
   core: k8s.CoreV1Api;
   coordination: k8s.CoordinationV1Api;
   custom: k8s.CustomObjectsApi;
@@ -91,25 +77,24 @@ export const toMs = (t: Date | string | undefined): number | undefined =>
 
 /**
  * One level-based pass over one cache hash: it reads the world (pods first, then the Lease, then
- * the durable cache record) and converges, whatever event woke it. Each cache may lag another, so
- * a decision that rests on something missing (a recorded leader, an election) reads it live first.
+ * the durable cache record) and converges, whatever event woke it.
  */
 export async function reconcileHash(short: string, d: ReleaseDeps): Promise<ReconcileResult> {
   // Pods before the Lease (a follower admitted later belongs to whatever election exists then, not
   // an orphan of this pass); the record last, its phase as fresh as the Lease's absence.
-  let pods = await d.reads.pods(short);
+  const listPods = async (): Promise<k8s.V1Pod[]> =>
+    (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
+  let pods = await listPods();
   await d.afterPodsListed?.();
   const followers = pods.filter(isGated);
-  const lease = await d.reads.lease(leaseName(short));
-  const cache = await d.reads.cache(short);
-  // A leader created and recorded by UID after the pods were read (or not yet in their cache) is
-  // missing from them: listed live before its absence can end the election.
+  const lease = await readLease(d, leaseName(short));
+  const cache = await getModelCache(d.custom, short);
+  // A leader created and recorded by UID while the list was in flight is missing from it.
   const uid =
     cache && lease && cache.spec.electionId === lease.spec?.holderIdentity
       ? recordedLeader(cache)
       : undefined;
-  if (uid && !pods.some((p) => p.metadata?.uid === uid))
-    pods = (await d.core.listPodForAllNamespaces({ labelSelector: `${LABEL_HASH}=${short}` })).items;
+  if (uid && !pods.some((p) => p.metadata?.uid === uid)) pods = await listPods();
   const phase = cache?.status?.phase;
   const log = d.log.child({ hash: short, followers: followers.length, lease: lease?.metadata?.uid, phase });
 
@@ -171,13 +156,6 @@ export async function reconcileHash(short: string, d: ReleaseDeps): Promise<Reco
     log.info("orphaned followers wait: capture in progress");
     return { requeueAfterMs: d.recheckMs };
   }
-  // Followers come with their election's Lease and record: both read live before the followers
-  // are evicted as orphans, as a cache may lag the pods' (what arrives there enqueues the hash).
-  if (
-    (await readLease(d, leaseName(short))) ||
-    (await getModelCache(d.custom, short))?.status?.phase !== phase
-  )
-    return { requeueAfterMs: d.recheckMs };
   const why =
     phase === PHASE.Failed ? `cache Failed: ${cache?.status?.reason ?? ""}` : "no election and no cache";
   log.warn({ why }, "orphaned followers: evicting them to re-elect");

@@ -12,7 +12,7 @@ import { restoredFrom } from "../../core/refs.js";
 import { isWaitingFollower, seedOutcome } from "../../core/waiting.js";
 import type { RestoreRecord } from "../../common/modelcache.js";
 import { CacheRecords } from "../../common/cache-record.js";
-import { readySeconds } from "../../core/ready.js";
+import { readySeconds } from "../dashboard/views.js";
 import { COMPONENT, isGated, isTerminated, toMs, type ReleaseDeps } from "./release.js";
 
 const jsonPatch = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
