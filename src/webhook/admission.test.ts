@@ -127,20 +127,25 @@ test("a pod admitted just after its cache turned Ready restores instead of start
   assert.equal(decision.pod?.metadata?.annotations?.[ANN_ROLE], "restore");
 });
 
-test("a restore's seed is told the record's manifest digest, so it refuses any other tree", async () => {
+test("a restore's seed is told the record's manifest digest where it mounts the captured tree itself, so it refuses any other tree", async () => {
   const digest = "ab".repeat(32);
   const ready: ModelCacheObject = {
     apiVersion: "warmstart.dev/v1alpha1",
     kind: "ModelCache",
     metadata: { name: "0123456789abcdef" },
     spec: { hash: "0123456789abcdef".repeat(4) },
-    status: { phase: "Ready", manifestDigest: digest },
+    status: { phase: "Ready", manifestDigest: digest, backend: "node-store" },
   };
-  const decision = await decide(review(gpuPod()), deps({ getModelCache: () => Promise.resolve(ready) }));
-  assert.equal(decision.role, "restore");
-  const seed = decision.pod?.spec?.initContainers?.find((c) => c.args?.[0] === "seed");
-  const args = seed?.args ?? [];
+  const seedArgs = async (cache: ModelCacheObject): Promise<string[]> => {
+    const decision = await decide(review(gpuPod()), deps({ getModelCache: () => Promise.resolve(cache) }));
+    assert.equal(decision.role, "restore");
+    return decision.pod?.spec?.initContainers?.find((c) => c.args?.[0] === "seed")?.args ?? [];
+  };
+  const args = await seedArgs(ready);
   assert.equal(args[args.indexOf("--manifest-digest") + 1], digest);
+  // Snapshot-clone's volume holds the tree captured again, with a manifest of its own.
+  const clone = await seedArgs({ ...ready, status: { ...ready.status, backend: "snapshot-clone" } });
+  assert.ok(!clone.includes("--manifest-digest"), "no digest for a clone's own manifest");
 });
 
 test("any error admits the pod undecorated, with its uid and a warning", async () => {

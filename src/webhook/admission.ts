@@ -207,7 +207,7 @@ export async function decide(
         reason,
         claimName: claimName(cacheHashFull),
         sourceHash: cacheHashFull,
-        ...(cache.status?.manifestDigest ? { manifestDigest: cache.status.manifestDigest } : {}),
+        ...(sameTree(cache) ? { manifestDigest: cache.status!.manifestDigest } : {}),
         image: deps.cfg.image,
         ...initContainers,
         cacheRoot: deps.cfg.cacheRoot,
@@ -442,3 +442,15 @@ export const podName = (pod: V1Pod | undefined): string => {
   const n = m?.name ?? m?.generateName;
   return typeof n === "string" ? n : "";
 };
+
+/**
+ * Whether a restore mounts the captured tree itself, whose manifest the record's digest names: the
+ * node-local store, host-path and a shared volume do; snapshot-clone's writer captures the tree
+ * again into its own volume, with a manifest of its own (its files still checked against it).
+ */
+function sameTree(cache: ModelCacheObject): boolean {
+  const backend = cache.status?.backend ?? "";
+  return (
+    Boolean(cache.status?.manifestDigest) && ["node-store", "host-path", "shared-volume"].includes(backend)
+  );
+}
