@@ -327,26 +327,40 @@ test("a stored manifest corrupted after the capture: restores refuse the tree, t
     { name: "engine", namespace: s.ns, body: [{ op: "replace", path: "/spec/replicas", value: 3 }] },
     jsonPatch,
   );
-  const restore = await waitFor(
-    "the new restore's seed to refuse the tree",
+  // Refused where the tree is first looked at: the store driver's publish (its manifest is not
+  // the record's: never mounted) or, on a backend that mounts it as is, the restore's seed.
+  const refusal = await waitFor(
+    "the new restore's tree refused",
     async () => {
       const p = (await listPods(s.ns, "app=engine")).find((x) => role(x) === "restore");
-      const seed = p?.status?.initContainerStatuses?.find((c) => c.name === "warmstart-seed-cache");
+      if (!p) return undefined;
+      const seed = p.status?.initContainerStatuses?.find((c) => c.name === "warmstart-seed-cache");
       const exit = seed?.lastState?.terminated?.exitCode ?? seed?.state?.terminated?.exitCode;
-      return exit !== undefined && exit !== 0 ? p : undefined;
+      if (exit !== undefined && exit !== 0) return { pod: p, by: "seed" as const };
+      const events = await core.listNamespacedEvent({
+        namespace: s.ns,
+        fieldSelector: `involvedObject.name=${p.metadata!.name!},reason=FailedMount`,
+      });
+      return events.items.some((e) => /not the record's/.test(e.message ?? ""))
+        ? { pod: p, by: "publish" as const }
+        : undefined;
     },
     READY_MS,
   );
-  // The kubelet may list the restarted seed's fresh (empty) log before the failed run's is flushed.
-  const log = await waitFor(
-    "the seed's log to say why",
-    async () => {
-      const text = await containerLog(s.node, restore, "warmstart-seed-cache").catch(() => "");
-      return /manifest|size/i.test(text) ? text : undefined;
-    },
-    30_000,
-  );
-  assert.match(log, /manifest|size/i, "seed says why");
+  const restore = refusal.pod;
+  t.diagnostic(`refused by the ${refusal.by}`);
+  if (refusal.by === "seed") {
+    // The kubelet may list the restarted seed's fresh (empty) log before the failed run's is flushed.
+    const log = await waitFor(
+      "the seed's log to say why",
+      async () => {
+        const text = await containerLog(s.node, restore, "warmstart-seed-cache").catch(() => "");
+        return /manifest|size/i.test(text) ? text : undefined;
+      },
+      30_000,
+    );
+    assert.match(log, /manifest|size/i, "seed says why");
+  }
   assert.equal(isPodReady(restore), false, "the engine never started on an unverified tree");
   for (const p of pods)
     assert.ok(
