@@ -45,7 +45,7 @@ export interface CacheReconcilerDeps {
 export function cacheReconciler(
   d: CacheReconcilerDeps,
 ): (key: string, ctx: ReconcileContext) => Promise<ReconcileResult> {
-  return async (short, { log }) => {
+  return async (short, { log, signal }) => {
     let cache = d.record(short);
     if (cache?.metadata.deletionTimestamp) {
       if (cache.metadata.finalizers?.includes(d.finalizer))
@@ -93,6 +93,7 @@ export function cacheReconciler(
       // checked on the record as written: this look may predate a failure (the promote's own
       // writes queue the cache again while it runs).
       ...(retry ? { retryFailedBefore: d.lastResync() } : {}),
+      signal,
     });
   };
 }

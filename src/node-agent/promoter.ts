@@ -40,6 +40,9 @@ export interface PromoteContext {
   /** This election's promote failed before this time (ms: the last resync's start) and is tried
    * again; a failure since then, or without this, stands. */
   retryFailedBefore?: number;
+  /** Fires when the agent stops: waits end at once and the record stays Promoting, so the next
+   * start resumes (its objects are found again by name). */
+  signal?: AbortSignal;
 }
 
 export class Promoter {
@@ -146,6 +149,7 @@ export class Promoter {
           tree,
           sizeBytes: m.totalBytes,
           snapshotTimeoutMs: cfg.snapshotTimeoutMs,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
           ...forElection,
         });
         const encoded = encodeSource(source);
@@ -153,7 +157,7 @@ export class Promoter {
         else if (!(await p.records.annotateForElection(short, election, ANN_CACHE_SOURCE, encoded)))
           return await superseded();
       } catch (err) {
-        if (wasReady) throw err;
+        if (wasReady || ctx.signal?.aborted) throw err;
         if (err instanceof SupersededError) return await superseded();
         const message = `publishing the captured tree failed: ${(err as Error).message}`;
         log.error({ err }, "failed: promote");
@@ -165,7 +169,11 @@ export class Promoter {
     }
 
     const scope = scopeOfInputs(moved.cache.spec.inputs);
-    const claims = await this.ensureClaims(short, scope, source, pod?.metadata?.namespace, forElection);
+    const claims = await this.ensureClaims(short, scope, source, pod?.metadata?.namespace, {
+      ...forElection,
+      ...(ctx.signal ? { signal: ctx.signal } : {}),
+    });
+    ctx.signal?.throwIfAborted();
     if (claims.superseded) return await superseded();
     if (!claims.ok) {
       const message = claims.unsupported ?? describeFailures(claims);
@@ -251,7 +259,7 @@ export class Promoter {
     scope: string,
     source: CacheSource,
     leaderNamespace: string | undefined,
-    forElection: Pick<EnsureAllOptions, "created" | "current"> = {},
+    forElection: Pick<EnsureAllOptions, "created" | "current" | "signal"> = {},
   ): Promise<ClaimsResult> {
     const { cfg, metrics } = this.p;
     const storeNamespace = this.storage.claimNamespace;

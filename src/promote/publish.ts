@@ -217,7 +217,8 @@ export async function publishSource(c: PromoteClients, i: PublishInput): Promise
         };
       } finally {
         // The snapshot holds the tree now (or failed and goes): its writer volume is not needed.
-        await removeTreeVolume(c, volume.namespace, i.short);
+        // Stopped midway, both stay for the next start, which finds them by name and goes on.
+        if (!i.signal?.aborted) await removeTreeVolume(c, volume.namespace, i.short);
       }
     }
     case "per-pod-clone":

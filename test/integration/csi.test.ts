@@ -7,13 +7,14 @@
  * the tree's folder in it).
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdir, mkdtemp, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import * as k8s from "@kubernetes/client-node";
 import { getModelCache } from "../../src/common/modelcache.js";
+import { snapshotName } from "../../src/promote/objects.js";
 import { SYSTEM_NAMESPACE } from "../../src/common/kube.js";
 import {
   ANN_ROLE,
@@ -26,7 +27,7 @@ import {
 import { readState, startClusterProcessAgain, stopClusterProcess } from "../../tools/localcluster/cluster.js";
 import { CSI_DRIVER_NAME, FolderDriver } from "../../tools/localcluster/csi/driver.js";
 import { BLOCK_CLASS, csiDir, SHARED_CLASS, SNAPSHOT_CLASS } from "../../tools/localcluster/csi/stack.js";
-import { freePort } from "../../tools/localcluster/processes.js";
+import { freePort, isAlive } from "../../tools/localcluster/processes.js";
 import { PACKAGE_ROOT } from "../../tools/localcluster/versions.js";
 import { runCsiSanity } from "../csi-sanity.js";
 import { isPodReady, kube, listPods, runToEnd, tempNamespace, uniqueName, waitFor } from "../harness.js";
@@ -114,43 +115,61 @@ async function storeOnVolume(
   node: RealNode,
   store: { claim?: string; dir: string },
   extra: string[] = [],
-): Promise<void> {
+): Promise<AgentProcess> {
   const cluster = `node-agent-${node.name}`;
   await stopClusterProcess(cluster);
   const port = await freePort();
   const st = await readState();
-  const agent = spawn(
-    process.execPath,
-    [
-      join(PACKAGE_ROOT, "bin/warmstart"),
-      "node-agent",
-      `--node=${node.name}`,
-      `--kubelet-root=${node.kubeletRoot}`,
-      `--store=${store.dir}`,
-      ...(store.claim ? [`--store-claim=${store.claim}`] : []),
-      "--warmup=1s",
-      "--resync=10s",
-      "--no-durable",
-      "--host=127.0.0.1",
-      `--port=${port}`,
-      ...extra,
-    ],
-    {
-      env: { ...process.env, KUBECONFIG: st!.kubeconfig, WARMSTART_LOG_FORMAT: "json" },
-      stdio: ["ignore", "ignore", "pipe"],
-    },
-  );
+  const args = [
+    join(PACKAGE_ROOT, "bin/warmstart"),
+    "node-agent",
+    `--node=${node.name}`,
+    `--kubelet-root=${node.kubeletRoot}`,
+    `--store=${store.dir}`,
+    ...(store.claim ? [`--store-claim=${store.claim}`] : []),
+    "--warmup=1s",
+    "--resync=10s",
+    "--no-durable",
+    "--host=127.0.0.1",
+    `--port=${port}`,
+    ...extra,
+  ];
+  let agent: ChildProcess | undefined;
   let stderr = "";
-  agent.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
+  const handle: AgentProcess = {
+    async start() {
+      agent = spawn(process.execPath, args, {
+        env: { ...process.env, KUBECONFIG: st!.kubeconfig, WARMSTART_LOG_FORMAT: "json" },
+        stdio: ["ignore", "ignore", "pipe"],
+      });
+      agent.stderr!.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
+      await waitFor(
+        `the CSI-store node agent (${stderr})`,
+        async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok,
+      );
+    },
+    async stop() {
+      const a = agent;
+      if (!a || a.exitCode !== null || a.signalCode !== null) return { code: a?.exitCode ?? null, ms: 0 };
+      const t0 = Date.now();
+      const exited = new Promise<number | null>((r) => a.once("exit", (code) => r(code)));
+      a.kill("SIGTERM");
+      return { code: await exited, ms: Date.now() - t0 };
+    },
+  };
   t.after(async () => {
-    agent.kill("SIGTERM");
-    await new Promise((r) => agent.once("exit", r));
+    await handle.stop();
     await startClusterProcessAgain(cluster);
   });
-  await waitFor(
-    `the CSI-store node agent (${stderr})`,
-    async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok,
-  );
+  await handle.start();
+  return handle;
+}
+
+/** The test's own node agent process: started, and stopped as the kubelet would (SIGTERM). */
+interface AgentProcess {
+  start(): Promise<void>;
+  /** SIGTERM, then its exit code and how long it took to exit. */
+  stop(): Promise<{ code: number | null; ms: number }>;
 }
 
 /**
@@ -162,15 +181,15 @@ async function treesOnVolumes(
   node: RealNode,
   storageClass: string,
   extra: string[] = [],
-): Promise<{ dir: string }> {
+): Promise<{ dir: string; agent: AgentProcess }> {
   const dir = await mkdtemp(join(tmpdir(), "csi-store-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
-  await storeOnVolume(t, node, { dir }, [
+  const agent = await storeOnVolume(t, node, { dir }, [
     `--tree-volume-class=${storageClass}`,
     `--image=${node.images.warmstart}`,
     ...extra,
   ]);
-  return { dir };
+  return { dir, agent };
 }
 
 async function readyPods(namespace: string, n: number): Promise<k8s.V1Pod[]> {
@@ -418,6 +437,60 @@ test("shared-volume: the store volume is shared by per-namespace static volumes;
 
 /** Another scope's tree in the store volume, which no claim of this test's cache may show. */
 const DECOY = "0decoy0decoy0dec";
+
+test("a node agent stopped while its snapshot promote waits exits 0 within its shutdown deadline, and started again it resumes the promote to Ready", async (t) => {
+  const node = await realNodeOrSkip(t);
+  if (!node || !(await csiReady(t))) return;
+  const { custom } = await kube();
+  // The snapshot sidecar held still: the snapshot is made but never turns ready while it is.
+  const st = await readState();
+  const snapshotter = st?.processes.find((p) => p.name === "csi-snapshotter");
+  assert.ok(snapshotter && (await isAlive(snapshotter)), "the local cluster's csi-snapshotter runs");
+  const resume = async (): Promise<void> => {
+    if (await isAlive(snapshotter)) process.kill(snapshotter.pid, "SIGCONT");
+  };
+  t.after(resume);
+  const { agent } = await treesOnVolumes(t, node, SNAPSHOT_CLASS, ["--snapshot-timeout=10m"]);
+  process.kill(snapshotter.pid, "SIGSTOP");
+
+  const ns = await tempNamespace(t, "csi-stop");
+  await createEngines(t, node, ns, { replicas: 1, model: `synthetic/${uniqueName("stop")}` });
+  const short = await waitFor("a leader", async () => {
+    const pods = await listPods(ns, "app=engine");
+    return pods.find((p) => p.metadata?.annotations?.[ANN_ROLE] === "leader")?.metadata?.labels?.[LABEL_HASH];
+  });
+  await waitFor(
+    "the promote waiting on its snapshot",
+    async () =>
+      (await getModelCache(custom, short))?.status?.phase === "Promoting" &&
+      (await custom
+        .getNamespacedCustomObject({
+          group: "snapshot.storage.k8s.io",
+          version: "v1",
+          namespace: SYSTEM_NAMESPACE,
+          plural: "volumesnapshots",
+          name: snapshotName(short),
+        })
+        .then(() => true)
+        .catch(() => false)),
+    READY_MS,
+  );
+  // Stopped as the kubelet stops it: the wait ends with the controller, within the deadline (25 s).
+  const stopped = await agent.stop();
+  t.diagnostic(`stopped mid-promote: exit ${stopped.code} after ${stopped.ms} ms`);
+  assert.equal(stopped.code, 0, "a clean exit");
+  assert.ok(stopped.ms < 25_000, `within the shutdown deadline: ${stopped.ms} ms`);
+  assert.equal((await getModelCache(custom, short))?.status?.phase, "Promoting", "the promote is not failed");
+
+  // Started again with the snapshot sidecar going: the promote resumes and the cache turns Ready.
+  await resume();
+  await agent.start();
+  await waitFor(
+    "the cache Ready after the restart",
+    async () => (await getModelCache(custom, short))?.status?.phase === "Ready",
+    READY_MS,
+  );
+});
 
 test("a snapshot that never becomes ready: the cache ends Failed and no follower waits forever", async (t) => {
   const node = await realNodeOrSkip(t);
